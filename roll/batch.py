@@ -1,0 +1,92 @@
+"""The one batch type of the pipeline: one row per agent turn.
+
+A row holds one prompt (what the acting agent saw) followed by that agent's response (the
+tokens it generated, thinking included), right-padded to a common length ``T``. Rows of one
+trajectory — the turns one seat took in one episode — share ``env_id`` and ``seat`` and are
+ordered by ``turn``. ``group_id`` ties together episodes that started from the same seed/prompt
+(GRPO groups). ``agent_id`` names which adapter produced (and is trained on) the row.
+
+Per-token tensors are aligned with ``input_ids``: position ``t`` of ``logprobs`` is the
+log-probability of token ``input_ids[:, t]`` given the tokens before it; position 0 is never a
+response token, so it never counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TrajectoryBatch:
+    """Rows of agent turns. Shapes: ``B`` rows, ``T`` tokens."""
+
+    input_ids: Tensor
+    """(B, T) long. Prompt then response, right-padded."""
+    attention_mask: Tensor
+    """(B, T) long/bool. 1 on real tokens (prompt and response), 0 on padding."""
+    response_mask: Tensor
+    """(B, T) float. 1 on the tokens the agent generated (the only tokens any loss counts)."""
+    agent_id: Tensor
+    """(B,) long. Index of the agent (adapter) that acted in this row."""
+    rewards: Tensor | None = None
+    """(B,) float. Reward this seat received for this turn (turn-level reward)."""
+    env_id: Tensor | None = None
+    """(B,) long. Episode the row belongs to (unique per episode within a batch)."""
+    seat: Tensor | None = None
+    """(B,) long. Seat (player or role index) that acted."""
+    group_id: Tensor | None = None
+    """(B,) long. Episodes sharing a seed/prompt share a group id (GRPO groups)."""
+    turn: Tensor | None = None
+    """(B,) long. Index of this turn within its trajectory (0, 1, ...)."""
+    old_logprobs: Tensor | None = None
+    """(B, T) float. Log-probs under the policy that generated the rows (behaviour policy)."""
+    ref_logprobs: Tensor | None = None
+    """(B, T) float. Log-probs under the reference policy (base model, adapters off)."""
+    values: Tensor | None = None
+    """(B, T) float. Value estimates per token (for GAE)."""
+    advantages: Tensor | None = None
+    """(B, T) float. Per-token advantages (zero outside ``response_mask``)."""
+    returns: Tensor | None = None
+    """(B, T) float. Per-token returns (targets for a value head, when there is one)."""
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (B, T), got shape {tuple(self.input_ids.shape)}")
+        rows = self.input_ids.shape[0]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value.shape[0] != rows:
+                raise ValueError(
+                    f"TrajectoryBatch.{f.name} has {value.shape[0]} rows, input_ids has {rows}"
+                )
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: Tensor) -> TrajectoryBatch:
+        """Rows picked by a long index tensor or a bool mask, as a new batch."""
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            picked[f.name] = None if value is None else value[index]
+        return TrajectoryBatch(**picked)
+
+    def with_fields(self, **updates: Tensor | None) -> TrajectoryBatch:
+        """A copy with some fields replaced."""
+        return replace(self, **updates)
+
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = None if value is None else value.to(device)
+        return TrajectoryBatch(**moved)
+
+    def require(self, *names: str) -> None:
+        """Raise a clear error if any of the named fields is missing."""
+        missing = [name for name in names if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"TrajectoryBatch is missing field(s) {missing}")

@@ -1,0 +1,97 @@
+"""Load a causal LM and its tokenizer from a local folder or a hub id."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'float32' / 'bfloat16' / 'float16' (or a torch dtype) → torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _is_local(name_or_path: str | os.PathLike) -> bool:
+    return Path(name_or_path).is_dir()
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """Tokenizer with a pad token and a chat template, padding on the right.
+
+    A tokenizer without a pad token gets its EOS token as pad (the attention mask, not the id,
+    decides what counts). A tokenizer without a chat template is refused: every prompt in roll
+    goes through the chat template so that instruct models see the format they were tuned on.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(name_or_path), local_files_only=_is_local(name_or_path)
+    )
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer at {name_or_path} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"tokenizer at {name_or_path} has no chat template; use an instruct/chat model"
+        )
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+):
+    """A causal LM in eval mode with frozen weights (the shared base of every agent)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(name_or_path),
+        dtype=resolve_dtype(dtype),
+        local_files_only=_is_local(name_or_path),
+    )
+    model.to(device)
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def apply_chat_template(
+    tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
+) -> list[int]:
+    """Token ids of a chat (list of {'role', 'content'}) ready for generation."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def linear_module_names(name_or_path: str | os.PathLike) -> set[str]:
+    """Short names of the model's nn.Linear modules (e.g. 'q_proj'), read without weights.
+
+    The model is built on the meta device from its config alone, so this is cheap even for
+    an 8B model and is used to validate LoRA target modules before anything loads.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(name_or_path), local_files_only=_is_local(name_or_path))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name != "lm_head"
+    }

@@ -1,0 +1,238 @@
+"""Configuration of a team of agents: one LoRA adapter, one optimizer per agent.
+
+Every dataclass validates itself; a bad value raises ``ConfigError`` naming the field path
+(``agents[1].lora.rank``) and the value, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+_AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
+# Names PEFT or our trainer use for themselves; an agent called so would collide.
+_RESERVED_NAMES = {"default", "base", "ref", "reference"}
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the field and the value."""
+
+    def __init__(self, field_path: str, value: object, reason: str) -> None:
+        self.field_path = field_path
+        self.value = value
+        super().__init__(f"config error: {field_path}={value!r}: {reason}")
+
+
+@dataclass
+class LoRAConfig:
+    """One agent's LoRA adapter."""
+
+    rank: int = 8
+    """LoRA rank r (> 0)."""
+    alpha: float = 16.0
+    """LoRA alpha (> 0); the update is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input, in [0, 1)."""
+    target_modules: list[str] = field(default_factory=lambda: list(ALL_LINEAR))
+    """Short names of the linear layers that get the adapter (e.g. q_proj, v_proj)."""
+
+    def validate(self, where: str, model_modules: set[str] | None = None) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank <= 0:
+            raise ConfigError(f"{where}.rank", self.rank, "must be an integer > 0")
+        if not isinstance(self.alpha, int | float) or self.alpha <= 0:
+            raise ConfigError(f"{where}.alpha", self.alpha, "must be > 0")
+        if not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"{where}.dropout", self.dropout, "must be in [0, 1)")
+        if not self.target_modules or isinstance(self.target_modules, str):
+            raise ConfigError(
+                f"{where}.target_modules", self.target_modules, "must be a non-empty list"
+            )
+        if model_modules is not None:
+            unknown = sorted(set(self.target_modules) - model_modules)
+            if unknown:
+                raise ConfigError(
+                    f"{where}.target_modules",
+                    unknown,
+                    f"not linear layers of this model (it has {sorted(model_modules)})",
+                )
+
+
+@dataclass
+class OptimConfig:
+    """One agent's optimizer (AdamW), gradient clipping and learning-rate schedule."""
+
+    lr: float = 1e-4
+    """Peak learning rate (> 0)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (>= 0)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1)."""
+    eps: float = 1e-8
+    """AdamW epsilon (> 0)."""
+    max_grad_norm: float = 1.0
+    """Clip this agent's gradient norm to this value; 0 disables clipping."""
+    lr_scheduler: str = "constant"
+    """'constant', 'linear' (decay to 0 at total_steps) or 'cosine' (to 0 at total_steps)."""
+    warmup_steps: int = 0
+    """Linear warm-up over this many of the agent's own optimizer steps."""
+    total_steps: int = 0
+    """Length of the decay for 'linear'/'cosine' (in the agent's own optimizer steps)."""
+
+    def validate(self, where: str) -> None:
+        if not isinstance(self.lr, int | float) or self.lr <= 0:
+            raise ConfigError(f"{where}.lr", self.lr, "must be > 0")
+        if not isinstance(self.weight_decay, int | float) or self.weight_decay < 0:
+            raise ConfigError(f"{where}.weight_decay", self.weight_decay, "must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"{where}.betas", self.betas, "must be two values in [0, 1)")
+        if self.eps <= 0:
+            raise ConfigError(f"{where}.eps", self.eps, "must be > 0")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"{where}.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise ConfigError(
+                f"{where}.lr_scheduler", self.lr_scheduler, f"must be one of {LR_SCHEDULERS}"
+            )
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError(f"{where}.warmup_steps", self.warmup_steps, "must be an int >= 0")
+        if self.lr_scheduler != "constant" and self.total_steps <= self.warmup_steps:
+            raise ConfigError(
+                f"{where}.total_steps",
+                self.total_steps,
+                f"must exceed warmup_steps={self.warmup_steps} for lr_scheduler "
+                f"{self.lr_scheduler!r}",
+            )
+
+
+@dataclass
+class AgentConfig:
+    """One agent: a name, its adapter and its optimizer. None means the team default."""
+
+    name: str
+    """Adapter name; letters, digits, '_' and '-', starting with a letter."""
+    lora: LoRAConfig | None = None
+    """This agent's LoRA shape; None takes MultiAgentConfig.lora."""
+    optim: OptimConfig | None = None
+    """This agent's optimizer; None takes MultiAgentConfig.optim."""
+
+
+@dataclass
+class MultiAgentConfig:
+    """A team of ``num_agents`` agents sharing one frozen base model."""
+
+    num_agents: int = 2
+    """How many agents (adapters) train together (>= 1)."""
+    agents: list[AgentConfig] = field(default_factory=list)
+    """Per-agent settings. Empty: agents named agent_0 … agent_{N-1} with the defaults.
+    Otherwise exactly num_agents entries."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Default LoRA shape for agents that do not set their own."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Default optimizer for agents that do not set their own."""
+    seed: int = 0
+    """Seed of adapter initialisation (each agent's init depends on seed and its name only)."""
+
+    def resolved_agents(self) -> list[AgentConfig]:
+        """Agents with the team defaults filled in (call validate() first)."""
+        agents = self.agents or [AgentConfig(name=f"agent_{i}") for i in range(self.num_agents)]
+        return [
+            replace(
+                agent,
+                lora=agent.lora if agent.lora is not None else self.lora,
+                optim=agent.optim if agent.optim is not None else self.optim,
+            )
+            for agent in agents
+        ]
+
+    @property
+    def agent_names(self) -> list[str]:
+        return [agent.name for agent in self.resolved_agents()]
+
+    def validate(self, model_modules: set[str] | None = None) -> MultiAgentConfig:
+        """Check every field; with ``model_modules`` also check LoRA targets exist."""
+        if not isinstance(self.num_agents, int) or self.num_agents < 1:
+            raise ConfigError("num_agents", self.num_agents, "must be an integer >= 1")
+        if self.agents and len(self.agents) != self.num_agents:
+            named = [getattr(a, "name", a) for a in self.agents]
+            raise ConfigError(
+                "agents",
+                named,
+                f"has {len(self.agents)} entries but num_agents={self.num_agents}: every agent "
+                "needs a config (or leave agents empty for defaults)",
+            )
+        self.lora.validate("lora", model_modules)
+        self.optim.validate("optim")
+        seen: set[str] = set()
+        for i, agent in enumerate(self.agents):
+            where = f"agents[{i}]"
+            if not isinstance(agent, AgentConfig):
+                raise ConfigError(where, agent, "must be an AgentConfig")
+            if not isinstance(agent.name, str) or not _AGENT_NAME.match(agent.name):
+                raise ConfigError(
+                    f"{where}.name", agent.name, "must match [A-Za-z][A-Za-z0-9_-]{0,63}"
+                )
+            if agent.name in _RESERVED_NAMES or agent.name in "lora_":
+                # PEFT finds adapter tensors by substring: a name inside 'lora_' collides.
+                raise ConfigError(
+                    f"{where}.name", agent.name, "is reserved (PEFT uses it, or it is part of 'lora_')"
+                )
+            if agent.name in seen:
+                raise ConfigError(f"{where}.name", agent.name, "duplicate agent name")
+            seen.add(agent.name)
+            if agent.lora is not None:
+                agent.lora.validate(f"{where}.lora", model_modules)
+            if agent.optim is not None:
+                agent.optim.validate(f"{where}.optim")
+        return self
+
+
+@dataclass
+class TrainerConfig:
+    """How each agent's adapter is updated from its own rows (see worker.py)."""
+
+    micro_batch_size: int = 8
+    """Rows per forward/backward; gradients accumulate over an agent's micro-batches."""
+    ppo_epochs: int = 1
+    """Optimizer steps per agent per train step, each over all of the agent's rows."""
+    clip_low: float = 0.2
+    """PPO lower clip: ratio >= 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO upper clip: ratio <= 1 + clip_high (clip-higher when > clip_low)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages; None disables it."""
+    kl_coef: float = 0.0
+    """Weight of the KL-to-reference loss term (0 disables it and the reference pass)."""
+    kl_estimator: str = "k3"
+    """'k1' or 'k3' estimator of KL(policy || reference) per token."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    loss_agg_mode: str = "token-mean"
+    """'token-mean' (over all of the agent's response tokens in the step) or
+    'seq-mean-token-mean' (mean per row, then over rows)."""
+
+    def validate(self) -> TrainerConfig:
+        if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
+            raise ConfigError("trainer.micro_batch_size", self.micro_batch_size, "must be >= 1")
+        if not isinstance(self.ppo_epochs, int) or self.ppo_epochs < 1:
+            raise ConfigError("trainer.ppo_epochs", self.ppo_epochs, "must be >= 1")
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0 and not (name == "clip_high" and value >= 1.0):
+                raise ConfigError(f"trainer.{name}", value, "must be > 0 (clip_low < 1)")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ConfigError("trainer.dual_clip", self.dual_clip, "must be > 1 or null")
+        if self.kl_coef < 0:
+            raise ConfigError("trainer.kl_coef", self.kl_coef, "must be >= 0")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ConfigError("trainer.kl_estimator", self.kl_estimator, "must be 'k1' or 'k3'")
+        if self.entropy_coef < 0:
+            raise ConfigError("trainer.entropy_coef", self.entropy_coef, "must be >= 0")
+        if self.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
+            raise ConfigError(
+                "trainer.loss_agg_mode",
+                self.loss_agg_mode,
+                "must be 'token-mean' or 'seq-mean-token-mean'",
+            )
+        return self

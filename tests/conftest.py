@@ -1,0 +1,21 @@
+"""Shared fixtures: the tiny offline model, built once per test session into a temp cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """Folder of a tiny Qwen3 model + tokenizer (random weights, head_dim 32)."""
+    from roll.models import build_tiny_model
+
+    cache = os.environ.get("ROLL_TEST_MODEL_DIR")
+    path = cache if cache else tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    return build_tiny_model(path)

@@ -1,0 +1,129 @@
+"""MultiAgentLoRAModel: one base, N adapters, PEFT interchange (invariants 2 and 4)."""
+
+from __future__ import annotations
+
+import torch
+from peft import PeftModel
+
+from roll.models import load_model
+from roll.multi_agent.config import AgentConfig, LoRAConfig
+
+from .helpers import make_rows, make_team
+
+
+def _perturb(model, name, seed):
+    """Give an adapter non-zero B so it changes outputs (fresh LoRA B is zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.agent_parameters(name):
+            param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+
+
+def test_reference_logprobs_equal_a_fresh_base_model(tiny_model_path):
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    _perturb(team, "alice", 1)
+    _perturb(team, "bob", 2)
+    rows = make_rows([0, 1, 0])
+    ref = team.reference_logprobs(rows.input_ids, rows.attention_mask)
+    fresh = load_model(tiny_model_path)
+    with torch.no_grad():
+        logits = fresh(input_ids=rows.input_ids, attention_mask=rows.attention_mask).logits
+    expected = torch.log_softmax(logits.float(), -1)[:, :-1].gather(
+        -1, rows.input_ids[:, 1:, None]
+    )[..., 0]
+    mask = rows.attention_mask[:, 1:].bool()
+    torch.testing.assert_close(ref[:, 1:][mask], expected[mask], rtol=0, atol=1e-6)
+    # ... and the adapters really do change the policy, so the test above can fail.
+    policy = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    assert (policy[:, 1:][mask] - expected[mask]).abs().max() > 1e-3
+
+
+def test_one_copy_of_the_base_weights(tiny_model_path):
+    base = load_model(tiny_model_path)
+    pointers = {p.data_ptr() for p in base.parameters()}
+    team_agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=4)) for i in range(4)]
+    from roll.multi_agent.model import MultiAgentLoRAModel
+
+    team = MultiAgentLoRAModel(base, team_agents)
+    base_params = [p for n, p in team.peft_model.named_parameters() if "lora_" not in n]
+    assert {p.data_ptr() for p in base_params} == pointers
+    assert team.base_model is base
+    assert not any(p.requires_grad for p in base_params)
+
+
+def test_mixed_rows_use_their_own_adapter(tiny_model_path):
+    team, _ = make_team(
+        tiny_model_path,
+        [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=2, target_modules=["v_proj"]))],
+    )
+    _perturb(team, "alice", 1)
+    _perturb(team, "bob", 2)
+    rows = make_rows([1, 0, 1, 0])
+    mixed = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    for index, name in enumerate(["alice", "bob"]):
+        alone = team.logprobs(
+            rows.input_ids, rows.attention_mask, torch.full_like(rows.agent_id, index)
+        )
+        picked = rows.agent_id == index
+        torch.testing.assert_close(mixed[picked], alone[picked], rtol=0, atol=1e-6)
+    # Rows of different agents differ: the adapters are really distinct.
+    a_all = team.logprobs(rows.input_ids, rows.attention_mask, torch.zeros_like(rows.agent_id))
+    assert (a_all[rows.agent_id == 1] - mixed[rows.agent_id == 1]).abs().max() > 1e-3
+
+
+def test_saved_agent_loads_with_stock_peft_and_gives_same_logits(tiny_model_path, tmp_path):
+    team, _ = make_team(
+        tiny_model_path,
+        [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4,
+                                                            target_modules=["q_proj", "up_proj"]))],
+    )
+    _perturb(team, "alice", 1)
+    _perturb(team, "bob", 2)
+    rows = make_rows([1, 1, 1])
+    ours = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    folder = team.save_agent("bob", tmp_path / "bob")
+    assert (folder / "adapter_model.safetensors").is_file()
+    stock = PeftModel.from_pretrained(load_model(tiny_model_path), folder)
+    with torch.no_grad():
+        logits = stock(input_ids=rows.input_ids, attention_mask=rows.attention_mask).logits
+    theirs = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, rows.input_ids[:, 1:, None])
+    mask = rows.attention_mask[:, 1:].bool()
+    torch.testing.assert_close(ours[:, 1:][mask], theirs[..., 0][mask], rtol=0, atol=1e-6)
+    assert stock.peft_config["default"].r == 2
+
+
+def test_load_agent_and_import_export_round_trip(tiny_model_path, tmp_path):
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    _perturb(team, "alice", 3)
+    saved = team.export_adapter("alice")
+    team.save_agent("alice", tmp_path / "alice")
+    _perturb(team, "alice", 4)
+    assert any(not torch.equal(saved[k], v) for k, v in team.export_adapter("alice").items())
+    team.load_agent("alice", tmp_path / "alice")
+    for key, value in team.export_adapter("alice").items():
+        assert torch.equal(value, saved[key])
+    # Agent b's tensors are a different shape set only if ranks differ; here a copy works.
+    team.import_adapter("bob", saved)
+    for key, value in team.export_adapter("bob").items():
+        assert torch.equal(value, saved[key])
+
+
+def test_import_with_wrong_shape_set_is_refused(tiny_model_path):
+    team, _ = make_team(
+        tiny_model_path,
+        [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=4, target_modules=["q_proj"]))],
+    )
+    import pytest
+
+    with pytest.raises(ValueError, match="agent 'bob'"):
+        team.import_adapter("bob", team.export_adapter("alice"))
+
+
+def test_adapter_init_depends_on_seed_and_name_only(tiny_model_path):
+    team3, _ = make_team(tiny_model_path, [AgentConfig("x"), AgentConfig("y"), AgentConfig("z")])
+    alone, _ = make_team(tiny_model_path, [AgentConfig("z")])
+    for key, value in alone.export_adapter("z").items():
+        assert torch.equal(value, team3.export_adapter("z")[key])
+    other_seed, _ = make_team(tiny_model_path, [AgentConfig("z")], seed=1)
+    key = next(k for k in alone.export_adapter("z") if "lora_A" in k)
+    assert not torch.equal(alone.export_adapter("z")[key], other_seed.export_adapter("z")[key])

@@ -1,0 +1,136 @@
+"""Per-agent training (DESIGN.md invariant 1: isolation = independence)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.worker import MultiAgentTrainer, NonFiniteLossError, lr_lambda
+
+from .helpers import make_rows, make_team
+
+AGENTS = [
+    AgentConfig("alice"),
+    AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj"])),
+    AgentConfig("carol", optim=OptimConfig(lr=5e-3, weight_decay=0.1, max_grad_norm=0.05)),
+]
+TRAINER = TrainerConfig(micro_batch_size=3, ppo_epochs=2, kl_coef=0.05, entropy_coef=0.01)
+STEP_AGENT_IDS = [
+    [0, 1, 2, 2, 0, 1, 0, 2],
+    [2, 2, 1, 0, 0, 1, 1],
+    [1, 0, 2, 0, 2, 1, 0, 2, 1],
+]
+
+
+def _train(path, agents, steps):
+    model, resolved = make_team(path, agents)
+    trainer = MultiAgentTrainer(model, resolved, TRAINER)
+    for batch in steps:
+        trainer.train_step(batch)
+    return model, trainer
+
+
+def test_training_together_equals_independent_runs(tiny_model_path):
+    steps = [make_rows(ids, seed=step) for step, ids in enumerate(STEP_AGENT_IDS)]
+    team, _ = _train(tiny_model_path, AGENTS, steps)
+    for index, agent in enumerate(AGENTS):
+        own_steps = []
+        for batch in steps:
+            own = batch.select(batch.agent_id == index)
+            own_steps.append(own.with_fields(agent_id=torch.zeros_like(own.agent_id)))
+        alone, _ = _train(tiny_model_path, [agent], own_steps)
+        together = team.export_adapter(agent.name)
+        moved = 0.0
+        for key, value in alone.export_adapter(agent.name).items():
+            torch.testing.assert_close(together[key], value, rtol=0, atol=1e-6)
+            moved = max(moved, float(value.abs().max()))
+        # The adapters really trained (LoRA B starts at zero).
+        assert moved > 0
+        b_keys = [k for k in together if "lora_B" in k]
+        assert any(together[k].abs().max() > 1e-4 for k in b_keys)
+
+
+def test_agent_without_rows_keeps_weights_and_optimizer_state_bitwise(tiny_model_path):
+    optim = OptimConfig(lr=1e-2, weight_decay=0.1)
+    model, resolved = make_team(tiny_model_path, AGENTS[:2] + [AgentConfig("carol")], optim=optim)
+    trainer = MultiAgentTrainer(model, resolved, TRAINER)
+    trainer.train_step(make_rows([0, 1, 2, 1, 0, 2], seed=1))  # everyone has optimizer state
+    weights = {k: v.clone() for k, v in model.export_adapter("bob").items()}
+    state = trainer.optimizers["bob"].state_dict()
+    saved_state = {
+        i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    lr_before = trainer.schedulers["bob"].get_last_lr()
+    others = {k: v.clone() for k, v in model.export_adapter("alice").items()}
+
+    metrics = trainer.train_step(make_rows([0, 2, 0, 2, 2], seed=2))  # no row for bob
+
+    assert "bob" not in metrics and set(metrics) == {"alice", "carol"}
+    for key, value in model.export_adapter("bob").items():
+        assert torch.equal(value, weights[key]), key
+    after = trainer.optimizers["bob"].state_dict()["state"]
+    for i, entry in saved_state.items():
+        for k, v in entry.items():
+            assert torch.equal(after[i][k], v) if torch.is_tensor(v) else after[i][k] == v
+    assert trainer.schedulers["bob"].get_last_lr() == lr_before
+    # Alice did train in that step, so the test can tell a frozen agent from a dead trainer.
+    assert any(not torch.equal(v, others[k]) for k, v in model.export_adapter("alice").items())
+
+
+def test_gradient_accumulation_equals_one_big_batch(tiny_model_path):
+    batch = make_rows([0] * 7, seed=5)
+    results = []
+    for micro in (1, 3, 7):
+        model, resolved = make_team(tiny_model_path, [AgentConfig("alice")])
+        trainer = MultiAgentTrainer(
+            model, resolved, TrainerConfig(micro_batch_size=micro, kl_coef=0.1)
+        )
+        trainer.train_step(batch)
+        results.append(model.export_adapter("alice"))
+    for other in results[1:]:
+        for key, value in other.items():
+            torch.testing.assert_close(value, results[0][key], rtol=0, atol=1e-6)
+
+
+def test_nan_loss_is_refused_naming_the_agent(tiny_model_path):
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig())
+    batch = make_rows([0, 1, 1], seed=3)
+    advantages = batch.advantages.clone()
+    advantages[1, 5:] = float("nan")
+    advantages[1] *= batch.response_mask[1]  # NaN survives the mask multiply only where 1
+    advantages[1, 6] = float("nan")
+    batch = batch.with_fields(advantages=advantages)
+    before = {k: v.clone() for k, v in model.export_adapter("bob").items()}
+    with pytest.raises(NonFiniteLossError, match="agent 'bob'.*step 0"):
+        trainer.train_step(batch)
+    for key, value in model.export_adapter("bob").items():
+        assert torch.equal(value, before[key])
+
+
+def test_metrics_per_agent(tiny_model_path):
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(kl_coef=0.1))
+    batch = make_rows([0, 1, 1, 1], seed=4)
+    metrics = trainer.train_step(batch)
+    assert metrics["alice"]["num_rows"] == 1 and metrics["bob"]["num_rows"] == 3
+    assert metrics["bob"]["num_tokens"] == float(batch.response_mask[1:].sum())
+    for name in ("policy_loss", "kl_ref", "clip_frac", "grad_norm", "entropy", "lr",
+                 "reward_mean", "advantage_mean"):
+        assert name in metrics["bob"], name
+    # On-policy first step: ratio is 1, nothing clipped, KL to the reference is 0 (B = 0).
+    assert metrics["bob"]["clip_frac"] == 0.0
+    assert metrics["bob"]["kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["bob"]["reward_mean"] == pytest.approx(float(batch.rewards[1:].mean()))
+
+
+def test_lr_schedules_count_each_agents_own_steps():
+    warm_cosine = OptimConfig(lr=1.0, lr_scheduler="cosine", warmup_steps=2, total_steps=6)
+    factor = lr_lambda(warm_cosine)
+    # warm-up 1/2, 2/2; then cosine over 4 steps: 0.5*(1+cos(pi*k/4)), k = 0..4
+    expected = [0.5, 1.0, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0, 0.0]
+    assert [factor(s) for s in range(8)] == pytest.approx(expected)
+    linear = lr_lambda(OptimConfig(lr=1.0, lr_scheduler="linear", total_steps=4))
+    assert [linear(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
