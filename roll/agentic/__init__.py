@@ -1,0 +1,1 @@
+"""Agentic RL: environments (``env/``) and the episode loop that drives them (``rollout/``)."""

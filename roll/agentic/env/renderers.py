@@ -1,0 +1,164 @@
+"""User prompts for OpenSpiel games: rules, the seat's view, legal moves, answer format.
+
+A renderer is a function ``(env, seat) -> RenderedPrompt``, registered per game short name with
+``@register_renderer("name")``; ``render_prompt`` picks it, or ``render_generic`` for any other
+game. Prompts are kept short (a tiny model with a small context plays them on CPU); each one lists
+every legal move verbatim. ``RenderedPrompt.numbered_moves`` tells ``parse_action`` whether a
+move's number is an acceptable answer. Renderers only read what the seat may see:
+``env.observation(seat)``, ``env.information_state(seat)`` and the legal moves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from roll.agentic.env.openspiel_env import OpenSpielEnv
+
+THINK_AND_ANSWER = "Think inside <think>...</think> if you like, then reply with one legal move"
+ANSWER_NUMBERED = f"{THINK_AND_ANSWER} (its text or number) inside <answer>...</answer>."
+ANSWER_VERBATIM = f"{THINK_AND_ANSWER}, exactly as written, inside <answer>...</answer>."
+
+
+@dataclass
+class RenderedPrompt:
+    """The user prompt for one turn."""
+
+    text: str
+    """The prompt text (the chat template is applied later, by the rollout)."""
+    numbered_moves: bool
+    """True if the moves are listed as "1. move"; pass it to ``parse_action``."""
+
+
+Renderer = Callable[[OpenSpielEnv, int], RenderedPrompt]
+RENDERERS: dict[str, Renderer] = {}
+
+
+def register_renderer(game_name: str) -> Callable[[Renderer], Renderer]:
+    """Decorator registering a renderer for OpenSpiel game ``game_name`` (its short name)."""
+
+    def register(renderer: Renderer) -> Renderer:
+        RENDERERS[game_name] = renderer
+        return renderer
+
+    return register
+
+
+def render_prompt(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """The prompt for ``seat`` (the seat acting now) in ``env``."""
+    return RENDERERS.get(env.name, render_generic)(env, seat)
+
+
+def _prompt(rules: str, state: str, legal: list[str], numbered: bool) -> RenderedPrompt:
+    """Assemble rules, state, the move list and the answer instructions."""
+    if numbered:
+        moves = "Legal moves:\n" + "\n".join(f"{i}. {move}" for i, move in enumerate(legal, 1))
+    else:
+        moves = "Legal moves: " + ", ".join(legal)
+    answer = ANSWER_NUMBERED if numbered else ANSWER_VERBATIM
+    return RenderedPrompt(f"{rules}\n{state}\n{moves}\n{answer}", numbered)
+
+
+def _card_name(rank: int, num_ranks: int) -> str:
+    """J, Q, K (, A) for small poker decks; 1-based numbers for bigger ones."""
+    return "JQKA"[rank] if num_ranks <= 4 else str(rank + 1)
+
+
+def _deck_order(num_ranks: int) -> str:
+    return "<".join(_card_name(rank, num_ranks) for rank in range(num_ranks))
+
+
+def render_generic(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """Any game: its long name, the seat's observation and the moves.
+
+    Moves are numbered unless some move is itself an integer (the number would be ambiguous).
+    """
+    legal = env.legal_actions(seat)
+    numbered = not any(move.lstrip("-").isdigit() for move in legal)
+    rules = (f"You are playing {env.game.get_type().long_name} as player {seat} "
+             f"({env.num_seats} players).")
+    return _prompt(rules, f"Your view of the game:\n{env.observation(seat)}", legal, numbered)
+
+
+@register_renderer("tic_tac_toe")
+def render_tic_tac_toe(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    mark = "xo"[seat]
+    rules = (f"Tic-tac-toe. You are {mark}. Three in a row, column or diagonal wins. "
+             "Cells are (row,col), from 0.")
+    return _prompt(rules, f"Board:\n{env.observation(seat)}", env.legal_actions(seat), True)
+
+
+@register_renderer("connect_four")
+def render_connect_four(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    params = env.game.get_parameters()
+    mark = "xo"[seat]
+    rules = (f"Connect Four, {params['columns']} columns x {params['rows']} rows. You are "
+             f"{mark}. {mark}N drops your piece into column N (0 = left). "
+             f"{params['x_in_row']} in a row in any direction wins.")
+    board = env.observation(seat).rstrip("\n")
+    # Numbers would be confused with column indices, so the moves are not numbered.
+    return _prompt(rules, f"Board (bottom row last):\n{board}", env.legal_actions(seat), False)
+
+
+@register_renderer("kuhn_poker")
+def render_kuhn_poker(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    num_ranks = env.num_seats + 1
+    rules = (f"Kuhn poker, {env.num_seats} players, deck {_deck_order(num_ranks)}, one card "
+             "each, all ante 1. Bet adds 1 chip (or calls a bet); Pass checks (or folds to a "
+             "bet). Highest card still in wins the pot.")
+    # Information state: the private card number, then one letter per move so far (p/b).
+    parsed = re.fullmatch(r"(\d+)([pb]*)", env.information_state(seat) or "")
+    if parsed is None:
+        state = f"You are player {seat}. Your view: {env.observation(seat)}"
+    else:
+        moves = ", ".join({"p": "Pass", "b": "Bet"}[c] for c in parsed.group(2)) or "none"
+        card = _card_name(int(parsed.group(1)), num_ranks)
+        state = f"You are player {seat}. Your card: {card}. Moves so far: {moves}."
+    return _prompt(rules, state, env.legal_actions(seat), True)
+
+
+def _bracket_fields(text: str) -> dict[str, str]:
+    """``"[Round 1][Pot: 2][Round1: 2 1]"`` → ``{"Round": "1", "Pot": "2", "Round1": "2 1"}``."""
+    fields = {}
+    for item in re.findall(r"\[([^\]]*)\]", text):
+        key, _, value = item.partition(":") if ":" in item else item.partition(" ")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+@register_renderer("leduc_poker")
+def render_leduc_poker(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    num_ranks = env.num_seats + 1
+    rules = (f"Leduc poker, {env.num_seats} players, deck: two suits of {_deck_order(num_ranks)}."
+             " All ante 1 and get a private card; betting round 1, then a public card, round 2. "
+             "Raise = 2 chips (4 in round 2). Pairing the public card wins, else higher card.")
+    fields = _bracket_fields(env.information_state(seat) or env.observation(seat))
+    ranks_per_card = 1 if env.game.get_parameters().get("suit_isomorphism") else 2
+
+    def card(key: str) -> str:
+        value = fields.get(key, "")
+        if not value.lstrip("-").isdigit() or int(value) < 0:
+            return "none yet"
+        return _card_name(int(value) // ranks_per_card, num_ranks)
+
+    round_key = f"Round{fields.get('Round', '1')}"
+    bets = ", ".join({"0": "Fold", "1": "Call", "2": "Raise"}.get(code, code)
+                     for code in fields.get(round_key, "").split()) or "none"
+    state = (f"You are player {seat}. Your card: {card('Private')}. Public card: "
+             f"{card('Public')}. Round {fields.get('Round', '?')}. Pot: {fields.get('Pot', '?')}."
+             f" Chips left per player: {fields.get('Money', '?')}. Bets this round: {bets}.")
+    return _prompt(rules, state, env.legal_actions(seat), True)
+
+
+@register_renderer("hanabi")
+def render_hanabi(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    params = env.game.get_parameters()
+    colors, ranks = params.get("colors", 5), params.get("ranks", 5)
+    rules = (f"Hanabi, cooperative, {env.num_seats} players, {colors} colors, ranks 1-{ranks}. "
+             "Build each color's firework in rank order; a wrong play costs a life. Hands, yours "
+             "first; per card: the card (XX: you cannot see your own) || what hints told | what "
+             "it can still be. A hint (Reveal) costs an info token, a discard regains one. "
+             "'player +k' = k seats after you; cards count from 0. Score = cards played.")
+    state = f"You are player {seat}.\n{env.observation(seat).rstrip()}"
+    return _prompt(rules, state, env.legal_actions(seat), True)
