@@ -1,0 +1,47 @@
+"""Pure functions of RL for LLM agents: advantage estimators, normalisation, losses.
+
+No model code lives here. Where is "the advantage for agent 2's tokens" computed?
+``compute_advantages`` (advantages.py) runs the estimator named in ``AdvantageConfig`` over the
+whole batch, then normalises per agent (normalize.py); losses.py turns advantages into losses.
+"""
+
+from roll.algorithms.advantages import (
+    AdvantageConfig,
+    AdvantageFn,
+    compute_advantages,
+    gae,
+    get_advantage_estimator,
+    grpo,
+    register_advantage,
+    reinforce,
+)
+from roll.algorithms.losses import (
+    aggregate,
+    entropy_from_logits,
+    entropy_loss,
+    kl_loss,
+    kl_penalized_rewards,
+    kl_per_token,
+    ppo_policy_loss,
+)
+from roll.algorithms.normalize import normalization_keys, normalize_advantages
+
+__all__ = [
+    "AdvantageConfig",
+    "AdvantageFn",
+    "aggregate",
+    "compute_advantages",
+    "entropy_from_logits",
+    "entropy_loss",
+    "gae",
+    "get_advantage_estimator",
+    "grpo",
+    "kl_loss",
+    "kl_penalized_rewards",
+    "kl_per_token",
+    "normalization_keys",
+    "normalize_advantages",
+    "ppo_policy_loss",
+    "register_advantage",
+    "reinforce",
+]

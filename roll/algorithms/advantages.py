@@ -1,0 +1,249 @@
+"""Advantage estimators: turn rewards -> per-token advantages and returns.
+
+Every estimator has the same signature, ``fn(batch, cfg) -> (advantages, returns)``, both (B, T)
+and zero outside ``batch.response_mask``, and is found by name in a registry
+(``get_advantage_estimator``). ``compute_advantages`` runs the configured estimator and then the
+optional per-agent normalisation of ``roll.algorithms.normalize``.
+
+A trajectory is the rows that share ``env_id`` and ``seat`` (one seat's turns in one episode),
+taken in ``turn`` order; the rows of the batch may come in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from roll.algorithms.normalize import (
+    NORM_BY,
+    NORM_MODES,
+    group_index,
+    normalization_keys,
+    normalize_advantages,
+)
+from roll.batch import TrajectoryBatch
+
+AdvantageFn = Callable[[TrajectoryBatch, "AdvantageConfig"], tuple[Tensor, Tensor]]
+_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+@dataclass
+class AdvantageConfig:
+    """How rewards become advantages. Checked on construction; errors name the field."""
+
+    estimator: str = "grpo"
+    """Registered estimator name: "reinforce", "grpo", "gae", or one you registered first."""
+    gamma: float = 1.0
+    """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
+    lam: float = 1.0
+    """GAE lambda in [0, 1] (1: Monte-Carlo returns minus values; 0: one-step TD error)."""
+    grpo_scale_by_std: bool = True
+    """GRPO: divide by the group's std. False gives Dr. GRPO (Liu et al. 2025): centring only."""
+    norm: str = "none"
+    """Normalisation after the estimator: "none", "mean" (centre) or "whiten" (centre, /std)."""
+    norm_by: str = "agent"
+    """Statistics groups of the normalisation: "agent", "agent_seat" or "agent_group"."""
+    eps: float = 1e-6
+    """Added to a std before dividing by it (GRPO and whitening); > 0."""
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "lam"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"AdvantageConfig.{name} must be in [0, 1], got {value!r}")
+        if not self.eps > 0.0:
+            raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps!r}")
+        if self.norm not in NORM_MODES:
+            raise ValueError(f"AdvantageConfig.norm must be one of {NORM_MODES}, got {self.norm!r}")
+        if self.norm_by not in NORM_BY:
+            raise ValueError(
+                f"AdvantageConfig.norm_by must be one of {NORM_BY}, got {self.norm_by!r}"
+            )
+        if self.estimator not in _ESTIMATORS:
+            raise ValueError(
+                f"AdvantageConfig.estimator must be one of {sorted(_ESTIMATORS)}, "
+                f"got {self.estimator!r}"
+            )
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding an estimator ``fn(batch, cfg) -> (advantages, returns)`` under ``name``."""
+
+    def add(fn: AdvantageFn) -> AdvantageFn:
+        if name in _ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return add
+
+
+def get_advantage_estimator(name: str) -> AdvantageFn:
+    """The estimator registered under ``name``; the error lists the known names."""
+    if name not in _ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(_ESTIMATORS)}")
+    return _ESTIMATORS[name]
+
+
+def compute_advantages(batch: TrajectoryBatch, cfg: AdvantageConfig) -> TrajectoryBatch:
+    """Run ``cfg.estimator`` then ``cfg.norm``; a copy of ``batch`` with advantages and returns.
+
+    Returns are the estimator's, never normalised (they are value targets).
+    """
+    advantages, returns = get_advantage_estimator(cfg.estimator)(batch, cfg)
+    if cfg.norm != "none":
+        keys = normalization_keys(batch, cfg.norm_by)
+        advantages = normalize_advantages(advantages, batch.response_mask, keys, cfg.norm, cfg.eps)
+    return batch.with_fields(advantages=advantages, returns=returns)
+
+
+# --- trajectory plumbing: rows -> (trajectory, position) ----------------------------------------
+
+
+def _trajectories(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int]:
+    """Trajectory index (B,), turn rank (B,) within the trajectory, number of trajectories.
+
+    Rank is the row's position among its trajectory's rows sorted by ``turn`` (0, 1, ...).
+    """
+    batch.require("env_id", "seat", "turn")
+    traj = group_index(batch.env_id, batch.seat)  # (B,)
+    n_traj = int(traj.max()) + 1 if len(batch) else 0
+    by_turn = torch.sort(batch.turn, stable=True).indices
+    order = by_turn[torch.sort(traj[by_turn], stable=True).indices]  # by (trajectory, turn)
+    sorted_traj, sorted_turn = traj[order], batch.turn[order]
+    repeated = (sorted_traj[1:] == sorted_traj[:-1]) & (sorted_turn[1:] == sorted_turn[:-1])
+    if repeated.any():
+        row = int(order[1:][repeated][0])
+        raise ValueError(
+            f"two rows share env_id={int(batch.env_id[row])}, seat={int(batch.seat[row])}, "
+            f"turn={int(batch.turn[row])}"
+        )
+    count = torch.bincount(traj, minlength=n_traj)  # (N,)
+    start = torch.cumsum(count, 0) - count  # first sorted position of each trajectory
+    rank = torch.empty_like(traj)
+    rank[order] = torch.arange(len(batch), device=traj.device) - start[sorted_traj]
+    return traj, rank, n_traj
+
+
+def _pack(x: Tensor, traj: Tensor, pos: Tensor, n_traj: int) -> Tensor:
+    """Scatter entries x (M,) to a zero-padded (N, L) matrix at (traj, pos)."""
+    length = int(pos.max()) + 1 if pos.numel() else 0
+    packed = torch.zeros(n_traj, length, dtype=x.dtype, device=x.device)
+    packed[traj, pos] = x
+    return packed
+
+
+def _reverse_discounted_cumsum(x: Tensor, discount: float) -> Tensor:
+    """y[:, t] = x[:, t] + discount * y[:, t + 1] for x (N, L), with y[:, L] = 0.
+
+    Rows are packed from the left and zero-padded, so padding contributes nothing.
+    """
+    out = torch.zeros_like(x)
+    running = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)  # (N,)
+    for t in reversed(range(x.shape[1])):  # a loop over time, vectorised over trajectories
+        running = x[:, t] + discount * running
+        out[:, t] = running
+    return out
+
+
+def _on_response(per_row: Tensor, response_mask: Tensor) -> Tensor:
+    """Broadcast (B,) to (B, T), zero outside the response."""
+    return torch.where(response_mask.bool(), per_row.unsqueeze(1), 0.0)
+
+
+# --- estimators -------------------------------------------------------------------------------
+
+
+@register_advantage("reinforce")
+def reinforce(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """REINFORCE (Williams 1992) with turn-level reward-to-go.
+
+    G_t = sum_{k >= t} gamma^(k - t) r_k over the turns of a trajectory (t, k count the
+    trajectory's rows in turn order); every response token of turn t gets G_t. No baseline:
+    use ``cfg.norm = "mean"`` or ``"whiten"`` for one. Advantages and returns are both G_t, (B, T).
+    """
+    batch.require("rewards")
+    traj, rank, n_traj = _trajectories(batch)
+    rewards = _pack(batch.rewards, traj, rank, n_traj)  # (N, turns)
+    reward_to_go = _reverse_discounted_cumsum(rewards, cfg.gamma)[traj, rank]  # (B,)
+    returns = _on_response(reward_to_go, batch.response_mask)
+    return returns, returns.clone()
+
+
+@register_advantage("grpo")
+def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), per seat.
+
+    Simplification, stated: a trajectory's return R is the UNDISCOUNTED sum of its turn rewards
+    (``cfg.gamma`` is unused), and every response token of every turn of the trajectory gets the
+    same advantage. R is normalised among the trajectories (not rows) sharing ``group_id`` AND
+    ``seat``: A = (R - mean) / (std + eps), population std; with ``cfg.grpo_scale_by_std=False``
+    A = R - mean (Dr. GRPO). A group of one trajectory, or whose returns are all equal, gives 0.
+    Returns (B, T) are R on the response tokens.
+    """
+    batch.require("rewards", "group_id")
+    traj, _, n_traj = _trajectories(batch)
+    episode_return = torch.zeros(n_traj, dtype=batch.rewards.dtype, device=batch.rewards.device)
+    episode_return.index_add_(0, traj, batch.rewards)  # (N,)
+    group_of_traj = torch.zeros(n_traj, dtype=torch.long, device=traj.device)
+    group_of_traj[traj] = group_index(batch.group_id, batch.seat)
+    if (group_of_traj[traj] != group_index(batch.group_id, batch.seat)).any():
+        raise ValueError("rows of one trajectory (env_id, seat) carry different group_id values")
+    n_groups = int(group_of_traj.max()) + 1 if n_traj else 0
+    size = torch.bincount(group_of_traj, minlength=n_groups).to(episode_return.dtype)  # (G,)
+    total = torch.zeros_like(size).index_add_(0, group_of_traj, episode_return)
+    centred = episode_return - (total / size)[group_of_traj]  # (N,)
+    low = size.new_full((n_groups,), float("inf"))
+    low = low.scatter_reduce(0, group_of_traj, episode_return, "amin")
+    high = size.new_full((n_groups,), -float("inf"))
+    high = high.scatter_reduce(0, group_of_traj, episode_return, "amax")
+    # Exactly 0 for constant groups: float rounding of the mean must not become a signal.
+    centred = torch.where((low == high)[group_of_traj], torch.zeros_like(centred), centred)
+    if cfg.grpo_scale_by_std:
+        var = torch.zeros_like(size).index_add_(0, group_of_traj, centred.square()) / size
+        centred = centred / (var.sqrt()[group_of_traj] + cfg.eps)
+    advantages = _on_response(centred[traj], batch.response_mask)
+    returns = _on_response(episode_return[traj], batch.response_mask)
+    return advantages, returns
+
+
+@register_advantage("gae")
+def gae(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) across turns.
+
+    The response tokens of a trajectory's turns, in turn order, form ONE token sequence (prompt
+    and environment tokens between turns are part of the transition, not steps). Each turn's
+    reward sits on that turn's last response token; ``values[:, t]`` is V of the state in which
+    token t was generated. Then, over that sequence, with V = 0 after the last token (the
+    episode is treated as finished, so truncated episodes get no bootstrap):
+        delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lam A_{t+1},
+        returns_t = A_t + V_t.
+    ``gamma`` here discounts per response token. Every row needs >= 1 response token.
+    """
+    batch.require("rewards", "values")
+    traj, rank, n_traj = _trajectories(batch)
+    keep = batch.response_mask.bool()  # (B, T)
+    row_tokens = keep.sum(dim=1)  # (B,)
+    if (row_tokens == 0).any():
+        row = int(torch.nonzero(row_tokens == 0)[0])
+        raise ValueError(f"GAE: row {row} has no response tokens to carry its turn reward")
+    # Offset of each row in its trajectory's token sequence: tokens of the earlier turns.
+    tokens_by_turn = _pack(row_tokens, traj, rank, n_traj)  # (N, turns)
+    offset = (torch.cumsum(tokens_by_turn, dim=1) - tokens_by_turn)[traj, rank]  # (B,)
+    rank_in_row = torch.cumsum(keep.long(), dim=1) - 1  # (B, T)
+    rows, cols = keep.nonzero(as_tuple=True)  # (M,) each, all response tokens
+    seq_traj, seq_pos = traj[rows], offset[rows] + rank_in_row[rows, cols]
+    is_last = rank_in_row[rows, cols] == row_tokens[rows] - 1
+    values = batch.values.detach().to(batch.rewards.dtype)  # targets carry no gradient
+    v = _pack(values[rows, cols], seq_traj, seq_pos, n_traj)  # (N, L), zero-padded
+    r = _pack(torch.where(is_last, batch.rewards[rows], 0.0), seq_traj, seq_pos, n_traj)
+    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)  # 0 after the end
+    delta = r + cfg.gamma * next_v - v  # (N, L); 0 on the zero padding after a sequence
+    seq_adv = _reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam)  # (N, L)
+    advantages = torch.zeros_like(values)
+    advantages[rows, cols] = seq_adv[seq_traj, seq_pos]
+    returns = torch.where(keep, advantages + values, 0.0)
+    return advantages, returns

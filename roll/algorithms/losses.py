@@ -1,0 +1,212 @@
+"""Mask-aware losses: aggregation, PPO clipped policy loss, KL to the reference, entropy.
+
+All per-token inputs are (B, T) and aligned with ``TrajectoryBatch.input_ids``; ``mask`` is the
+response mask. Positions outside the mask (prompt, padding after EOS) are replaced by 0 with
+``torch.where`` before any arithmetic that could overflow, so whatever sits there (garbage,
+inf, NaN) changes neither a loss nor a gradient.
+
+Loss terms are meant to be added: ``ppo_policy_loss + kl_loss + entropy_loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KlKind = Literal["k1", "k3"]
+KL_KINDS: tuple[str, ...] = ("k1", "k3")
+
+
+def _masked(values: Tensor, mask: Tensor) -> Tensor:
+    """values where mask is set, 0 elsewhere (no NaN/inf leaks from padding)."""
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    return torch.where(mask.bool(), values, zero)
+
+
+def aggregate(
+    values: Tensor,
+    mask: Tensor,
+    mode: AggMode = "token-mean",
+    normalizer: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token values (B, T) over the masked tokens to a scalar.
+
+    Modes:
+        ``"token-mean"``: sum of masked values / number of masked tokens.
+        ``"seq-mean-token-mean"``: mean over each row's masked tokens, then mean over the rows
+            that have at least one masked token.
+        ``"seq-mean-token-sum"``: sum over each row's masked tokens, then mean over those rows.
+
+    ``normalizer`` replaces the denominator (the token count for ``"token-mean"``, the row count
+    for the ``seq-mean-*`` modes). With gradient accumulation, pass the count of the whole
+    mini-batch so that the micro-batch losses add up to the mini-batch loss. No masked token
+    gives 0 (nothing to learn from), never NaN.
+    """
+    if values.shape != mask.shape:
+        raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} differ")
+    if mode not in AGG_MODES:
+        raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {mode!r}")
+    if isinstance(normalizer, (int, float)) and not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer!r}")
+    keep = mask.bool()
+    masked = _masked(values, keep)  # (B, T)
+    if mode == "token-mean":
+        denominator = keep.sum().clamp(min=1) if normalizer is None else normalizer
+        return masked.sum() / denominator
+    row_tokens = keep.sum(dim=1)  # (B,)
+    row_total = masked.sum(dim=1)  # (B,)
+    if mode == "seq-mean-token-mean":
+        row_total = row_total / row_tokens.clamp(min=1)
+    denominator = (row_tokens > 0).sum().clamp(min=1) if normalizer is None else normalizer
+    return row_total.sum() / denominator
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: AggMode = "token-mean",
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate loss (Schulman et al. 2017, eq. 7), optional dual clip.
+
+    Per token, with ratio = exp(logprobs - old_logprobs):
+        loss = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
+    Separate ``clip_low``/``clip_high`` give asymmetric ("clip-higher", DAPO) clipping. Dual
+    clip (Ye et al. 2020, c = ``dual_clip`` > 1): for A < 0 the loss is capped at -c * A, so a
+    huge ratio on a bad token cannot blow the loss up.
+
+    Args:
+        logprobs, old_logprobs, advantages, mask: (B, T); ``old_logprobs`` and ``advantages``
+            are treated as constants.
+
+    Returns:
+        (scalar loss aggregated with ``agg``/``normalizer``, metrics) where metrics are detached
+        0-dim tensors over masked tokens: ``clip_frac`` (share of tokens where the clipped term
+        is the larger loss), ``dual_clip_frac`` (share capped by the dual clip),
+        ``approx_kl`` (k3 estimate of KL(old || new): mean of (ratio - 1) - log ratio),
+        ``ratio_mean``.
+    """
+    if not 0.0 < clip_low < 1.0:
+        raise ValueError(f"clip_low must be in (0, 1), got {clip_low!r}")
+    if not clip_high > 0.0:
+        raise ValueError(f"clip_high must be > 0, got {clip_high!r}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
+    keep = mask.bool()
+    advantages = _masked(advantages.detach(), keep)
+    log_ratio = _masked(logprobs - old_logprobs.detach(), keep)  # (B, T), 0 off the response
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    is_clipped = clipped > unclipped
+    per_token = torch.where(is_clipped, clipped, unclipped)  # (B, T)
+    is_dual_clipped = torch.zeros_like(keep)
+    if dual_clip is not None:
+        cap = -dual_clip * advantages
+        is_dual_clipped = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(is_dual_clipped, cap, per_token)
+    loss = aggregate(per_token, keep, agg, normalizer)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": aggregate(is_clipped.to(ratio.dtype), keep),
+            "dual_clip_frac": aggregate(is_dual_clipped.to(ratio.dtype), keep),
+            "approx_kl": aggregate((ratio - 1.0) - log_ratio, keep),
+            "ratio_mean": aggregate(ratio, keep),
+        }
+    return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def kl_per_token(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kind: KlKind = "k3"
+) -> Tensor:
+    """Per-token estimate (B, T) of KL(policy || reference), zero outside ``mask``.
+
+    Samples come from the policy; with log r = ref_logprobs - logprobs (Schulman, "Approximating
+    KL divergence", 2020): ``"k1"`` = -log r = logprobs - ref_logprobs (unbiased, can be < 0);
+    ``"k3"`` = (r - 1) - log r (unbiased, >= 0, lower variance; GRPO's KL term).
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"KL estimator must be one of {KL_KINDS}, got {kind!r}")
+    log_ref_ratio = _masked(ref_logprobs - logprobs, mask)  # (B, T)
+    if kind == "k1":
+        return -log_ref_ratio
+    return _masked(torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio, mask)
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    beta: float,
+    kind: KlKind = "k3",
+    agg: AggMode = "token-mean",
+    normalizer: float | Tensor | None = None,
+) -> Tensor:
+    """KL-to-reference loss term: beta * aggregate(kl_per_token). Gradient flows to logprobs."""
+    per_token = kl_per_token(logprobs, ref_logprobs.detach(), mask, kind)  # (B, T)
+    return beta * aggregate(per_token, mask, agg, normalizer)
+
+
+def kl_penalized_rewards(
+    rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    beta: float,
+    kind: KlKind = "k1",
+) -> tuple[Tensor, Tensor]:
+    """KL as a reward penalty (Ziegler et al. 2019; InstructGPT), per turn.
+
+    reward'_i = reward_i - beta * sum_t kl_t over row i's response tokens.
+
+    Args:
+        rewards: (B,) turn rewards. logprobs, ref_logprobs, mask: (B, T).
+
+    Returns:
+        (penalised rewards (B,), summed KL per row (B,)), both detached (rewards carry no
+        gradient).
+    """
+    with torch.no_grad():
+        row_kl = kl_per_token(logprobs, ref_logprobs, mask, kind).sum(dim=1)  # (B,)
+        return rewards - beta * row_kl.to(rewards.dtype), row_kl
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy (...) in nats of the categorical distributions given by logits (..., V).
+
+    H = -sum_v p_v log p_v, computed in float32. Logits of -inf (masked vocabulary entries) are
+    allowed and add 0.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    probs = logp.exp()
+    # p log p -> 0 at p = 0; zero logp there first so backward never sees 0 * -inf.
+    logp = torch.where(probs > 0, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    return -(probs * logp).sum(dim=-1)
+
+
+def entropy_loss(
+    logits: Tensor,
+    mask: Tensor,
+    coef: float,
+    agg: AggMode = "token-mean",
+    normalizer: float | Tensor | None = None,
+) -> Tensor:
+    """Entropy bonus as a loss term: -coef * aggregate(entropy) over the masked tokens.
+
+    ``logits`` (B, T, V) must already be shifted to the batch convention: ``logits[:, t]`` is the
+    distribution token ``t`` was drawn from. Entropy is only computed at masked positions.
+    """
+    keep = mask.bool()
+    entropy = torch.zeros(keep.shape, dtype=torch.float32, device=logits.device)  # (B, T)
+    entropy = entropy.index_put((keep,), entropy_from_logits(logits[keep]))
+    return -coef * aggregate(entropy, keep, agg, normalizer)

@@ -1,0 +1,324 @@
+"""The training loop of a team of agents (DESIGN.md "Data flow of one step"), one process.
+
+    for step in 1..max_steps:
+        sync adapters → engine        (only LoRA tensors travel; versions checked)
+        validation rollouts           (every eval.eval_steps, trained agents vs fixed seats)
+        train rollouts                (all pending turns of all envs → one mixed-adapter batch)
+        old/reference log-probs       (trainer's forward; reference = adapters off)
+        advantages                    (roll/algorithms: estimator, then per-agent normalisation)
+        per-agent update              (roll/multi_agent/worker.py)
+        metrics → trackers; checkpoint every save_steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from roll.agentic.env.actions import ActionConfig
+from roll.agentic.env.seating import Seating, SeatSpec, build_seating
+from roll.agentic.rollout.scheduler import RolloutConfig, RolloutResult, RolloutScheduler
+from roll.algorithms.advantages import compute_advantages
+from roll.algorithms.losses import kl_per_token
+from roll.inference.base import SamplingParams
+from roll.models import build_tiny_model, default_cache_dir, load_model, load_tokenizer
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.worker import MultiAgentTrainer
+from roll.pipeline.config import TINY_MODEL, PipelineConfig, game_num_seats, seat_map
+from roll.pipeline.evaluation import summarize_episodes
+from roll.utils.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    load_trainer_state,
+    resolve_resume,
+    restore_rng_state,
+    save_checkpoint,
+)
+from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics
+
+EVAL_SEED_OFFSET = 7_919
+
+
+def model_path(cfg: PipelineConfig) -> Path | str:
+    """The base model folder ('tiny' builds the offline tiny model on first use)."""
+    return build_tiny_model(default_cache_dir()) if cfg.model.path == TINY_MODEL else cfg.model.path
+
+
+def build_engine(cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer):
+    """The rollout engine named by rollout.engine (validated to be one of ENGINES)."""
+    from roll.inference.hf_engine import HFEngine
+
+    return HFEngine(model, tokenizer, device=cfg.model.device)
+
+
+class SnapshotPool:
+    """Frozen copies of agents' adapters (opponent pool), served as extra engine slots.
+
+    A snapshot is taken at step 0 and at every checkpoint. 'snapshot:<agent>@latest' plays the
+    newest one; '@N' the one taken at step N, or before N is reached the newest one before it.
+    """
+
+    def __init__(self, model: MultiAgentLoRAModel, agents: set[str]) -> None:
+        self.model = model
+        self.agents = agents
+        self.snapshots: dict[str, dict[int, dict[str, torch.Tensor]]] = {a: {} for a in agents}
+
+    def take(self, step: int) -> None:
+        for agent in self.agents:
+            self.snapshots[agent][step] = self.model.export_adapter(agent)
+
+    def choose(self, spec: SeatSpec) -> tuple[str, int]:
+        steps = sorted(self.snapshots[spec.agent_name])
+        if spec.snapshot_step is not None:
+            steps = [s for s in steps if s <= spec.snapshot_step] or steps[:1]
+        return spec.agent_name, steps[-1]
+
+    def state_dict(self) -> dict:
+        return {"snapshots": self.snapshots}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.snapshots = state["snapshots"]
+
+
+class AgenticPipeline:
+    """Builds every part from a validated PipelineConfig and runs the loop."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.output_dir = Path(cfg.output_dir)
+        torch.manual_seed(cfg.seed)
+        path = model_path(cfg)
+        self.tokenizer = load_tokenizer(path)
+        agents = cfg.team.resolved_agents()
+        self.agent_names = [a.name for a in agents]
+        base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
+        self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed)
+        self.trainer = MultiAgentTrainer(self.model, agents, cfg.trainer)
+        self.engine = build_engine(cfg, self.model, self.tokenizer)
+        self.engine_versions: dict[str, int] = {}
+        num_seats = game_num_seats(cfg.env.game, cfg.env.params)
+        self.train_seating = build_seating(
+            seat_map(cfg.env.seat_to_agent, num_seats, self.agent_names), num_seats,
+            self.agent_names,
+        )
+        self.eval_seating = (
+            build_seating(list(cfg.eval.seat_to_agent), num_seats, self.agent_names)
+            if cfg.eval.seat_to_agent else self.train_seating
+        )
+        snapshot_agents = {
+            spec.agent_name
+            for seating in (self.train_seating, self.eval_seating)
+            for spec in seating.seats if spec.kind == "snapshot"
+        }
+        self.pool = SnapshotPool(self.model, snapshot_agents)
+        self.step = 0
+
+    # ------------------------------------------------------------------ parts
+    def scheduler(self, seating: Seating, evaluation: bool) -> RolloutScheduler:
+        from roll.agentic.env.openspiel_env import OpenSpielEnv
+        from roll.agentic.env.renderers import render_prompt
+
+        cfg = self.cfg
+        sampling = cfg.rollout.sampling
+        params = SamplingParams(
+            temperature=cfg.eval.temperature if evaluation else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop),
+        )
+        rollout = RolloutConfig(
+            num_groups=cfg.eval.num_episodes if evaluation else cfg.rollout.num_groups,
+            group_size=1 if evaluation else cfg.rollout.group_size,
+            max_turns=cfg.rollout.max_turns,
+            max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+            constrained_decoding=cfg.rollout.constrained_decoding,
+        )
+        game, game_params = cfg.env.game, dict(cfg.env.params)
+        return RolloutScheduler(
+            env_factory=lambda: OpenSpielEnv(game, game_params),
+            render=render_prompt,
+            seating=seating,
+            agent_names=self.agent_names,
+            engine=self.engine,
+            tokenizer=self.tokenizer,
+            sampling=params,
+            action=ActionConfig(**vars(cfg.env.action)),
+            config=rollout,
+            snapshot_slot=self._snapshot_slot,
+        )
+
+    def _snapshot_slot(self, spec: SeatSpec) -> str:
+        agent, step = self.pool.choose(spec)
+        slot = f"{agent}@step{step}"
+        if self.engine.adapter_version(slot) != step:
+            self.engine.load_adapter(
+                slot, self.pool.snapshots[agent][step], self.model.lora_config(agent), step
+            )
+        return slot
+
+    def sync_adapters(self) -> None:
+        """Push every agent's current adapter to the engine under a new version."""
+        for name in self.agent_names:
+            version = self.trainer.global_step
+            self.engine.load_adapter(
+                name, self.model.export_adapter(name), self.model.lora_config(name), version
+            )
+            if self.engine.adapter_version(name) != version:
+                raise RuntimeError(f"engine did not take agent {name!r} version {version}")
+            self.engine_versions[name] = version
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        self._maybe_resume()
+        if self.step == 0:
+            self.pool.take(0)
+        tracking = TrackingConfig(
+            backends=list(cfg.tracking.backends),
+            project=cfg.tracking.project,
+            entity=cfg.tracking.entity,
+            run_name=cfg.tracking.run_name or self.output_dir.name,
+            log_dir=str(self.output_dir),
+            wandb_mode=cfg.tracking.wandb_mode,
+        )
+        train_scheduler = self.scheduler(self.train_seating, evaluation=False)
+        eval_scheduler = self.scheduler(self.eval_seating, evaluation=True)
+        last: dict[str, float] = {}
+        with Tracker(tracking, run_config=dataclasses.asdict(cfg)) as tracker:
+            if cfg.eval.eval_steps and self.step == 0:
+                self.sync_adapters()
+                tracker.log(self.evaluate(eval_scheduler, tracker), step=0)
+            while self.step < cfg.max_steps:
+                self.step += 1
+                metrics = self.train_step(train_scheduler, tracker)
+                if cfg.eval.eval_steps and (
+                    self.step % cfg.eval.eval_steps == 0 or self.step == cfg.max_steps
+                ):
+                    metrics.update(self.evaluate(eval_scheduler, tracker))
+                tracker.log(metrics, step=self.step)
+                last = metrics
+                if (cfg.save_steps and self.step % cfg.save_steps == 0) or (
+                    self.step == cfg.max_steps
+                ):
+                    self.save()
+        return last
+
+    def train_step(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
+        cfg = self.cfg
+        times: dict[str, float] = {}
+        start = time.perf_counter()
+        self.sync_adapters()
+        times["time/sync"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        result = scheduler.rollout(
+            seed=cfg.seed * 1_000_003 + self.step,
+            progress=lambda done, total: tracker.progress(done, total, "episodes"),
+        )
+        times["time/rollout"] = time.perf_counter() - start
+        metrics = dict(result.metrics)
+        metrics.update(self._team_metrics(result))
+        batch = result.batch
+        if batch is None:
+            metrics.update(times)
+            return metrics
+
+        start = time.perf_counter()
+        engine_logprobs = batch.old_logprobs
+        # Recompute the behaviour log-probs with the trainer's own forward, so PPO ratios start
+        # at exactly 1; the gap to the engine's is a check that the engine served the same
+        # weights.
+        old = self.model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id)
+        mask = batch.response_mask
+        metrics["rollout/engine_logprob_gap"] = float(
+            ((old - engine_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+        )
+        batch = batch.with_fields(old_logprobs=old)
+        if cfg.trainer.kl_coef > 0:
+            ref = self.model.reference_logprobs(batch.input_ids, batch.attention_mask)
+            batch = batch.with_fields(ref_logprobs=ref)
+            metrics["team/kl_ref"] = float(
+                (kl_per_token(old, ref, mask, "k3")).sum() / mask.sum().clamp(min=1)
+            )
+        times["time/reference"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        batch = compute_advantages(batch, cfg.advantage)
+        per_agent = self.trainer.train_step(batch)
+        times["time/train"] = time.perf_counter() - start
+        metrics.update(agent_metrics(per_agent))
+        metrics.update(times)
+        metrics["time/step"] = sum(times.values())
+        return metrics
+
+    def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
+        """Validation rollouts with the current adapters (already synced)."""
+        start = time.perf_counter()
+        result = scheduler.rollout(
+            seed=self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET,
+            progress=lambda done, total: tracker.progress(done, total, "eval episodes"),
+        )
+        metrics = summarize_episodes(result.episodes, scheduler.seating, self.agent_names)
+        for key, value in result.metrics.items():
+            if "format" in key:
+                metrics[f"eval/{key}"] = value
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    def _team_metrics(self, result: RolloutResult) -> dict[str, float]:
+        if not result.episodes:
+            return {}
+        trained = [s for s, spec in enumerate(self.train_seating.seats) if spec.is_trained]
+        returns = [ep.returns[s] for ep in result.episodes for s in trained]
+        return {"team/episode_return": sum(returns) / max(1, len(returns))}
+
+    # ------------------------------------------------------------------ checkpoints
+    def trainer_state(self) -> dict:
+        return {
+            "step": self.step,
+            "trainer": self.trainer.state_dict(),
+            "rng": capture_rng_state(),
+            "pool": self.pool.state_dict(),
+            "seed": self.cfg.seed,
+            "agent_names": self.agent_names,
+        }
+
+    def save(self) -> Path:
+        if self.pool.agents:
+            self.pool.take(self.step)
+
+        def save_agents(folder: Path) -> None:
+            for name in self.agent_names:
+                self.model.save_agent(name, folder / name)
+
+        return save_checkpoint(
+            self.output_dir, self.step, self.trainer_state(), save_agents, self.cfg.keep_last
+        )
+
+    def _maybe_resume(self) -> None:
+        path = resolve_resume(self.cfg.resume, self.output_dir)
+        if path is None:
+            return
+        self.load(path)
+
+    def load(self, path: Path) -> None:
+        state = load_trainer_state(path)
+        if state["agent_names"] != self.agent_names:
+            raise ValueError(
+                f"resume={str(path)!r}: checkpoint agents {state['agent_names']} differ from "
+                f"the config's {self.agent_names}"
+            )
+        for name in self.agent_names:
+            self.model.load_agent(name, Path(path) / "agents" / name)
+        self.trainer.load_state_dict(state["trainer"])
+        self.pool.load_state_dict(state["pool"])
+        restore_rng_state(state["rng"])
+        self.step = state["step"]
+        print(f"resumed from {path} at step {self.step}", flush=True)
+
+
+__all__ = ["AgenticPipeline", "SnapshotPool", "latest_checkpoint", "model_path"]

@@ -1,0 +1,115 @@
+"""Command line: YAML (Hydra compose) + our flags + Hydra overrides → a validated PipelineConfig.
+
+    python examples/start_multi_agent_pipeline.py --config_path examples/tictactoe \
+        --config_name multi_agent_tictactoe --num_agents 2 --lora_rank 32 max_steps=200
+
+The YAML is merged onto the dataclass schema (unknown keys and wrong types fail there), then
+each override, parsed with Hydra's own grammar, is applied in struct mode (an override naming a
+key the schema lacks fails). Every failure ends the program with one line naming the key and
+exit code 2 before any model loads or anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from roll.multi_agent.config import ConfigError
+from roll.pipeline.config import PipelineConfig, validate_config
+
+# Short flags users know from launch scripts, and the config key each one sets.
+FLAG_KEYS = {
+    "num_agents": "team.num_agents",
+    "lora_rank": "team.lora.rank",
+    "lora_alpha": "team.lora.alpha",
+}
+
+
+class CLIError(Exception):
+    """A problem with the command line or the config, reported as one line."""
+
+
+def parse_args(argv: list[str], description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config_path", required=True, help="folder holding the YAML")
+    parser.add_argument("--config_name", required=True, help="YAML file name without .yaml")
+    parser.add_argument("--num_agents", type=int, help="sets team.num_agents")
+    parser.add_argument("--lora_rank", type=int, help="sets team.lora.rank (default of agents)")
+    parser.add_argument("--lora_alpha", type=float, help="sets team.lora.alpha")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. max_steps=200")
+    return parser.parse_args(argv)
+
+
+def _one_line(error: Exception) -> str:
+    """OmegaConf/Hydra errors span lines; keep the message and the key."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[0] if lines else type(error).__name__
+    key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")),
+               None)
+    return f"{message} (key: {key})" if key and key not in message else message
+
+
+def load_config(
+    config_path: str, config_name: str, overrides: list[str], check_paths: bool = True
+) -> PipelineConfig:
+    """Compose, merge onto the schema, apply overrides, validate. Raises CLIError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    folder = Path(config_path).resolve()
+    if not (folder / f"{config_name}.yaml").is_file():
+        raise CLIError(f"config error: --config_name={config_name!r}: no {config_name}.yaml in "
+                       f"{folder}")
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as error:  # Hydra raises OverrideParseException with a multi-line text
+        raise CLIError(f"config error: bad override syntax: {_one_line(error)}") from None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(folder), version_base=None):
+            raw = compose(config_name=config_name)
+        merged = OmegaConf.merge(OmegaConf.structured(PipelineConfig), raw)
+        OmegaConf.set_struct(merged, True)
+        for override in parsed:
+            key = override.key_or_group
+            if override.is_delete() or override.is_add() or override.is_force_add():
+                raise CLIError(f"config error: override {override.input_line!r}: only plain "
+                               "key=value overrides of schema keys are supported")
+            OmegaConf.update(merged, key, override.value(), merge=True)
+        cfg = OmegaConf.to_object(merged)
+    except CLIError:
+        raise
+    except OmegaConfBaseException as error:
+        raise CLIError(f"config error: {_one_line(error)}") from None
+    except Exception as error:  # Hydra compose errors (YAML syntax, missing defaults)
+        raise CLIError(f"config error: {_one_line(error)}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    try:
+        return validate_config(cfg, check_paths=check_paths)
+    except (ConfigError, ValueError) as error:
+        raise CLIError(_one_line(error) if isinstance(error, ConfigError)
+                       else f"config error: {_one_line(error)}") from None
+
+
+def config_from_argv(argv: list[str], description: str) -> PipelineConfig:
+    """argv → PipelineConfig; the flags become overrides ahead of the user's own."""
+    args = parse_args(argv, description)
+    flags = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items()
+             if getattr(args, flag) is not None]
+    return load_config(args.config_path, args.config_name, flags + list(args.overrides))
+
+
+def run_cli(main, argv: list[str] | None, description: str) -> int:
+    """Parse, then ``main(cfg)``; config problems print one line and return 2."""
+    try:
+        cfg = config_from_argv(sys.argv[1:] if argv is None else argv, description)
+    except CLIError as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    main(cfg)
+    return 0

@@ -1,0 +1,69 @@
+"""The plot command on a small metrics.jsonl, run as ``python -m roll.utils.plot``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll.utils.plot import main, read_metrics
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_metrics(run_dir: Path) -> None:
+    lines = []
+    for step in range(6):
+        lines.append(json.dumps({
+            "step": step,
+            "wall_time": 1000.0 + step,
+            "agent_alice/policy_loss": 1.0 / (step + 1),
+            "agent_alice/episode_return": step * 0.1,
+            "agent_bob/policy_loss": float("nan") if step == 4 else 0.5,
+            "team/episode_return": step * 0.05,
+            "time/rollout": 2.0,
+            "rollout/episodes": 8,
+        }))
+    lines.append(json.dumps({"step": 5, "agent_alice/policy_loss": 9.0}))  # step redone
+    run_dir.mkdir()
+    # The last line is cut, as when a run is killed mid-write.
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "agent_al')
+
+
+def test_plot_command_writes_valid_pngs(tmp_path):
+    run_dir = tmp_path / "run"
+    out = tmp_path / "plots"
+    _write_metrics(run_dir)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MPLBACKEND": "Agg"}
+    result = subprocess.run(
+        [sys.executable, "-m", "roll.utils.plot", str(run_dir), "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    names = ["curves_agent_alice.png", "curves_agent_bob.png", "curves_team.png"]
+    assert sorted(Path(line).name for line in result.stdout.split()) == names
+    for name in names:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC
+        assert len(data) > 10_000, (name, len(data))
+    assert "skipped 1 unreadable line" in result.stderr
+
+
+def test_read_metrics_keeps_last_value_of_a_step(tmp_path):
+    _write_metrics(tmp_path / "run")
+    series = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert series["agent_alice/policy_loss"][5] == 9.0
+    assert series["rollout/episodes"][0] == 8.0
+    assert "wall_time" not in series and "step" not in series
+
+
+def test_missing_metrics_file_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "metrics.jsonl: not found" in capsys.readouterr().err
