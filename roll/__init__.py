@@ -1,3 +1,3 @@
-"""roll: multi-agent LoRA reinforcement learning for LLMs (one frozen base, one adapter per agent)."""
+"""roll: multi-agent LoRA RL for LLMs (one frozen base model, one LoRA adapter per agent)."""
 
 __version__ = "0.1.0"

@@ -67,7 +67,7 @@ class TinyModelSpec:
     """Longest context in tokens."""
     seed: int = 0
     """Seed for the random weights."""
-    format_version: int = 1
+    format_version: int = 2
     """Bumped when the builder changes what it writes."""
 
 
@@ -77,7 +77,7 @@ def default_cache_dir() -> Path:
 
 
 def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -85,11 +85,14 @@ def _train_tokenizer(vocab_size: int):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS + TAG_TOKENS,
+        special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS_LINES * 4, trainer=trainer)
+    # Like Qwen3's <think>: one token each, but not "special", so decoding with
+    # skip_special_tokens keeps them and answers stay parseable.
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",

@@ -176,7 +176,9 @@ class MultiAgentConfig:
             if agent.name in _RESERVED_NAMES or agent.name in "lora_":
                 # PEFT finds adapter tensors by substring: a name inside 'lora_' collides.
                 raise ConfigError(
-                    f"{where}.name", agent.name, "is reserved (PEFT uses it, or it is part of 'lora_')"
+                    f"{where}.name",
+                    agent.name,
+                    "is reserved (PEFT uses it, or it is part of 'lora_')",
                 )
             if agent.name in seen:
                 raise ConfigError(f"{where}.name", agent.name, "duplicate agent name")

@@ -19,15 +19,27 @@ from pathlib import Path
 import torch
 
 from roll.agentic.env.actions import ActionConfig
-from roll.agentic.env.seating import Seating, SeatSpec, build_seating
-from roll.agentic.rollout.scheduler import RolloutConfig, RolloutResult, RolloutScheduler
+from roll.agentic.env.seating import Seating, SeatSpec
+from roll.agentic.rollout.scheduler import (
+    EnvFactory,
+    Renderer,
+    RolloutConfig,
+    RolloutResult,
+    RolloutScheduler,
+)
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.inference.base import SamplingParams
 from roll.models import build_tiny_model, default_cache_dir, load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
-from roll.pipeline.config import TINY_MODEL, PipelineConfig, game_num_seats, seat_map
+from roll.pipeline.config import (
+    TINY_MODEL,
+    PipelineConfig,
+    eval_seatings,
+    game_num_seats,
+    seatings_of,
+)
 from roll.pipeline.evaluation import summarize_episodes
 from roll.utils.checkpoint import (
     capture_rng_state,
@@ -86,8 +98,17 @@ class SnapshotPool:
 class AgenticPipeline:
     """Builds every part from a validated PipelineConfig and runs the loop."""
 
-    def __init__(self, cfg: PipelineConfig) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        env_factory: EnvFactory | None = None,
+        render: Renderer | None = None,
+    ) -> None:
+        """``env_factory``/``render`` replace the OpenSpiel game of ``cfg.env`` (custom tasks;
+        the env must have as many seats as the configured game)."""
         self.cfg = cfg
+        self.env_factory = env_factory
+        self.render = render
         self.output_dir = Path(cfg.output_dir)
         torch.manual_seed(cfg.seed)
         path = model_path(cfg)
@@ -100,24 +121,20 @@ class AgenticPipeline:
         self.engine = build_engine(cfg, self.model, self.tokenizer)
         self.engine_versions: dict[str, int] = {}
         num_seats = game_num_seats(cfg.env.game, cfg.env.params)
-        self.train_seating = build_seating(
-            seat_map(cfg.env.seat_to_agent, num_seats, self.agent_names), num_seats,
-            self.agent_names,
+        self.train_seatings = seatings_of(
+            cfg.env.seat_to_agent, num_seats, self.agent_names, "env.seat_to_agent"
         )
-        self.eval_seating = (
-            build_seating(list(cfg.eval.seat_to_agent), num_seats, self.agent_names)
-            if cfg.eval.seat_to_agent else self.train_seating
-        )
+        self.eval_seatings = eval_seatings(cfg, self.train_seatings, num_seats, self.agent_names)
         snapshot_agents = {
             spec.agent_name
-            for seating in (self.train_seating, self.eval_seating)
+            for seating in self.train_seatings + self.eval_seatings
             for spec in seating.seats if spec.kind == "snapshot"
         }
         self.pool = SnapshotPool(self.model, snapshot_agents)
         self.step = 0
 
     # ------------------------------------------------------------------ parts
-    def scheduler(self, seating: Seating, evaluation: bool) -> RolloutScheduler:
+    def scheduler(self, seatings: list[Seating], evaluation: bool) -> RolloutScheduler:
         from roll.agentic.env.openspiel_env import OpenSpielEnv
         from roll.agentic.env.renderers import render_prompt
 
@@ -131,7 +148,10 @@ class AgenticPipeline:
             stop=list(sampling.stop),
         )
         rollout = RolloutConfig(
-            num_groups=cfg.eval.num_episodes if evaluation else cfg.rollout.num_groups,
+            # Evaluation: num_episodes per seating; groups cycle through the seatings.
+            num_groups=(
+                cfg.eval.num_episodes * len(seatings) if evaluation else cfg.rollout.num_groups
+            ),
             group_size=1 if evaluation else cfg.rollout.group_size,
             max_turns=cfg.rollout.max_turns,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
@@ -139,9 +159,9 @@ class AgenticPipeline:
         )
         game, game_params = cfg.env.game, dict(cfg.env.params)
         return RolloutScheduler(
-            env_factory=lambda: OpenSpielEnv(game, game_params),
-            render=render_prompt,
-            seating=seating,
+            env_factory=self.env_factory or (lambda: OpenSpielEnv(game, game_params)),
+            render=self.render or render_prompt,
+            seatings=seatings,
             agent_names=self.agent_names,
             engine=self.engine,
             tokenizer=self.tokenizer,
@@ -185,8 +205,8 @@ class AgenticPipeline:
             log_dir=str(self.output_dir),
             wandb_mode=cfg.tracking.wandb_mode,
         )
-        train_scheduler = self.scheduler(self.train_seating, evaluation=False)
-        eval_scheduler = self.scheduler(self.eval_seating, evaluation=True)
+        train_scheduler = self.scheduler(self.train_seatings, evaluation=False)
+        eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
         last: dict[str, float] = {}
         with Tracker(tracking, run_config=dataclasses.asdict(cfg)) as tracker:
             if cfg.eval.eval_steps and self.step == 0:
@@ -262,7 +282,7 @@ class AgenticPipeline:
             seed=self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET,
             progress=lambda done, total: tracker.progress(done, total, "eval episodes"),
         )
-        metrics = summarize_episodes(result.episodes, scheduler.seating, self.agent_names)
+        metrics = summarize_episodes(result.episodes, self.agent_names)
         for key, value in result.metrics.items():
             if "format" in key:
                 metrics[f"eval/{key}"] = value
@@ -272,8 +292,11 @@ class AgenticPipeline:
     def _team_metrics(self, result: RolloutResult) -> dict[str, float]:
         if not result.episodes:
             return {}
-        trained = [s for s, spec in enumerate(self.train_seating.seats) if spec.is_trained]
-        returns = [ep.returns[s] for ep in result.episodes for s in trained]
+        returns = [
+            ep.returns[s]
+            for ep in result.episodes
+            for s, spec in enumerate(ep.seating.seats) if spec.is_trained
+        ]
         return {"team/episode_return": sum(returns) / max(1, len(returns))}
 
     # ------------------------------------------------------------------ checkpoints

@@ -15,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from roll.multi_agent.config import ConfigError
 from roll.pipeline.config import PipelineConfig, validate_config
 
 # Short flags users know from launch scripts, and the config key each one sets.
@@ -37,6 +36,8 @@ def parse_args(argv: list[str], description: str) -> argparse.Namespace:
     parser.add_argument("--num_agents", type=int, help="sets team.num_agents")
     parser.add_argument("--lora_rank", type=int, help="sets team.lora.rank (default of agents)")
     parser.add_argument("--lora_alpha", type=float, help="sets team.lora.alpha")
+    parser.add_argument("--validate_only", action="store_true",
+                        help="check the config, print it, and exit without loading a model")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. max_steps=200")
     return parser.parse_args(argv)
 
@@ -79,7 +80,9 @@ def load_config(
             if override.is_delete() or override.is_add() or override.is_force_add():
                 raise CLIError(f"config error: override {override.input_line!r}: only plain "
                                "key=value overrides of schema keys are supported")
-            OmegaConf.update(merged, key, override.value(), merge=True)
+            # Game parameters are free-form (each game has its own); every other key is schema.
+            free_form = key.startswith("env.params.")
+            OmegaConf.update(merged, key, override.value(), merge=True, force_add=free_form)
         cfg = OmegaConf.to_object(merged)
     except CLIError:
         raise
@@ -91,25 +94,32 @@ def load_config(
         GlobalHydra.instance().clear()
     try:
         return validate_config(cfg, check_paths=check_paths)
-    except (ConfigError, ValueError) as error:
-        raise CLIError(_one_line(error) if isinstance(error, ConfigError)
-                       else f"config error: {_one_line(error)}") from None
-
-
-def config_from_argv(argv: list[str], description: str) -> PipelineConfig:
-    """argv → PipelineConfig; the flags become overrides ahead of the user's own."""
-    args = parse_args(argv, description)
-    flags = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items()
-             if getattr(args, flag) is not None]
-    return load_config(args.config_path, args.config_name, flags + list(args.overrides))
+    except ValueError as error:
+        line = _one_line(error)
+        raise CLIError(
+            line if line.startswith("config error") else f"config error: {line}"
+        ) from None
 
 
 def run_cli(main, argv: list[str] | None, description: str) -> int:
-    """Parse, then ``main(cfg)``; config problems print one line and return 2."""
+    """Parse, then ``main(cfg)``; config problems print one line and return 2.
+
+    The flags become overrides ahead of the user's own, so an explicit override wins.
+    """
+    args = parse_args(sys.argv[1:] if argv is None else argv, description)
+    flags = [f"{key}={getattr(args, flag)}" for flag, key in FLAG_KEYS.items()
+             if getattr(args, flag) is not None]
     try:
-        cfg = config_from_argv(sys.argv[1:] if argv is None else argv, description)
+        cfg = load_config(args.config_path, args.config_name, flags + list(args.overrides))
     except CLIError as error:
         print(str(error), file=sys.stderr)
         return 2
+    if args.validate_only:
+        from dataclasses import asdict
+
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
+        return 0
     main(cfg)
     return 0

@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll.algorithms.advantages import AdvantageConfig
 from roll.multi_agent.config import ConfigError, MultiAgentConfig, TrainerConfig
 from roll.utils.tracking import TrackingConfig
+
+if TYPE_CHECKING:
+    from roll.agentic.env.seating import Seating
 
 TINY_MODEL = "tiny"
 ENGINES = ("hf",)
@@ -52,9 +55,10 @@ class EnvConfig:
     """OpenSpiel short name, e.g. hanabi, tic_tac_toe, kuhn_poker, connect_four, leduc_poker."""
     params: dict[str, Any] = field(default_factory=dict)
     """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens)."""
-    seat_to_agent: list[str] = field(default_factory=list)
+    seat_to_agent: list[Any] = field(default_factory=list)
     """Per seat: an agent name, 'random', 'mcts[:N]' or 'snapshot:<agent>@<step|latest>'.
-    Empty: seat i is agent i (needs num_agents == number of seats)."""
+    A list of such lists gives several seatings, used by groups in turn (e.g.
+    [[agent_0, random], [random, agent_1]]). Empty: seat i is agent i."""
     action: ActionSchema = field(default_factory=ActionSchema)
     """Answer parsing and format penalty."""
 
@@ -103,8 +107,12 @@ class EvalSchema:
     """Evaluate every this many steps (and before the first and after the last); 0 = never."""
     num_episodes: int = 32
     """Episodes per evaluation."""
-    seat_to_agent: list[str] = field(default_factory=list)
-    """Seating for evaluation; empty = the training seating."""
+    seat_to_agent: list[Any] = field(default_factory=list)
+    """Seating(s) for evaluation, as env.seat_to_agent. Empty: each agent keeps its training
+    seats and every other seat is played by ``opponent``."""
+    opponent: str = "random"
+    """Who sits in the other seats when seat_to_agent is empty: 'random', 'mcts[:N]',
+    'snapshot:<agent>@<step|latest>'."""
     temperature: float = 0.0
     """Decoding temperature for evaluation (0 = greedy)."""
 
@@ -159,7 +167,6 @@ def _positive(path: str, value: Any, minimum: int = 1) -> None:
 def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineConfig:
     """Value and cross-field checks; raises ConfigError naming the key. Loads no weights."""
     from roll.agentic.env.actions import ActionConfig
-    from roll.agentic.env.seating import build_seating
 
     _positive("max_steps", cfg.max_steps)
     _positive("save_steps", cfg.save_steps, 0)
@@ -178,7 +185,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
         TrackingConfig(backends=list(cfg.tracking.backends), wandb_mode=cfg.tracking.wandb_mode,
                        log_dir=cfg.output_dir).validate()
     except ValueError as error:
-        raise ConfigError("tracking", vars(cfg.tracking), str(error)) from None
+        raise ValueError(str(error)) from None
     for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
         _positive(f"rollout.{name}", getattr(cfg.rollout, name))
     sampling = cfg.rollout.sampling
@@ -200,29 +207,53 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
         raise ConfigError("env.action", vars(cfg.env.action), str(error)) from None
     num_seats = game_num_seats(cfg.env.game, cfg.env.params)
     agents = cfg.team.agent_names
-    build_seating(seat_map(cfg.env.seat_to_agent, num_seats, agents), num_seats, agents)
-    if cfg.eval.seat_to_agent:
-        try:
-            build_seating(cfg.eval.seat_to_agent, num_seats, agents)
-        except ValueError as error:
-            raise ConfigError(
-                "eval.seat_to_agent", list(cfg.eval.seat_to_agent), str(error)
-            ) from None
+    train = seatings_of(cfg.env.seat_to_agent, num_seats, agents, "env.seat_to_agent")
+    eval_seatings(cfg, train, num_seats, agents)
     return cfg
 
 
-def seat_map(seat_to_agent: list[str], num_seats: int, agents: list[str]) -> list[str]:
-    """The configured seating, or seat i → agent i when none is given."""
-    if seat_to_agent:
-        return list(seat_to_agent)
-    if len(agents) != num_seats:
-        raise ConfigError(
-            "env.seat_to_agent",
-            [],
-            f"is empty, so each of the {num_seats} seats needs its own agent, but "
-            f"team.num_agents={len(agents)}; list who sits where",
-        )
-    return list(agents)
+def seatings_of(
+    raw: list[Any], num_seats: int, agents: list[str], where: str
+) -> list[Seating]:
+    """Seatings from a flat list (one seating) or a list of lists; empty: seat i → agent i."""
+    from roll.agentic.env.seating import build_seating
+
+    if not raw:
+        if len(agents) != num_seats:
+            raise ConfigError(
+                where, [], f"is empty, so each of the {num_seats} seats needs its own agent, "
+                f"but team.num_agents={len(agents)}; list who sits where",
+            )
+        raw = list(agents)
+    nested = all(isinstance(item, list | tuple) for item in raw)
+    seatings = [list(item) for item in raw] if nested else [list(raw)]
+    built = []
+    for i, seating in enumerate(seatings):
+        try:
+            built.append(build_seating(seating, num_seats, agents))
+        except ValueError as error:
+            label = f"{where}[{i}]" if nested else where
+            raise ConfigError(label, seating, str(error)) from None
+    return built
+
+
+def eval_seatings(
+    cfg: PipelineConfig, train: list[Seating], num_seats: int, agents: list[str]
+) -> list[Seating]:
+    """Evaluation seatings: eval.seat_to_agent, or each agent in its training seats against
+    eval.opponent in every other seat."""
+    if cfg.eval.seat_to_agent:
+        return seatings_of(cfg.eval.seat_to_agent, num_seats, agents, "eval.seat_to_agent")
+    specs: list[list[str]] = []
+    for agent in agents:
+        for seating in train:
+            seats = seating.seats_of(agent)
+            if not seats:
+                continue
+            row = [agent if s in seats else cfg.eval.opponent for s in range(num_seats)]
+            if row not in specs:
+                specs.append(row)
+    return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []
 
 
 def game_num_seats(game: str, params: dict[str, Any]) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from roll.agentic.env.seating import Seating
 from roll.agentic.rollout.scheduler import EpisodeResult
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
@@ -36,24 +35,22 @@ def wilson_interval(successes: int, n: int) -> tuple[float, float, float]:
 
 
 def summarize_episodes(
-    episodes: Sequence[EpisodeResult], seating: Seating, agent_names: Sequence[str],
-    prefix: str = "eval/"
+    episodes: Sequence[EpisodeResult], agent_names: Sequence[str], prefix: str = "eval/"
 ) -> dict[str, float]:
     """Metrics ``{prefix}agent_<name>/{win_rate,mean_return}{,_low,_high}`` over the seats each
     agent plays. A win is a return above every other seat's; a draw is neither win nor loss."""
     metrics: dict[str, float] = {}
     for agent in agent_names:
-        seats = seating.seats_of(agent)
-        if not seats:
-            continue
         returns, wins, draws = [], 0, 0
         for episode in episodes:
-            for seat in seats:
+            for seat in episode.seating.seats_of(agent):
                 mine = episode.returns[seat]
                 others = [r for s, r in enumerate(episode.returns) if s != seat]
                 returns.append(mine)
                 wins += bool(others) and mine > max(others)
                 draws += bool(others) and mine == max(others)
+        if not returns:
+            continue
         key = f"{prefix}agent_{agent}"
         for name, (value, low, high) in (
             ("win_rate", wilson_interval(wins, len(returns))),

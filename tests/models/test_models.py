@@ -57,8 +57,12 @@ def test_tokenizer_round_trips_text_and_applies_chat_template(tiny_model_path):
     ids = apply_chat_template(tokenizer, [{"role": "user", "content": "hello"}])
     decoded = tokenizer.decode(ids)
     assert decoded == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
-    # Answer tags are single tokens, as in Qwen3's vocabulary.
+    # Answer tags are single tokens, as in Qwen3's vocabulary, and survive skipping specials.
     assert len(tokenizer.encode("<answer>")) == 1
+    answer = tokenizer.encode("<think>hm</think><answer>x(1,1)</answer><|im_end|>")
+    assert tokenizer.decode(answer, skip_special_tokens=True) == (
+        "<think>hm</think><answer>x(1,1)</answer>"
+    )
 
 
 def test_model_generates_from_loaded_folder(tiny_model_path):

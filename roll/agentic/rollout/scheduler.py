@@ -90,6 +90,8 @@ class EpisodeResult:
     seed: int
     returns: list[float]
     """Game returns per seat (format penalties not included)."""
+    seating: Seating
+    """Who played each seat."""
     truncated: bool = False
 
 
@@ -109,6 +111,7 @@ class _Live:
     env: MultiAgentEnv
     group: int
     seed: int
+    seating: Seating
     rng: np.random.Generator
     opponents: dict[int, Opponent]
     last_turn: dict[int, Turn] = field(default_factory=dict)
@@ -125,7 +128,8 @@ class RolloutScheduler:
     Args:
         env_factory: makes a fresh env (one per episode slot).
         render: prompt of a seat in an env.
-        seating: who plays each seat.
+        seatings: who plays each seat; group ``g`` uses ``seatings[g % len(seatings)]`` (e.g.
+            ``[agent_0, random]`` and ``[random, agent_1]`` so both agents face random).
         agent_names: trained agents in agent-id order.
         engine: an inference engine (``generate(list[GenerationRequest])``).
         tokenizer: for the chat template and constrained completions.
@@ -139,7 +143,7 @@ class RolloutScheduler:
         self,
         env_factory: EnvFactory,
         render: Renderer,
-        seating: Seating,
+        seatings: Sequence[Seating],
         agent_names: Sequence[str],
         engine,
         tokenizer,
@@ -150,7 +154,9 @@ class RolloutScheduler:
     ) -> None:
         self.env_factory = env_factory
         self.render = render
-        self.seating = seating
+        if not seatings:
+            raise ValueError("RolloutScheduler needs at least one seating")
+        self.seatings = list(seatings)
         self.agent_names = list(agent_names)
         self.engine = engine
         self.tokenizer = tokenizer
@@ -170,6 +176,7 @@ class RolloutScheduler:
         live: list[_Live] = []
         for group in range(cfg.num_groups):
             env_seed = seed * 100_003 + group
+            seating = self.seatings[group % len(self.seatings)]
             for _ in range(cfg.group_size):
                 env = self.env_factory()
                 env.reset(env_seed)
@@ -177,10 +184,10 @@ class RolloutScheduler:
                 rng = np.random.default_rng([seed, index])
                 opponents = {
                     seat: build_opponent(spec, seed=int(rng.integers(2**31)))
-                    for seat, spec in enumerate(self.seating.seats)
+                    for seat, spec in enumerate(seating.seats)
                     if not spec.uses_llm
                 }
-                live.append(_Live(env, group, env_seed, rng, opponents))
+                live.append(_Live(env, group, env_seed, seating, rng, opponents))
         turns: list[Turn] = []
         while True:
             pending = self._advance_opponents(live)
@@ -190,7 +197,9 @@ class RolloutScheduler:
             if progress is not None:
                 progress(sum(item.env.done or item.truncated for item in live), len(live))
         episodes = [
-            EpisodeResult(i, item.group, item.seed, list(item.env.returns()), item.truncated)
+            EpisodeResult(
+                i, item.group, item.seed, list(item.env.returns()), item.seating, item.truncated
+            )
             for i, item in enumerate(live)
         ]
         return RolloutResult(
@@ -204,7 +213,7 @@ class RolloutScheduler:
         for index, item in enumerate(live):
             while not item.env.done and not item.truncated:
                 seat = item.env.current_seat()
-                spec = self.seating[seat]
+                spec = item.seating[seat]
                 if spec.uses_llm:
                     if item.llm_turns >= self.config.max_turns:
                         item.truncated = True
@@ -231,7 +240,7 @@ class RolloutScheduler:
             requests.append(
                 GenerationRequest(
                     prompt_ids=prompt_ids,
-                    adapter=self._slot(self.seating[seat]),
+                    adapter=self._slot(live[index].seating[seat]),
                     sampling=replace(self.sampling, seed=turn_seed),
                     allowed_completions=self._completions(env, seat),
                 )
@@ -242,7 +251,7 @@ class RolloutScheduler:
             pending, prompts, requests, outputs, strict=True
         ):
             item = live[index]
-            spec = self.seating[seat]
+            spec = item.seating[seat]
             parsed = parse_action(
                 output.text,
                 item.env.legal_actions(seat),
@@ -354,8 +363,7 @@ class RolloutScheduler:
         metrics: dict[str, float] = {}
         for agent in self.agent_names:
             own = [t for t in turns if t.trained_agent == agent]
-            seats = self.seating.seats_of(agent)
-            returns = [ep.returns[s] for ep in episodes for s in seats]
+            returns = [ep.returns[s] for ep in episodes for s in ep.seating.seats_of(agent)]
             if not own and not returns:
                 continue
             prefix = f"agent_{agent}"

@@ -1,0 +1,51 @@
+"""Win rates and mean scores with 95% intervals, numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from roll.agentic.env.seating import build_seating
+from roll.agentic.rollout.scheduler import EpisodeResult
+from roll.pipeline.evaluation import mean_interval, summarize_episodes, wilson_interval
+
+
+def test_mean_interval_by_hand():
+    # mean 0.75; s^2 = (3 * 0.25^2 + 0.75^2) / 3 = 0.25, s = 0.5; half = 1.96 * 0.5 / 2
+    mean, low, high = mean_interval([1.0, 0.0, 1.0, 1.0])
+    assert mean == 0.75
+    assert low == pytest.approx(0.75 - 0.4899909961, abs=1e-9)
+    assert high == pytest.approx(0.75 + 0.4899909961, abs=1e-9)
+    assert mean_interval([2.0]) == (2.0, 2.0, 2.0)
+    assert all(math.isnan(v) for v in mean_interval([]))
+
+
+def test_wilson_interval_by_hand():
+    # 8 of 10: z^2 = 3.8415; centre = (0.8 + z^2/20) / (1 + z^2/10) = 0.71674
+    # half = z * sqrt(0.8*0.2/10 + z^2/400) / (1 + z^2/10) = 0.22658
+    rate, low, high = wilson_interval(8, 10)
+    assert rate == 0.8
+    assert low == pytest.approx(0.4902, abs=1e-4)
+    assert high == pytest.approx(0.9433, abs=1e-4)
+    rate, low, high = wilson_interval(0, 5)  # never below 0, and not a zero-width interval
+    assert (rate, low) == (0.0, 0.0) and high > 0.4
+
+
+def test_summary_counts_each_agent_in_its_own_seats():
+    agents = ["alice", "bob"]
+    as_x = build_seating(["alice", "random"], 2, agents)
+    as_o = build_seating(["random", "bob"], 2, agents)
+    episodes = [
+        EpisodeResult(0, 0, 1, [1.0, -1.0], as_x),   # alice wins
+        EpisodeResult(1, 1, 2, [0.0, 0.0], as_o),    # bob draws
+        EpisodeResult(2, 2, 3, [-1.0, 1.0], as_o),   # bob wins
+        EpisodeResult(3, 3, 4, [-1.0, 1.0], as_x),   # alice loses
+    ]
+    metrics = summarize_episodes(episodes, agents)
+    assert metrics["eval/agent_alice/win_rate"] == 0.5
+    assert metrics["eval/agent_alice/mean_return"] == 0.0
+    assert metrics["eval/agent_bob/win_rate"] == 0.5
+    assert metrics["eval/agent_bob/draw_rate"] == 0.5
+    assert metrics["eval/agent_bob/mean_return"] == 0.5
+    assert metrics["eval/agent_alice/episodes"] == 2.0
