@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from peft import PeftModel
 
@@ -54,13 +55,16 @@ def test_one_copy_of_the_base_weights(tiny_model_path):
 def test_mixed_rows_use_their_own_adapter(tiny_model_path):
     team, _ = make_team(
         tiny_model_path,
-        [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=2, target_modules=["v_proj"]))],
+        [
+            AgentConfig("alice"),
+            AgentConfig("bob", lora=LoRAConfig(rank=2, target_modules=["v_proj"])),
+        ],
     )
     _perturb(team, "alice", 1)
     _perturb(team, "bob", 2)
     rows = make_rows([1, 0, 1, 0])
     mixed = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
-    for index, name in enumerate(["alice", "bob"]):
+    for index in range(2):
         alone = team.logprobs(
             rows.input_ids, rows.attention_mask, torch.full_like(rows.agent_id, index)
         )
@@ -111,9 +115,11 @@ def test_load_agent_and_import_export_round_trip(tiny_model_path, tmp_path):
 def test_import_with_wrong_shape_set_is_refused(tiny_model_path):
     team, _ = make_team(
         tiny_model_path,
-        [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=4, target_modules=["q_proj"]))],
+        [
+            AgentConfig("alice"),
+            AgentConfig("bob", lora=LoRAConfig(rank=4, target_modules=["q_proj"])),
+        ],
     )
-    import pytest
 
     with pytest.raises(ValueError, match="agent 'bob'"):
         team.import_adapter("bob", team.export_adapter("alice"))
