@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from roll.pipeline.cli import run_cli
+from roll.pipeline.cli import load_config, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ["--config_path", str(ROOT / "examples" / "tictactoe"),
@@ -75,3 +76,15 @@ def test_exit_code_from_a_real_process(tmp_path):
     assert "env.seat_to_agent" in proc.stderr and "ghost" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("yaml_path", sorted((ROOT / "examples").glob("*/*.yaml")),
+                         ids=lambda p: p.parent.name)
+def test_every_example_config_validates_and_names_its_launch_command(yaml_path):
+    first = yaml_path.read_text().splitlines()[0]
+    assert first.startswith("# Launch: bash examples/")
+    script = ROOT / first.split("bash ", 1)[1].strip()
+    assert script.is_file() and os.access(script, os.X_OK)
+    assert f"--config_name {yaml_path.stem}" in script.read_text()
+    cfg = load_config(str(yaml_path.parent), yaml_path.stem, [])
+    assert cfg.max_steps >= 1
