@@ -66,6 +66,24 @@ def build_engine(cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer):
     return HFEngine(model, tokenizer, device=cfg.model.device)
 
 
+def before_after(
+    before: dict[str, float], after: dict[str, float], agents: list[str], step: int
+) -> str:
+    """The evaluation at step 0 next to the last one, per agent, with 95% intervals."""
+    lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
+    for agent in agents:
+        for metric in ("win_rate", "mean_return"):
+            key = f"eval/agent_{agent}/{metric}"
+            if key not in before or key not in after:
+                continue
+            lines.append(
+                f"  {agent:<12} {metric:<12} {before[key]:+.3f} [{before[key + '_low']:+.3f}, "
+                f"{before[key + '_high']:+.3f}]  ->  {after[key]:+.3f} "
+                f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
+            )
+    return "\n".join(lines)
+
+
 class SnapshotPool:
     """Frozen copies of agents' adapters (opponent pool), served as extra engine slots.
 
@@ -208,23 +226,29 @@ class AgenticPipeline:
         train_scheduler = self.scheduler(self.train_seatings, evaluation=False)
         eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
         last: dict[str, float] = {}
+        first_eval: dict[str, float] = {}
+        last_eval: dict[str, float] = {}
         with Tracker(tracking, run_config=dataclasses.asdict(cfg)) as tracker:
             if cfg.eval.eval_steps and self.step == 0:
                 self.sync_adapters()
-                tracker.log(self.evaluate(eval_scheduler, tracker), step=0)
+                first_eval = self.evaluate(eval_scheduler, tracker)
+                tracker.log(first_eval, step=0)
             while self.step < cfg.max_steps:
                 self.step += 1
                 metrics = self.train_step(train_scheduler, tracker)
                 if cfg.eval.eval_steps and (
                     self.step % cfg.eval.eval_steps == 0 or self.step == cfg.max_steps
                 ):
-                    metrics.update(self.evaluate(eval_scheduler, tracker))
+                    last_eval = self.evaluate(eval_scheduler, tracker)
+                    metrics.update(last_eval)
                 tracker.log(metrics, step=self.step)
                 last = metrics
                 if (cfg.save_steps and self.step % cfg.save_steps == 0) or (
                     self.step == cfg.max_steps
                 ):
                     self.save()
+        if first_eval and last_eval:
+            print(before_after(first_eval, last_eval, self.agent_names, self.step), flush=True)
         return last
 
     def train_step(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:

@@ -1,0 +1,337 @@
+"""The embedded generation engine: plain PyTorch + transformers, fused multi-LoRA.
+
+One decoding step is ONE forward of the shared base model for the whole mixed batch: the PEFT
+model runs with its own adapters disabled and ``FusedLoRA`` adds every row's adapter delta from
+stacked factors (see fused_lora.py). The engine never copies the base weights; it keeps its own
+copy of each slot's LoRA factors, so the trainer can go on training while the engine serves a
+given version, and frozen snapshots ("alice@step10") can be served beside live agents.
+
+Loop: left-pad the prompts, prefill once into a KV cache, then decode token by token. Rows that
+finish (EOS, stop string, allowed completion done, max_new_tokens) stop contributing tokens but
+stay in the batch until every row is done (no compaction, so a row's numerics never depend on
+when others finish).
+
+On CUDA, ``compile=True`` decodes with a static KV cache and a ``torch.compile``d step (CUDA
+graphs). Shapes are bucketed (rows to a power of two, cache length to a multiple of
+``CACHE_LEN_MULTIPLE``) so that a new batch rarely means a new compilation; the first call per
+bucket pays the warm-up. ``static_cache=True`` alone runs the same static path uncompiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import Tensor, nn
+
+from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams
+from roll.inference.constrained import CompletionTrie
+from roll.inference.decoding import REASONS, HostChecks, RowFinish, cut_at_stop
+from roll.inference.fused_lora import FusedLoRA
+from roll.inference.sampling import BatchSampler
+
+CACHE_LEN_MULTIPLE = 256
+"""Static caches are sized prompt + new tokens rounded up to this (fewer compilations)."""
+MIN_STATIC_ROWS = 8
+"""Static batches are padded to a power of two rows, at least this many (fewer compilations)."""
+SYNC_EVERY = 8
+"""Without stop strings or constraints, the host checks 'all rows finished?' every this many
+steps only, so the device runs ahead of Python in between."""
+
+
+class HFEngine:
+    """Mixed-adapter generation on the trainer's own base model.
+
+    Args:
+        model: a ``MultiAgentLoRAModel`` (its base weights are shared, never copied) or a plain
+            transformers causal LM (serves the base model and slots loaded later).
+        tokenizer: its tokenizer (EOS ids, padding, decoding of ``text``).
+        device: where generation runs; must be the model's device (None: the model's).
+        max_batch_size: larger calls are split into batches of at most this many rows.
+        seed: seeds requests that bring none (reproducible per engine and call order).
+        static_cache: use a preallocated KV cache (the path ``compile`` needs).
+        compile: ``torch.compile`` the decoding step with CUDA graphs (implies static_cache).
+        slot_capacity, rank_capacity: initial fused-stack sizes (default: the model's agents
+            and their largest rank); both grow when a larger slot is loaded.
+        lora_dtype: dtype of the stacked LoRA factors and products (default: base weights').
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        device: str | torch.device | None = None,
+        max_batch_size: int = 256,
+        seed: int = 0,
+        static_cache: bool = False,
+        compile: bool = False,
+        slot_capacity: int | None = None,
+        rank_capacity: int | None = None,
+        lora_dtype: torch.dtype | None = None,
+    ) -> None:
+        if hasattr(model, "peft_config"):
+            raise TypeError(
+                "HFEngine takes a MultiAgentLoRAModel or a plain transformers model, not a "
+                "PeftModel (its active adapter would add to every row)"
+            )
+        self._peft = getattr(model, "peft_model", None)
+        self.model: nn.Module = model.base_model if self._peft is not None else model
+        """The transformers model that runs (for a MultiAgentLoRAModel: its PEFT-injected base)."""
+        weight = self.model.get_input_embeddings().weight
+        self.device = torch.device(device) if device is not None else weight.device
+        if self.device != weight.device:
+            raise ValueError(
+                f"device={str(self.device)!r} but the model is on {weight.device}: the engine "
+                f"shares the model's base weights and never copies them; move the model instead"
+            )
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size!r}: must be an int >= 1")
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.static_cache = static_cache or compile
+        self.compile = compile
+        self.config = self.model.config.get_text_config()
+        self.vocab_size = int(self.config.vocab_size)
+        self.eos_ids = _eos_ids(tokenizer, self.model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
+            min(self.eos_ids))
+        self._rng = random.Random(seed)
+        if self._peft is not None:
+            configs = [model.lora_config(name) for name in model.agent_names]
+            slot_capacity = slot_capacity or len(configs)
+            rank_capacity = rank_capacity or max(int(c.r) for c in configs)
+        self.fused = FusedLoRA(
+            self.model,
+            dtype=lora_dtype or weight.dtype,
+            device=self.device,
+            slot_capacity=slot_capacity or 1,
+            rank_capacity=rank_capacity or 1,
+            static_addresses=compile,
+        )
+        self._takes_cache_position = "cache_position" in inspect.signature(
+            self.model.forward
+        ).parameters
+        self._static_caches: dict[tuple[int, int], object] = {}
+        self._compiled_step = None
+        self.forward_calls = 0
+        """Model forwards run so far (prefill + decode steps), for tests and metrics."""
+
+    # ------------------------------------------------------------------ adapter slots
+    def load_adapter(
+        self, slot: str, tensors: dict[str, Tensor], lora_config, version: int
+    ) -> None:
+        """Create or replace a slot with PEFT-format LoRA tensors at this version."""
+        self.fused.load(slot, tensors, lora_config, version)
+
+    def remove_adapter(self, slot: str) -> None:
+        self.fused.remove(slot)
+
+    def adapter_version(self, slot: str) -> int | None:
+        """Version a slot serves, None if it is not loaded (so ``!= wanted`` means: load it)."""
+        return self.fused.slots[slot].version if slot in self.fused.slots else None
+
+    @property
+    def slots(self) -> list[str]:
+        return sorted(self.fused.slots)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        """Generate for every request (any mix of slots); outputs come in request order."""
+        tries: list[CompletionTrie | None] = []
+        for index, request in enumerate(requests):
+            if not isinstance(request, GenerationRequest):
+                raise TypeError(f"requests[{index}] is a {type(request).__name__}, "
+                                f"not a GenerationRequest")
+            if request.adapter is not None and request.adapter not in self.fused.slots:
+                raise KeyError(f"requests[{index}].adapter={request.adapter!r} is not a loaded "
+                               f"slot; slots are {self.slots}")
+            if max(request.prompt_ids) >= self.vocab_size:
+                raise ValueError(f"requests[{index}].prompt_ids has a token id >= the "
+                                 f"vocabulary size {self.vocab_size}")
+            completions = request.allowed_completions
+            tries.append(CompletionTrie(completions, self.vocab_size) if completions else None)
+        seeds = [
+            r.sampling.seed if r.sampling.seed is not None else self._rng.randrange(2**63)
+            for r in requests
+        ]
+        outputs: list[GenerationOutput] = []
+        for start in range(0, len(requests), self.max_batch_size):
+            end = start + self.max_batch_size
+            outputs += self._generate_batch(requests[start:end], seeds[start:end], tries[start:end])
+        return outputs
+
+    def _generate_batch(
+        self, requests: list[GenerationRequest], seeds: list[int], tries: list
+    ) -> list[GenerationOutput]:
+        real = len(requests)
+        rows = _row_bucket(real) if self.static_cache else real
+        filler = rows - real  # static shapes: pad the batch with 1-token greedy base rows
+        prompts = [r.prompt_ids for r in requests] + [[self.pad_id]] * filler
+        params = [r.sampling for r in requests] + [SamplingParams(temperature=0.0)] * filler
+        prompt_width = max(len(p) for p in prompts)
+        max_new = max(p.max_new_tokens for p in params[:real])
+        total = prompt_width + max_new
+        if self.static_cache:
+            total = -(-total // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
+
+        input_ids, attention_mask = self._left_pad(prompts, prompt_width, total)
+        prompt_lens = attention_mask.sum(-1, keepdim=True)  # (B, 1)
+        position_ids = (attention_mask[:, :prompt_width].cumsum(-1) - 1).clamp(min=0)  # (B, P)
+
+        self.fused.set_rows([r.adapter for r in requests] + [None] * filler)
+        sampler = BatchSampler.build(params, seeds + [0] * filler, self.vocab_size, self.device)
+        finish = RowFinish(params, [True] * real + [False] * filler, max_new, self.eos_ids,
+                           self.device)
+        host = HostChecks(params, tries + [None] * filler, self.eos_ids, self._decode_text)
+        logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=self.device)
+
+        with self._generation_mode():
+            mask = attention_mask if self.static_cache else attention_mask[:, :prompt_width]
+            positions = torch.arange(prompt_width, device=self.device)
+            self.forward_calls += 1
+            logits, cache = self._run(
+                input_ids, mask, position_ids, self._new_cache(rows, total), positions
+            )
+            for step in range(max_new):
+                logits = logits.float()  # (B, V)
+                tokens = sampler.select(host.mask_logits(logits), step)  # (B,)
+                token_logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])
+                logprobs[:, step] = token_logprobs[:, 0]
+                finish.update(step, tokens)
+                if host:
+                    stopped = host.step(tokens.tolist())
+                    if stopped:
+                        finish.stop(stopped)
+                if step + 1 == max_new:
+                    break
+                if (host or (step + 1) % SYNC_EVERY == 0) and finish.all_finished():
+                    break
+                column = prompt_width + step  # where this step's token sits in the cache
+                attention_mask[:, column] = 1
+                mask = attention_mask if self.static_cache else attention_mask[:, : column + 1]
+                logits = self._decode(
+                    tokens[:, None], mask, prompt_lens + step, cache, positions[-1:] + step + 1
+                )
+        return self._outputs(requests, finish, host, logprobs)
+
+    def _left_pad(self, prompts: list[list[int]], width: int, total: int):
+        """input_ids (B, width) left-padded, so every prompt ends at column width - 1, and the
+        attention mask (B, total) over the whole cache (generated columns still 0)."""
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros(len(prompts), total, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt):width] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _outputs(self, requests: list[GenerationRequest], finish: RowFinish, host: HostChecks,
+                 logprobs: Tensor) -> list[GenerationOutput]:
+        """One device→host copy of the tokens, log-probs and finish reasons, then per-row
+        outputs (filler rows dropped)."""
+        lengths, reasons = finish.length.tolist(), finish.reason.tolist()
+        tokens, logprobs = finish.tokens.cpu(), logprobs.cpu()
+        outputs = []
+        for row, request in enumerate(requests):
+            token_ids = tokens[row, : lengths[row]].tolist()
+            text = self._decode_text(token_ids)
+            if row in host.stop_matched:
+                text = cut_at_stop(text, request.sampling.stop)
+            slot = request.adapter
+            outputs.append(GenerationOutput(
+                token_ids=token_ids,
+                logprobs=logprobs[row, : lengths[row]].tolist(),
+                text=text,
+                finish_reason=REASONS.get(reasons[row], "length"),
+                adapter=slot,
+                adapter_version=self.fused.version(slot) if slot is not None else None,
+            ))
+        return outputs
+
+    def _decode_text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ model calls
+    @contextmanager
+    def _generation_mode(self) -> Iterator[None]:
+        """Eval mode, no grad, the model's own adapters off, the fused deltas on."""
+        was_training = self.model.training
+        self.model.eval()
+        own_adapters_off = self._peft.disable_adapter() if self._peft is not None else nullcontext()
+        try:
+            with torch.no_grad(), own_adapters_off, self.fused.active():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _new_cache(self, rows: int, total: int):
+        if not self.static_cache:
+            return None  # the model creates a DynamicCache on the first call
+        from transformers import StaticCache
+
+        key = (rows, total)
+        if key not in self._static_caches:
+            # Keep one static cache at a time: each holds (layers, B, kv heads, total, head dim).
+            self._static_caches = {key: StaticCache(config=self.model.config, max_cache_len=total)}
+        cache = self._static_caches[key]
+        cache.reset()
+        return cache
+
+    def _run(self, input_ids, attention_mask, position_ids, cache, cache_position):
+        """One forward: logits (B, V) of the last position, and the (extended) cache.
+
+        input_ids/position_ids (B, T); attention_mask (B, cached + T), or (B, cache length)
+        for a static cache; cache_position (T,) the cache columns the T new tokens go to.
+        """
+        kwargs = {"cache_position": cache_position} if self._takes_cache_position else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return out.logits[:, -1], out.past_key_values
+
+    def _decode(self, input_ids, attention_mask, position_ids, cache, cache_position) -> Tensor:
+        """One decoding step (B, 1) → logits (B, V); compiled when ``compile`` is on."""
+        self.forward_calls += 1
+        if not self.compile:
+            return self._run(input_ids, attention_mask, position_ids, cache, cache_position)[0]
+        if self._compiled_step is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled_step = torch.compile(self._static_step, mode=mode, dynamic=False)
+        torch.compiler.cudagraph_mark_step_begin()
+        # CUDA graphs reuse their output buffer on the next replay: copy the logits out.
+        return self._compiled_step(
+            input_ids, attention_mask, position_ids, cache, cache_position
+        ).clone()
+
+    def _static_step(self, input_ids, attention_mask, position_ids, cache, cache_position):
+        """The function torch.compile sees: one step on the static cache."""
+        if not self.fused.layout_key:  # read so that torch.compile guards on the LoRA layout
+            raise AssertionError("empty layout key")
+        return self._run(input_ids, attention_mask, position_ids, cache, cache_position)[0]
+
+
+def _row_bucket(n: int) -> int:
+    """Rows of a static batch: the next power of two, at least MIN_STATIC_ROWS."""
+    return max(MIN_STATIC_ROWS, 1 << max(0, n - 1).bit_length())
+
+
+def _eos_ids(tokenizer, model: nn.Module) -> set[int]:
+    """EOS ids from the tokenizer and the model's generation config (int or list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.update(int(i) for i in (configured if isinstance(configured, list) else [configured]))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an EOS")
+    return ids

@@ -1,0 +1,79 @@
+"""Builders shared by the inference tests: perturbed teams, prompts, stock-PEFT references."""
+
+from __future__ import annotations
+
+import torch
+from peft import PeftModel
+
+from roll.models import apply_chat_template, load_model, load_tokenizer
+from roll.multi_agent.config import AgentConfig, LoRAConfig
+
+from ..multi_agent.helpers import make_team
+
+# One agent per shape we must handle: default (r 4, all 7 projections), a small rank on two
+# layers, a larger rank on three others, and a second default-shaped agent.
+AGENTS = [
+    AgentConfig("alice"),
+    AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4, target_modules=["q_proj", "up_proj"])),
+    AgentConfig("carol", lora=LoRAConfig(rank=8, alpha=8,
+                                         target_modules=["v_proj", "o_proj", "down_proj"])),
+    AgentConfig("dave"),
+]
+PROMPTS = [
+    "What is 12 + 30?",
+    "Kuhn poker: your card is the King. Pass or Bet?",
+    "Hi",
+    "Play card 0. Discard card 1. Reveal player +1 color R. Reveal rank 2. Your move?",
+    "Connect Four: drop a piece in a column.",
+]
+
+
+def perturb(team, name: str, seed: int, scale: float = 0.5) -> None:
+    """Give an adapter non-zero B so it changes outputs (fresh LoRA B is zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in team.agent_parameters(name):
+            param.add_(torch.randn(param.shape, generator=gen) * scale)
+
+
+def perturbed_team(path, num_agents: int):
+    """A team of the first ``num_agents`` AGENTS, every adapter perturbed differently."""
+    team, _ = make_team(path, AGENTS[:num_agents])
+    for index, name in enumerate(team.agent_names):
+        perturb(team, name, seed=100 + index)
+    return team
+
+
+def chat_prompts(path) -> list[list[int]]:
+    """Chat-templated prompts of different lengths."""
+    tokenizer = load_tokenizer(path)
+    return [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+
+
+def sequence_logprobs(model, prompt: list[int], generated: list[int]) -> list[float]:
+    """Log-prob of each generated token under ``model`` (one forward, no padding)."""
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1], dim=-1)  # (G, V)
+    return logp.gather(-1, torch.tensor(generated)[:, None])[:, 0].tolist()
+
+
+def stock_greedy(model, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """HF ``generate(do_sample=False)`` alone (batch of one), and its tokens' log-probs."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+        )
+    generated = out[0, len(prompt) :].tolist()
+    return generated, sequence_logprobs(model, prompt, generated)
+
+
+def stock_peft_model(path, team, name: str, folder):
+    """The agent as stock PEFT loads it from its saved folder, on a fresh base model."""
+    team.save_agent(name, folder)
+    return PeftModel.from_pretrained(load_model(path), folder).eval()
