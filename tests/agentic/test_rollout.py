@@ -120,6 +120,11 @@ def test_mixed_adapters_share_one_call_when_seats_differ(team_engine):
     assert set(batch.seat[batch.agent_id == 1].tolist()) == {1}
     assert result.metrics["rollout/episodes"] == 6.0
     assert "agent_alice/win_rate" in result.metrics
+    # A GRPO group shares the opponent's randomness: random X opens with the same move in all
+    # three of bob's episodes, so bob's first prompts are identical; across groups they need not.
+    first_prompts = {tuple(t.prompt_ids) for t in result.turns
+                     if t.trained_agent == "bob" and t.turn_index == 0}
+    assert len(first_prompts) == 1
 
 
 def test_same_seed_same_rollout(team_engine):

@@ -180,8 +180,10 @@ class RolloutScheduler:
             for _ in range(cfg.group_size):
                 env = self.env_factory()
                 env.reset(env_seed)
-                index = len(live)
-                rng = np.random.default_rng([seed, index])
+                # Seeded by the group, not the episode: the members of a GRPO group face the same
+                # chance outcomes AND the same opponent randomness, so their returns differ only
+                # through what the trained agents chose (a much less noisy group baseline).
+                rng = np.random.default_rng([seed, group])
                 opponents = {
                     seat: build_opponent(spec, seed=int(rng.integers(2**31)))
                     for seat, spec in enumerate(seating.seats)
