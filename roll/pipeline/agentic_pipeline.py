@@ -31,7 +31,7 @@ from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.inference.base import SamplingParams
 from roll.models import build_tiny_model, default_cache_dir, load_model, load_tokenizer
-from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.model import ADAPTER_WEIGHTS, MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
 from roll.pipeline.config import (
     TINY_MODEL,
@@ -87,13 +87,16 @@ def before_after(
 class SnapshotPool:
     """Frozen copies of agents' adapters (opponent pool), served as extra engine slots.
 
-    A snapshot is taken at step 0 and at every checkpoint. 'snapshot:<agent>@latest' plays the
-    newest one; '@N' the one taken at step N, or before N is reached the newest one before it.
+    A snapshot is taken at step 0 and at every checkpoint, and saved with the trainer state.
+    'snapshot:<agent>@latest' plays the newest one; '@N' the one of step N — from memory, or
+    from the run's checkpoint folder of step N on disk — and, before step N exists, the
+    newest one before it.
     """
 
-    def __init__(self, model: MultiAgentLoRAModel, agents: set[str]) -> None:
+    def __init__(self, model: MultiAgentLoRAModel, agents: set[str], checkpoints: Path) -> None:
         self.model = model
         self.agents = agents
+        self.checkpoints = checkpoints
         self.snapshots: dict[str, dict[int, dict[str, torch.Tensor]]] = {a: {} for a in agents}
 
     def take(self, step: int) -> None:
@@ -101,16 +104,31 @@ class SnapshotPool:
             self.snapshots[agent][step] = self.model.export_adapter(agent)
 
     def choose(self, spec: SeatSpec) -> tuple[str, int]:
-        steps = sorted(self.snapshots[spec.agent_name])
-        if spec.snapshot_step is not None:
-            steps = [s for s in steps if s <= spec.snapshot_step] or steps[:1]
-        return spec.agent_name, steps[-1]
+        """(agent, step) of the snapshot that plays this seat."""
+        agent, wanted = spec.agent_name, spec.snapshot_step
+        if wanted is not None and wanted not in self.snapshots[agent]:
+            self._load_from_disk(agent, wanted)
+        steps = sorted(self.snapshots[agent])
+        if wanted is not None:
+            steps = [s for s in steps if s <= wanted] or steps[:1]
+        if not steps:
+            raise ValueError(f"seat_to_agent: {spec.raw!r}: no snapshot of {agent!r} exists")
+        return agent, steps[-1]
+
+    def _load_from_disk(self, agent: str, step: int) -> None:
+        from safetensors.torch import load_file
+
+        weights = self.checkpoints / f"step_{step:08d}" / "agents" / agent / ADAPTER_WEIGHTS
+        if weights.is_file():
+            self.snapshots[agent][step] = load_file(str(weights))
 
     def state_dict(self) -> dict:
         return {"snapshots": self.snapshots}
 
     def load_state_dict(self, state: dict) -> None:
-        self.snapshots = state["snapshots"]
+        # The config decides which agents have snapshots; a checkpoint may have more or fewer.
+        saved = state["snapshots"]
+        self.snapshots = {agent: dict(saved.get(agent, {})) for agent in self.agents}
 
 
 class AgenticPipeline:
@@ -148,7 +166,9 @@ class AgenticPipeline:
             for seating in self.train_seatings + self.eval_seatings
             for spec in seating.seats if spec.kind == "snapshot"
         }
-        self.pool = SnapshotPool(self.model, snapshot_agents)
+        self.pool = SnapshotPool(
+            self.model, snapshot_agents, self.output_dir / "checkpoints"
+        )
         self.step = 0
 
     # ------------------------------------------------------------------ parts

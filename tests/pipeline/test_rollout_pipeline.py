@@ -1,0 +1,61 @@
+"""Frozen snapshots as opponents, and the rollout-only evaluation of a trained run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import load_config
+from roll.pipeline.rollout_pipeline import run_evaluation
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = [
+    "rollout.constrained_decoding=true", "rollout.num_groups=2", "rollout.group_size=2",
+    "rollout.sampling.max_new_tokens=12", "team.optim.lr=5e-2", "eval.eval_steps=0",
+    "tracking.backends=[jsonl]", "save_steps=1", "keep_last=5",
+]
+
+
+def _config(out: Path, *extra: str):
+    return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker",
+                       BASE + [f"output_dir={out}", *extra])
+
+
+def test_snapshot_opponent_trains_against_a_frozen_copy_then_evaluation_reads_checkpoints(
+    tmp_path, capsys
+):
+    out = tmp_path / "run"
+    # agent_0 trains in seat 0 against its own frozen past self in seat 1.
+    train = _config(out, "env.seat_to_agent=[agent_0,snapshot:agent_0@latest]", "max_steps=3")
+    pipeline = AgenticPipeline(train)
+    pipeline.run()
+    slots = set(pipeline.engine.slots)
+    assert {"agent_0@step0", "agent_0@step2"} <= slots  # the pool grew at each checkpoint
+    # The step-0 snapshot is the untrained adapter; the live agent moved away from it.
+    frozen = pipeline.pool.snapshots["agent_0"][0]
+    live = pipeline.model.export_adapter("agent_0")
+    assert any(not torch.equal(frozen[k], live[k]) for k in live)
+
+    # Evaluation only: the latest checkpoint against its step-1 snapshot read from disk.
+    evaluate = _config(out, "resume=latest", "eval.num_episodes=20",
+                       "eval.seat_to_agent=[agent_0,snapshot:agent_0@1]")
+    metrics = run_evaluation(evaluate)
+    printed = capsys.readouterr().out
+    assert "agent_0" in printed and "win rate [95% CI]" in printed
+    assert metrics["eval/agent_agent_0/episodes"] == 20.0
+    low, rate, high = (metrics[f"eval/agent_agent_0/win_rate{s}"] for s in ("_low", "", "_high"))
+    assert 0.0 <= low <= rate <= high <= 1.0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["checkpoint"].endswith("step_00000003")
+    assert results["metrics"]["eval/agent_agent_0/win_rate"] == rate
+    on_disk = load_file(str(out / "checkpoints" / "step_00000001" / "agents" / "agent_0" /
+                            "adapter_model.safetensors"))
+    evaluation = AgenticPipeline(evaluate)
+    evaluation.pool.choose(evaluation.eval_seatings[0][1])
+    loaded = evaluation.pool.snapshots["agent_0"][1]
+    assert loaded.keys() == on_disk.keys()
+    assert all(torch.equal(loaded[k], on_disk[k]) for k in on_disk)
