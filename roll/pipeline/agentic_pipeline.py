@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,8 +61,29 @@ def model_path(cfg: PipelineConfig) -> Path | str:
     return build_tiny_model(default_cache_dir()) if cfg.model.path == TINY_MODEL else cfg.model.path
 
 
-def build_engine(cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer):
-    """The rollout engine named by rollout.engine (validated to be one of ENGINES)."""
+def build_engine(
+    cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int
+):
+    """The rollout engine named by rollout.engine.
+
+    hf shares the trainer's base weights; vllm loads its own copy of the base from ``path``
+    and serves the agents (and ``snapshot_slots`` frozen snapshots) as LoRA adapters.
+    """
+    if cfg.rollout.engine == "vllm":
+        from roll.inference.vllm_engine import VLLMEngine
+
+        settings = cfg.rollout.vllm
+        return VLLMEngine(
+            str(path),
+            tokenizer,
+            max_loras=len(model.agent_names) + snapshot_slots,
+            max_lora_rank=max(model.lora_config(a).r for a in model.agent_names),
+            seed=cfg.seed,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_model_len=settings.max_model_len,
+            dtype=cfg.model.dtype,
+            enforce_eager=settings.enforce_eager,
+        )
     from roll.inference.hf_engine import HFEngine
 
     return HFEngine(model, tokenizer, device=cfg.model.device)
@@ -154,7 +177,6 @@ class AgenticPipeline:
         base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed)
         self.trainer = MultiAgentTrainer(self.model, agents, cfg.trainer)
-        self.engine = build_engine(cfg, self.model, self.tokenizer)
         self.engine_versions: dict[str, int] = {}
         num_seats = game_num_seats(cfg.env.game, cfg.env.params)
         self.train_seatings = seatings_of(
@@ -169,6 +191,14 @@ class AgenticPipeline:
         self.pool = SnapshotPool(
             self.model, snapshot_agents, self.output_dir / "checkpoints"
         )
+        snapshot_specs = {
+            spec.raw
+            for seating in self.train_seatings + self.eval_seatings
+            for spec in seating.seats if spec.kind == "snapshot"
+        }
+        self.snapshot_slot_of: dict[str, str] = {}
+        """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
+        self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs))
         self.step = 0
 
     # ------------------------------------------------------------------ parts
@@ -212,11 +242,28 @@ class AgenticPipeline:
     def _snapshot_slot(self, spec: SeatSpec) -> str:
         agent, step = self.pool.choose(spec)
         slot = f"{agent}@step{step}"
+        old = self.snapshot_slot_of.get(spec.raw)
+        self.snapshot_slot_of[spec.raw] = slot
+        if old is not None and old != slot and old not in self.snapshot_slot_of.values():
+            self.engine.remove_adapter(old)  # unload first: vLLM holds at most max_loras
         if self.engine.adapter_version(slot) != step:
             self.engine.load_adapter(
                 slot, self.pool.snapshots[agent][step], self.model.lora_config(agent), step
             )
         return slot
+
+    @contextmanager
+    def engine_awake(self) -> Iterator[None]:
+        """Engines that can (vLLM with sleep mode) hold their KV cache only while rolling out,
+        so training gets the memory back between rollout phases."""
+        if not (self.cfg.rollout.engine == "vllm" and self.cfg.rollout.vllm.sleep_between_phases):
+            yield
+            return
+        self.engine.wake_up()
+        try:
+            yield
+        finally:
+            self.engine.sleep()
 
     def sync_adapters(self) -> None:
         """Push every agent's current adapter to the engine under a new version."""
@@ -279,10 +326,11 @@ class AgenticPipeline:
         times["time/sync"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        result = scheduler.rollout(
-            seed=cfg.seed * 1_000_003 + self.step,
-            progress=lambda done, total: tracker.progress(done, total, "episodes"),
-        )
+        with self.engine_awake():
+            result = scheduler.rollout(
+                seed=cfg.seed * 1_000_003 + self.step,
+                progress=lambda done, total: tracker.progress(done, total, "episodes"),
+            )
         times["time/rollout"] = time.perf_counter() - start
         metrics = dict(result.metrics)
         metrics.update(self._team_metrics(result))
@@ -322,10 +370,11 @@ class AgenticPipeline:
     def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
         """Validation rollouts with the current adapters (already synced)."""
         start = time.perf_counter()
-        result = scheduler.rollout(
-            seed=self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET,
-            progress=lambda done, total: tracker.progress(done, total, "eval episodes"),
-        )
+        with self.engine_awake():
+            result = scheduler.rollout(
+                seed=self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET,
+                progress=lambda done, total: tracker.progress(done, total, "eval episodes"),
+            )
         metrics = summarize_episodes(result.episodes, self.agent_names)
         for key, value in result.metrics.items():
             if "format" in key:

