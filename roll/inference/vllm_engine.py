@@ -341,8 +341,13 @@ class VLLMEngine:
         return enabled
 
     def close(self) -> None:
-        """Delete the adapter folders (the vLLM engine goes with this object)."""
+        """Delete the adapter folders and drop the vLLM engine, so its KV cache is freed now
+        rather than when the garbage collector finds it (tests build several engines)."""
+        import gc
+
         self._cleanup()
+        self.llm = None
+        gc.collect()
 
 
 def _cut_at_completion(request: GenerationRequest, token_ids: list[int], logprobs: list[float],

@@ -33,8 +33,10 @@ def test_snapshot_opponent_trains_against_a_frozen_copy_then_evaluation_reads_ch
     train = _config(out, "env.seat_to_agent=[agent_0,snapshot:agent_0@latest]", "max_steps=3")
     pipeline = AgenticPipeline(train)
     pipeline.run()
-    slots = set(pipeline.engine.slots)
-    assert {"agent_0@step0", "agent_0@step2"} <= slots  # the pool grew at each checkpoint
+    # The pool grew at each checkpoint; the seat plays the newest snapshot and the engine keeps
+    # only that one (the step-0 slot was unloaded when the seat moved on).
+    assert sorted(pipeline.pool.snapshots["agent_0"]) == [0, 1, 2, 3]
+    assert set(pipeline.engine.slots) == {"agent_0", "agent_1", "agent_0@step2"}
     # The step-0 snapshot is the untrained adapter; the live agent moved away from it.
     frozen = pipeline.pool.snapshots["agent_0"][0]
     live = pipeline.model.export_adapter("agent_0")
