@@ -81,7 +81,11 @@ class HFEngine:
         self.model: nn.Module = model.base_model if self._peft is not None else model
         """The transformers model that runs (for a MultiAgentLoRAModel: its PEFT-injected base)."""
         weight = self.model.get_input_embeddings().weight
-        self.device = torch.device(device) if device is not None else weight.device
+        asked = torch.device(device) if device is not None else weight.device
+        # 'cuda' names the current CUDA device: it matches a model on 'cuda:0' (when current).
+        if asked.type == weight.device.type and asked.index is None:
+            asked = weight.device
+        self.device = asked
         if self.device != weight.device:
             raise ValueError(
                 f"device={str(self.device)!r} but the model is on {weight.device}: the engine "

