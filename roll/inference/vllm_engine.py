@@ -25,7 +25,6 @@ and say so once.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import tempfile
@@ -47,6 +46,7 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 from roll.inference.base import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
 from roll.inference.constrained import CompletionTrie
 from roll.inference.decoding import cut_at_stop
+from roll.models.peft_io import write_peft_folder
 
 logger = init_logger(__name__)
 
@@ -203,7 +203,7 @@ class VLLMEngine:
         lora_id = self._next_lora_id
         self._next_lora_id += 1
         folder = self.adapter_root / str(lora_id)
-        _write_peft_folder(folder, tensors, lora_config)
+        write_peft_folder(folder, tensors, lora_config)
         request = LoRARequest(f"{slot}@v{version}#{lora_id}", lora_id, str(folder))
         if slot in self._slots:  # free its place first: the cache holds max_loras at most
             self.remove_adapter(slot)
@@ -357,15 +357,3 @@ def _cut_at_completion(request: GenerationRequest, token_ids: list[int], logprob
         if token_ids[: len(seq)] == list(seq) and len(token_ids) > len(seq):
             return token_ids[: len(seq)], logprobs[: len(seq)], "stop"
     return token_ids, logprobs, reason
-
-
-def _write_peft_folder(folder: Path, tensors: dict[str, Tensor], lora_config) -> None:
-    """A standard PEFT adapter folder: adapter_model.safetensors + adapter_config.json."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True)
-    weights = {key: value.detach().to("cpu").contiguous() for key, value in tensors.items()}
-    save_file(weights, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = lora_config.to_dict()
-    config["target_modules"] = sorted(config["target_modules"])
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=list))

@@ -7,7 +7,6 @@ Checkpoints are standard PEFT adapter folders (invariant 4).
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Iterator, Sequence
@@ -19,10 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from roll.algorithms.losses import entropy_from_logits
+from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def adapter_init_seed(seed: int, agent_name: str) -> int:
@@ -196,16 +193,7 @@ class MultiAgentLoRAModel(nn.Module):
 
         Stock ``peft.PeftModel.from_pretrained(base, directory)`` and vLLM load it unchanged.
         """
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.contiguous() for k, v in self.export_adapter(name).items()}
-        save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        config = self.lora_config(name).to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=list))
-        return directory
+        return write_peft_folder(directory, self.export_adapter(name), self.lora_config(name))
 
     def load_agent(self, name: str, directory: str | os.PathLike) -> None:
         """Load a PEFT adapter folder into an existing agent (shapes must match)."""

@@ -31,9 +31,10 @@ from roll.agentic.rollout.scheduler import (
 )
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
-from roll.inference.base import SamplingParams
+from roll.inference.base import SamplingParams, push_adapters
 from roll.models import build_tiny_model, default_cache_dir, load_model, load_tokenizer
-from roll.multi_agent.model import ADAPTER_WEIGHTS, MultiAgentLoRAModel
+from roll.models.peft_io import ADAPTER_WEIGHTS
+from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
 from roll.pipeline.config import (
     TINY_MODEL,
@@ -44,12 +45,15 @@ from roll.pipeline.config import (
 )
 from roll.pipeline.evaluation import summarize_episodes
 from roll.utils.checkpoint import (
+    agent_dir,
     capture_rng_state,
+    checkpoints_root,
     latest_checkpoint,
     load_trainer_state,
     resolve_resume,
     restore_rng_state,
     save_checkpoint,
+    step_dir_name,
 )
 from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics
 
@@ -148,7 +152,7 @@ class SnapshotPool:
     def _load_from_disk(self, agent: str, step: int) -> None:
         from safetensors.torch import load_file
 
-        weights = self.checkpoints / f"step_{step:08d}" / "agents" / agent / ADAPTER_WEIGHTS
+        weights = agent_dir(self.checkpoints / step_dir_name(step), agent) / ADAPTER_WEIGHTS
         if weights.is_file():
             self.snapshots[agent][step] = load_file(str(weights))
 
@@ -184,25 +188,21 @@ class AgenticPipeline:
         base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed)
         self.trainer = MultiAgentTrainer(self.model, agents, cfg.trainer)
-        self.engine_versions: dict[str, int] = {}
         num_seats = game_num_seats(cfg.env.game, cfg.env.params)
         self.train_seatings = seatings_of(
             cfg.env.seat_to_agent, num_seats, self.agent_names, "env.seat_to_agent"
         )
         self.eval_seatings = eval_seatings(cfg, self.train_seatings, num_seats, self.agent_names)
-        snapshot_agents = {
-            spec.agent_name
+        snapshot_seats = [
+            spec
             for seating in self.train_seatings + self.eval_seatings
             for spec in seating.seats if spec.kind == "snapshot"
-        }
+        ]
         self.pool = SnapshotPool(
-            self.model, snapshot_agents, self.output_dir / "checkpoints"
+            self.model, {spec.agent_name for spec in snapshot_seats},
+            checkpoints_root(self.output_dir),
         )
-        snapshot_specs = {
-            spec.raw
-            for seating in self.train_seatings + self.eval_seatings
-            for spec in seating.seats if spec.kind == "snapshot"
-        }
+        snapshot_specs = {spec.raw for spec in snapshot_seats}
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
         self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs))
@@ -274,14 +274,11 @@ class AgenticPipeline:
 
     def sync_adapters(self) -> None:
         """Push every agent's current adapter to the engine under a new version."""
+        version = self.trainer.global_step
+        push_adapters(self.engine, self.model, version)
         for name in self.agent_names:
-            version = self.trainer.global_step
-            self.engine.load_adapter(
-                name, self.model.export_adapter(name), self.model.lora_config(name), version
-            )
             if self.engine.adapter_version(name) != version:
                 raise RuntimeError(f"engine did not take agent {name!r} version {version}")
-            self.engine_versions[name] = version
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, float]:
