@@ -48,7 +48,6 @@ from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,
     checkpoints_root,
-    latest_checkpoint,
     load_trainer_state,
     resolve_resume,
     restore_rng_state,
@@ -442,4 +441,4 @@ class AgenticPipeline:
         print(f"resumed from {path} at step {self.step}", flush=True)
 
 
-__all__ = ["AgenticPipeline", "SnapshotPool", "latest_checkpoint", "model_path"]
+__all__ = ["AgenticPipeline", "SnapshotPool", "model_path"]
