@@ -79,7 +79,7 @@ def build_team(shape: dict, rank: int, agents: int, dtype, device, seed: int = 0
     team = MultiAgentLoRAModel(base, configs, seed=seed)
     with torch.no_grad():
         for name in team.agent_names:
-            for param_name, param in team._named_agent_tensors(name):
+            for param_name, param in team.named_agent_tensors(name):
                 if "lora_B" in param_name:
                     param.normal_(0.0, 0.02)
     team.peft_model.eval()

@@ -17,8 +17,8 @@ from torch import Tensor
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KlKind = Literal["k1", "k3"]
-KL_KINDS: tuple[str, ...] = ("k1", "k3")
+KlKind = Literal["k1", "k2", "k3"]
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
 
 
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
@@ -133,13 +133,18 @@ def kl_per_token(
 
     Samples come from the policy; with log r = ref_logprobs - logprobs (Schulman, "Approximating
     KL divergence", 2020): ``"k1"`` = -log r = logprobs - ref_logprobs (unbiased, can be < 0);
-    ``"k3"`` = (r - 1) - log r (unbiased, >= 0, lower variance; GRPO's KL term).
+    ``"k2"`` = 0.5 (log r)^2 (biased, >= 0; as a loss its gradient is the KL's own gradient in
+    expectation); ``"k3"`` = (r - 1) - log r (unbiased, >= 0, lower variance; GRPO's KL term).
+    As a LOSS, k1 is useless: its gradient is grad log pi, whose expectation under the policy's
+    samples is 0 (the trainer config refuses it); it is meant for reward penalties.
     """
     if kind not in KL_KINDS:
         raise ValueError(f"KL estimator must be one of {KL_KINDS}, got {kind!r}")
     log_ref_ratio = _masked(ref_logprobs - logprobs, mask)  # (B, T)
     if kind == "k1":
         return -log_ref_ratio
+    if kind == "k2":
+        return 0.5 * log_ref_ratio.square()
     return _masked(torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio, mask)
 
 

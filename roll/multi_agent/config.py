@@ -11,8 +11,6 @@ from dataclasses import dataclass, field, replace
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
-# Names PEFT or our trainer use for themselves; an agent called so would collide.
-_RESERVED_NAMES = {"default", "base", "ref", "reference"}
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 
 
@@ -150,35 +148,38 @@ class MultiAgentConfig:
     def agent_names(self) -> list[str]:
         return [agent.name for agent in self.resolved_agents()]
 
-    def validate(self, model_modules: set[str] | None = None) -> MultiAgentConfig:
-        """Check every field; with ``model_modules`` also check LoRA targets exist."""
+    def validate(
+        self, model_modules: set[str] | None = None, prefix: str = "team"
+    ) -> MultiAgentConfig:
+        """Check every field; with ``model_modules`` also check LoRA targets exist. Errors name
+        the full key under ``prefix`` (``team.optim.lr``)."""
         if not isinstance(self.num_agents, int) or self.num_agents < 1:
-            raise ConfigError("num_agents", self.num_agents, "must be an integer >= 1")
+            raise ConfigError(f"{prefix}.num_agents", self.num_agents, "must be an integer >= 1")
         if self.agents and len(self.agents) != self.num_agents:
             named = [getattr(a, "name", a) for a in self.agents]
             raise ConfigError(
-                "agents",
+                f"{prefix}.agents",
                 named,
                 f"has {len(self.agents)} entries but num_agents={self.num_agents}: every agent "
                 "needs a config (or leave agents empty for defaults)",
             )
-        self.lora.validate("lora", model_modules)
-        self.optim.validate("optim")
+        self.lora.validate(f"{prefix}.lora", model_modules)
+        self.optim.validate(f"{prefix}.optim")
         seen: set[str] = set()
         for i, agent in enumerate(self.agents):
-            where = f"agents[{i}]"
+            where = f"{prefix}.agents[{i}]"
             if not isinstance(agent, AgentConfig):
                 raise ConfigError(where, agent, "must be an AgentConfig")
             if not isinstance(agent.name, str) or not _AGENT_NAME.match(agent.name):
                 raise ConfigError(
                     f"{where}.name", agent.name, "must match [A-Za-z][A-Za-z0-9_-]{0,63}"
                 )
-            if agent.name in _RESERVED_NAMES or agent.name in "lora_":
-                # PEFT finds adapter tensors by substring: a name inside 'lora_' collides.
+            if _peft_cannot_hold(agent.name):
                 raise ConfigError(
                     f"{where}.name",
                     agent.name,
-                    "is reserved (PEFT uses it, or it is part of 'lora_')",
+                    "PEFT cannot hold an adapter of that name (it keeps each adapter's layers "
+                    "in a torch ModuleDict, which has an attribute of that name); rename it",
                 )
             if agent.name in seen:
                 raise ConfigError(f"{where}.name", agent.name, "duplicate agent name")
@@ -190,6 +191,14 @@ class MultiAgentConfig:
         return self
 
 
+def _peft_cannot_hold(name: str) -> bool:
+    """PEFT keeps each adapter under its name in torch ModuleDict/ParameterDict containers,
+    which refuse a key that is already one of their attributes (train, update, keys, to …)."""
+    from torch import nn
+
+    return hasattr(nn.ModuleDict(), name) or hasattr(nn.ParameterDict(), name)
+
+
 @dataclass
 class TrainerConfig:
     """How each agent's adapter is updated from its own rows (see worker.py)."""
@@ -197,7 +206,11 @@ class TrainerConfig:
     micro_batch_size: int = 8
     """Rows per forward/backward; gradients accumulate over an agent's micro-batches."""
     ppo_epochs: int = 1
-    """Optimizer steps per agent per train step, each over all of the agent's rows."""
+    """Passes over each agent's rows per train step."""
+    ppo_mini_batch_size: int | None = None
+    """Rows of one agent per optimizer step: each pass shuffles the agent's rows (its own
+    generator) and takes one optimizer step per mini-batch of this many rows (the last may be
+    smaller). None: one optimizer step per pass over all of the agent's rows."""
     clip_low: float = 0.2
     """PPO lower clip: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
@@ -207,7 +220,8 @@ class TrainerConfig:
     kl_coef: float = 0.0
     """Weight of the KL-to-reference loss term (0 disables it and the reference pass)."""
     kl_estimator: str = "k3"
-    """'k1' or 'k3' estimator of KL(policy || reference) per token."""
+    """Estimator of KL(policy || reference) per token used as the loss: 'k3' ((r - 1) - log r,
+    GRPO's) or 'k2' (0.5 (log r)^2). 'k1' is refused: as a loss its expected gradient is 0."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
     loss_agg_mode: str = "token-mean"
@@ -219,6 +233,11 @@ class TrainerConfig:
             raise ConfigError("trainer.micro_batch_size", self.micro_batch_size, "must be >= 1")
         if not isinstance(self.ppo_epochs, int) or self.ppo_epochs < 1:
             raise ConfigError("trainer.ppo_epochs", self.ppo_epochs, "must be >= 1")
+        mini = self.ppo_mini_batch_size
+        if mini is not None and (not isinstance(mini, int) or isinstance(mini, bool) or mini < 1):
+            raise ConfigError(
+                "trainer.ppo_mini_batch_size", mini, "must be an integer >= 1 or null"
+            )
         for name in ("clip_low", "clip_high"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0 and not (name == "clip_high" and value >= 1.0):
@@ -227,8 +246,15 @@ class TrainerConfig:
             raise ConfigError("trainer.dual_clip", self.dual_clip, "must be > 1 or null")
         if self.kl_coef < 0:
             raise ConfigError("trainer.kl_coef", self.kl_coef, "must be >= 0")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ConfigError("trainer.kl_estimator", self.kl_estimator, "must be 'k1' or 'k3'")
+        if self.kl_estimator == "k1":
+            raise ConfigError(
+                "trainer.kl_estimator", "k1",
+                "k1 (log pi - log ref) cannot be a loss: its gradient is grad log pi, whose "
+                "expectation under the policy's own samples is 0, so it pulls nothing toward "
+                "the reference; use 'k3' (default) or 'k2'",
+            )
+        if self.kl_estimator not in ("k2", "k3"):
+            raise ConfigError("trainer.kl_estimator", self.kl_estimator, "must be 'k3' or 'k2'")
         if self.entropy_coef < 0:
             raise ConfigError("trainer.entropy_coef", self.entropy_coef, "must be >= 0")
         if self.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):

@@ -3,10 +3,23 @@
 The base weights exist once. Each agent is one PEFT adapter named after the agent; the
 reference policy is the same module with every adapter disabled (DESIGN.md invariant 2).
 Checkpoints are standard PEFT adapter folders (invariant 4).
+
+An agent's tensors are found through PEFT's per-adapter structures (``lora_A[name]``,
+``lora_B[name]``, … of every LoRA layer), never by matching names in parameter paths, so any
+name PEFT can hold is safe (``model``, ``mlp``, ``q_proj``, ``weight`` included).
+
+Dropout. PEFT's LoRA dropout draws masks from the global RNG, so an agent's masks would depend
+on which other agents trained before it. Each agent's dropout here draws from its own
+generator, reseeded from (run seed, agent name, the agent's own optimizer step) at every
+training mini-batch, and is active only inside ``training_forward`` — never in rollouts,
+old-log-prob or reference passes. The base model is kept in eval mode throughout (its own
+dropout, if any, stays off, as in verl and OpenRLHF for RL fine-tuning).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import zlib
 from collections.abc import Iterator, Sequence
@@ -14,18 +27,25 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roll.algorithms.losses import entropy_from_logits
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
+from roll.multi_agent.logprobs import response_window, sequence_logprobs
 
 
 def adapter_init_seed(seed: int, agent_name: str) -> int:
     """Seed of one agent's adapter init: depends on the run seed and the agent's name only,
     so agent 'b' starts from the same weights alone or in any team."""
     return (seed * 1_000_003 + zlib.crc32(agent_name.encode())) % (2**31)
+
+
+def agent_stream_seed(seed: int, agent_name: str, optimizer_step: int, stream: str) -> int:
+    """Seed of one of an agent's random streams ('dropout', 'shuffle') at one of its optimizer
+    steps: a function of (run seed, agent name, the agent's own step) only, so the agent draws
+    the same numbers alone or in any team."""
+    digest = hashlib.sha256(f"{seed}/{agent_name}/{optimizer_step}/{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _peft_lora_config(lora: LoRAConfig, base_name_or_path: str | None):
@@ -42,19 +62,27 @@ def _peft_lora_config(lora: LoRAConfig, base_name_or_path: str | None):
     )
 
 
-def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """Log-prob of each token given the ones before it.
+class AgentDropout(nn.Module):
+    """Inverted dropout on a LoRA input, drawing masks from its agent's own generator.
 
-    logits (B, T, V), input_ids (B, T) → (B, T); position 0 (no context) is 0.
+    Active only while ``active`` is set (by ``MultiAgentLoRAModel.training_forward``);
+    ``nn.Module.train()`` does not switch it on.
     """
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    return F.pad(picked, (1, 0))
 
+    def __init__(self, p: float, generators: dict[torch.device, torch.Generator]) -> None:
+        super().__init__()
+        self.p = float(p)
+        self.generators = generators  # shared by all of one agent's dropout layers
+        self.active = False
 
-def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy of the next-token distribution, aligned like token_logprobs: (B, T)."""
-    return F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.active or self.p == 0.0:
+            return x
+        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generators[x.device])
+        return x * keep / (1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 class MultiAgentLoRAModel(nn.Module):
@@ -63,12 +91,14 @@ class MultiAgentLoRAModel(nn.Module):
     Args:
         base_model: a loaded causal LM (its weights are frozen here and never copied).
         agents: resolved agent configs (each with ``lora`` set), in agent-id order.
-        seed: run seed; each adapter's init depends on (seed, agent name) only.
+        seed: run seed; each adapter's init depends on (seed, agent name) only, and so do its
+            dropout masks (with the agent's optimizer step).
     """
 
     def __init__(self, base_model: nn.Module, agents: Sequence[AgentConfig], seed: int = 0):
         super().__init__()
         from peft import get_peft_model
+        from peft.tuners.lora import LoraLayer
 
         if not agents:
             raise ValueError("MultiAgentLoRAModel needs at least one agent")
@@ -76,6 +106,7 @@ class MultiAgentLoRAModel(nn.Module):
         for param in base_model.parameters():
             param.requires_grad_(False)
         self.agent_names: list[str] = [agent.name for agent in agents]
+        self.seed = seed
         peft_model = None
         for agent in agents:
             config = _peft_lora_config(agent.lora, base_path)
@@ -86,7 +117,31 @@ class MultiAgentLoRAModel(nn.Module):
                 else:
                     peft_model.add_adapter(agent.name, config)
         self.peft_model = peft_model
+        self.peft_model.eval()  # dropout (LoRA and base) off outside training_forward
+        self._lora_layers: list[tuple[str, nn.Module]] = [
+            (path, module)
+            for path, module in peft_model.named_modules()
+            if isinstance(module, LoraLayer)
+        ]
+        """(module path, PEFT LoRA layer) of every adapted projection, in module order."""
+        self._dropout_generators: dict[str, dict[torch.device, torch.Generator]] = {}
+        self._dropouts: dict[str, list[AgentDropout]] = {}
+        for agent in agents:
+            self._install_dropout(agent.name, agent.lora.dropout)
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
+            self.base_model.forward
+        ).parameters
         self.set_active_agent(self.agent_names[0])
+
+    def _install_dropout(self, name: str, p: float) -> None:
+        generators: dict[torch.device, torch.Generator] = {}
+        layers = []
+        for _, layer in self._lora_layers:
+            if name in layer.lora_dropout:
+                layer.lora_dropout[name] = AgentDropout(p, generators)
+                layers.append(layer.lora_dropout[name])
+        self._dropout_generators[name] = generators
+        self._dropouts[name] = layers
 
     # ------------------------------------------------------------------ adapters
     @property
@@ -107,14 +162,26 @@ class MultiAgentLoRAModel(nn.Module):
 
     def agent_parameters(self, name: str) -> list[nn.Parameter]:
         """This agent's adapter tensors (and nothing else), in a stable order."""
-        self.agent_index(name)
-        return [p for n, p in self._named_agent_tensors(name)]
+        return [param for _, param in self.named_agent_tensors(name)]
 
-    def _named_agent_tensors(self, name: str) -> Iterator[tuple[str, nn.Parameter]]:
-        marker = f".{name}."
-        for param_name, param in self.peft_model.named_parameters():
-            if "lora_" in param_name and marker in param_name + ".":
-                yield param_name, param
+    def named_agent_tensors(self, name: str) -> Iterator[tuple[str, nn.Parameter]]:
+        """(PEFT on-disk key, tensor) of each of this agent's adapter tensors, module order.
+
+        Read from each LoRA layer's per-adapter containers (``lora_A[name]`` …), so one agent's
+        name can never select another agent's tensors, whatever the names.
+        """
+        self.agent_index(name)
+        for path, layer in self._lora_layers:
+            for container_name in layer.adapter_layer_names:
+                container = getattr(layer, container_name, None)
+                if container is None or name not in container:
+                    continue
+                entry = container[name]
+                if isinstance(entry, nn.Parameter):
+                    yield f"{path}.{container_name}", entry
+                else:
+                    for param_name, param in entry.named_parameters():
+                        yield f"{path}.{container_name}.{param_name}", param
 
     @contextmanager
     def reference(self) -> Iterator[None]:
@@ -123,65 +190,143 @@ class MultiAgentLoRAModel(nn.Module):
             yield
 
     # ------------------------------------------------------------------ forward
+    @contextmanager
+    def training_forward(self, name: str, optimizer_step: int) -> Iterator[None]:
+        """Forwards through agent ``name`` with its LoRA dropout on, masks drawn from its own
+        generator seeded by (run seed, name, ``optimizer_step``)."""
+        self.set_active_agent(name)
+        seed = agent_stream_seed(self.seed, name, optimizer_step, "dropout")
+        generators = self._dropout_generators[name]
+        for layer in self._dropouts[name]:
+            layer.active = True
+        device = next(self.named_agent_tensors(name))[1].device
+        generators[device] = torch.Generator(device=device).manual_seed(seed)
+        try:
+            yield
+        finally:
+            for layer in self._dropouts[name]:
+                layer.active = False
+
     def forward_agent(
         self,
         agent: str | None,
         input_ids: Tensor,
         attention_mask: Tensor,
+        *,
+        positions: Tensor | None = None,
+        temperature: float = 1.0,
         with_entropy: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Token log-probs (B, T) of all rows under one agent's adapter (None: reference).
+    ) -> tuple[Tensor, Tensor]:
+        """Token log-probs and entropies (B, T) under one agent's adapter (None: reference).
 
-        Gradients flow to that agent's adapter when grad is enabled.
+        ``positions`` (B, T) selects the tokens to score (e.g. the response mask); None scores
+        every token after the first. Unselected tokens come back as 0. Log-probs and entropy
+        are those of ``softmax(logits / temperature)``. Gradients flow to that agent's adapter
+        when grad is enabled (to the entropy only when ``with_entropy``).
         """
+        if not temperature > 0:
+            raise ValueError(f"temperature={temperature!r}: must be > 0 (greedy rollouts: use 1)")
+        if positions is None:
+            positions = torch.ones_like(input_ids, dtype=torch.bool)
+            positions[:, 0] = False
+        positions = positions.bool()
+        window = response_window(positions)
+        if window is None:
+            zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+            return zeros, zeros.clone()
+        first, stop = window
+        kwargs = {}
+        if self._takes_logits_to_keep:
+            # Only the positions that predict a scored token get logits: (B, stop-first, V).
+            kwargs["logits_to_keep"] = torch.arange(first - 1, stop - 1, device=input_ids.device)
         if agent is None:
             with self.reference():
-                logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask).logits
+                logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                         **kwargs).logits
         else:
             self.set_active_agent(agent)
-            logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask).logits
-        entropy = token_entropy(logits) if with_entropy else None
-        return token_logprobs(logits, input_ids), entropy
+            logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                     **kwargs).logits
+        if not self._takes_logits_to_keep:
+            logits = logits[:, first - 1 : stop - 1]
+        return sequence_logprobs(logits, input_ids, positions, window, temperature, with_entropy)
 
     @torch.no_grad()
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor) -> Tensor:
-        """Per-row log-probs (B, T), each row through its own agent's adapter."""
+    def logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        agent_id: Tensor,
+        *,
+        positions: Tensor | None = None,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+    ) -> Tensor:
+        """Per-row log-probs (B, T), each row through its own agent's adapter, in forwards of
+        at most ``micro_batch_size`` rows (None: one forward per agent)."""
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for index in agent_id.unique().tolist():
-            rows = agent_id == index
-            out[rows], _ = self.forward_agent(
-                self.agent_names[index], input_ids[rows], attention_mask[rows]
-            )
+            rows = (agent_id == index).nonzero().squeeze(-1)
+            self._fill(out, rows, self.agent_names[index], input_ids, attention_mask, positions,
+                       temperature, micro_batch_size)
         return out
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def reference_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        positions: Tensor | None = None,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+    ) -> Tensor:
         """Log-probs (B, T) of the base model with every adapter disabled."""
-        logprobs, _ = self.forward_agent(None, input_ids, attention_mask)
-        return logprobs
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        self._fill(out, rows, None, input_ids, attention_mask, positions, temperature,
+                   micro_batch_size)
+        return out
+
+    def _fill(self, out, rows, agent, input_ids, attention_mask, positions, temperature,
+              micro_batch_size) -> None:
+        step = micro_batch_size or max(1, rows.numel())
+        for start in range(0, rows.numel(), step):
+            chunk = rows[start : start + step]
+            out[chunk], _ = self.forward_agent(
+                agent,
+                input_ids[chunk],
+                attention_mask[chunk],
+                positions=None if positions is None else positions[chunk],
+                temperature=temperature,
+            )
 
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:
         """One agent's adapter tensors with PEFT's on-disk key names (detached CPU copies)."""
-        from peft.utils import get_peft_model_state_dict
+        return {
+            key: param.detach().to("cpu", copy=True)
+            for key, param in self.named_agent_tensors(name)
+        }
 
-        self.agent_index(name)
-        state = get_peft_model_state_dict(self.peft_model, adapter_name=name)
-        return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
-
+    @torch.no_grad()
     def import_adapter(self, name: str, tensors: dict[str, Tensor]) -> None:
         """Overwrite one agent's adapter with tensors from export_adapter (or a PEFT file)."""
-        from peft.utils import set_peft_model_state_dict
-
-        expected = set(self.export_adapter(name))
-        if set(tensors) != expected:
-            missing = sorted(expected - set(tensors))[:3]
-            extra = sorted(set(tensors) - expected)[:3]
+        params = dict(self.named_agent_tensors(name))
+        if set(tensors) != set(params):
+            missing = sorted(set(params) - set(tensors))[:3]
+            extra = sorted(set(tensors) - set(params))[:3]
             raise ValueError(
                 f"adapter tensors for agent {name!r} do not match its LoRA shape: "
                 f"missing {missing}, unexpected {extra}"
             )
-        set_peft_model_state_dict(self.peft_model, tensors, adapter_name=name)
+        for key, param in params.items():
+            if tensors[key].shape != param.shape:
+                raise ValueError(
+                    f"adapter tensor {key} of agent {name!r} has shape "
+                    f"{tuple(tensors[key].shape)}, expected {tuple(param.shape)}"
+                )
+            param.copy_(tensors[key].to(device=param.device, dtype=param.dtype))
 
     def lora_config(self, name: str):
         """The PEFT LoraConfig of one agent."""

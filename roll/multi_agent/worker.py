@@ -4,10 +4,20 @@ Each agent has its own AdamW, its own gradient-norm clipping and its own learnin
 counted in its own optimizer steps. An agent with no rows in a step is not touched at all: no
 forward, no ``optimizer.step()`` (AdamW would still decay its weights and advance its moments),
 no scheduler step — so its weights and optimizer state stay bitwise equal (DESIGN.md invariant 1).
+
+One train step, per agent: ``ppo_epochs`` passes over its rows; each pass shuffles them with the
+agent's own generator and cuts them into mini-batches of ``ppo_mini_batch_size`` rows; each
+mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
+by the mini-batch). The agents advance in ROUNDS: round k computes every agent's k-th
+mini-batch gradient, then checks every agent's loss and gradient norm, then steps all of them.
+A NaN/inf anywhere refuses the whole step: nothing is stepped in that round, and adapters,
+optimizers and schedulers are restored to the start of the step if an earlier round had
+already stepped (invariant 5: no agent half-updated).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -17,7 +27,9 @@ from torch import Tensor
 from roll.algorithms.losses import aggregate, kl_loss, ppo_policy_loss
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.model import MultiAgentLoRAModel, agent_stream_seed
+
+METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "clip_frac", "approx_kl", "grad_norm")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -48,6 +60,8 @@ class MultiAgentTrainer:
         model: the team's MultiAgentLoRAModel.
         agents: resolved agent configs (``optim`` set), in agent-id order.
         config: loss and batching settings shared by the team.
+        temperature: the rollouts' sampling temperature (> 0; use 1 for greedy rollouts):
+            every log-prob, ratio, KL and entropy is taken at it, as the engines report them.
     """
 
     def __init__(
@@ -55,14 +69,18 @@ class MultiAgentTrainer:
         model: MultiAgentLoRAModel,
         agents: Sequence[AgentConfig],
         config: TrainerConfig,
+        temperature: float = 1.0,
     ) -> None:
         if [a.name for a in agents] != model.agent_names:
             raise ValueError(
                 f"trainer agents {[a.name for a in agents]} differ from model agents "
                 f"{model.agent_names}"
             )
+        if not temperature > 0:
+            raise ValueError(f"temperature={temperature!r}: must be > 0 (greedy rollouts: use 1)")
         self.model = model
         self.config = config.validate()
+        self.temperature = float(temperature)
         self.agent_names = model.agent_names
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
@@ -86,14 +104,37 @@ class MultiAgentTrainer:
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """One update of every agent that has rows; returns metrics keyed by agent name."""
         batch.require("advantages")
-        metrics: dict[str, dict[str, float]] = {}
+        batch = self._with_behaviour_logprobs(batch)
+        rows: dict[str, TrajectoryBatch] = {}
         for index, name in enumerate(self.agent_names):
-            rows = (batch.agent_id == index).nonzero().squeeze(-1)
-            if rows.numel() == 0:
-                continue
-            metrics[name] = self._train_agent(name, batch.select(rows))
+            own = (batch.agent_id == index).nonzero().squeeze(-1)
+            if own.numel():
+                rows[name] = batch.select(own)
+        plan = {name: self._mini_batches(name, len(own)) for name, own in rows.items()}
+        rounds = max((len(minis) for minis in plan.values()), default=0)
+        snapshot = self._snapshot(list(rows)) if rounds > 1 else None
+        sums = {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in rows}
+        try:
+            for round_index in range(rounds):
+                stepping = [name for name in rows if round_index < len(plan[name])]
+                checks = {}
+                for name in stepping:
+                    mini = rows[name].select(plan[name][round_index].to(batch.agent_id.device))
+                    checks[name] = self._backward(name, mini, sums[name])
+                self._refuse_non_finite(checks, round_index, rounds)
+                for name in stepping:
+                    self.optimizers[name].step()
+                    self.schedulers[name].step()
+        except NonFiniteLossError:
+            if snapshot is not None:
+                self._restore(snapshot)
+            raise
+        finally:
+            for name in rows:
+                self.optimizers[name].zero_grad(set_to_none=True)
         self.global_step += 1
-        return metrics
+        return {name: self._metrics(name, rows[name], sums[name], len(plan[name]))
+                for name in rows}
 
     def state_dict(self) -> dict:
         """Optimizers, schedulers and the step counter (adapters are saved as PEFT folders)."""
@@ -109,62 +150,78 @@ class MultiAgentTrainer:
             self.optimizers[name].load_state_dict(state["optimizers"][name])
             self.schedulers[name].load_state_dict(state["schedulers"][name])
 
-    # ------------------------------------------------------------------ one agent
-    def _train_agent(self, name: str, rows: TrajectoryBatch) -> dict[str, float]:
+    # ------------------------------------------------------------------ plan
+    def _with_behaviour_logprobs(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """Fill old (and, with a KL term, reference) log-probs that the caller did not bring."""
+        common = dict(positions=batch.response_mask.bool(), temperature=self.temperature,
+                      micro_batch_size=self.config.micro_batch_size)
+        if batch.old_logprobs is None:
+            # On-policy: the rows were generated by the current adapters.
+            batch = batch.with_fields(old_logprobs=self.model.logprobs(
+                batch.input_ids, batch.attention_mask, batch.agent_id, **common))
+        if self.config.kl_coef > 0 and batch.ref_logprobs is None:
+            batch = batch.with_fields(ref_logprobs=self.model.reference_logprobs(
+                batch.input_ids, batch.attention_mask, **common))
+        return batch
+
+    def _mini_batches(self, name: str, num_rows: int) -> list[Tensor]:
+        """Row indices of each of this agent's optimizer steps, epoch after epoch.
+
+        Shuffled per epoch by a generator seeded from (run seed, agent name, the agent's own
+        optimizer steps so far): the same alone or in any team, and after a resume.
+        """
+        size = self.config.ppo_mini_batch_size or num_rows
+        if size >= num_rows:
+            return [torch.arange(num_rows)] * self.config.ppo_epochs
+        done = self.schedulers[name].last_epoch
+        generator = torch.Generator().manual_seed(
+            agent_stream_seed(self.model.seed, name, done, "shuffle")
+        )
+        minis: list[Tensor] = []
+        for _ in range(self.config.ppo_epochs):
+            minis.extend(torch.randperm(num_rows, generator=generator).split(size))
+        return minis
+
+    # ------------------------------------------------------------------ one mini-batch
+    def _backward(self, name: str, mini: TrajectoryBatch, sums: dict) -> tuple[Tensor, Tensor]:
+        """Gradients of one agent's mini-batch (accumulated over micro-batches), clipped.
+
+        Returns (loss, gradient norm before clipping) as device tensors, unchecked.
+        """
         cfg = self.config
-        model = self.model
-        if rows.old_logprobs is None:
-            # On-policy: the rows were generated by the current adapter.
-            rows = rows.with_fields(
-                old_logprobs=model.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
-            )
-        if cfg.kl_coef > 0 and rows.ref_logprobs is None:
-            rows = rows.with_fields(
-                ref_logprobs=model.reference_logprobs(rows.input_ids, rows.attention_mask)
-            )
-        mask = rows.response_mask.float()
-        # Normalise by the agent's whole step, not each micro-batch, so gradient accumulation
+        optimizer = self.optimizers[name]
+        optimizer.zero_grad(set_to_none=True)
+        mask = mini.response_mask.float()
+        # Normalise by the whole mini-batch, not each micro-batch, so gradient accumulation
         # gives the same gradient as one big batch.
         if cfg.loss_agg_mode == "token-mean":
             normaliser = mask.sum().clamp(min=1.0)
         else:
             normaliser = (mask.sum(-1) > 0).sum().float().clamp(min=1.0)
-
-        optimizer = self.optimizers[name]
-        params = model.agent_parameters(name)
-        totals: dict[str, float] = {}
-        model.set_active_agent(name)
-        model.peft_model.train()
-        try:
-            for _ in range(cfg.ppo_epochs):
-                optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(rows), cfg.micro_batch_size):
-                    stop = min(start + cfg.micro_batch_size, len(rows))
-                    micro = rows.select(torch.arange(start, stop))
-                    parts = self._micro_loss(name, micro, normaliser)
-                    for key, value in parts.items():
-                        totals[key] = totals.get(key, 0.0) + float(value)
-                grad_norm = self._clip(name, params)
-                optimizer.step()
-                self.schedulers[name].step()
-                totals["grad_norm"] = totals.get("grad_norm", 0.0) + grad_norm
-        finally:
-            model.peft_model.eval()
-        result = {key: value / cfg.ppo_epochs for key, value in totals.items()}
-        result.update(self._row_stats(rows, mask))
-        result["lr"] = self.schedulers[name].get_last_lr()[0]
-        return result
+        loss = torch.zeros((), device=mask.device)
+        with self.model.training_forward(name, self.schedulers[name].last_epoch):
+            for start in range(0, len(mini), cfg.micro_batch_size):
+                micro = mini.select(torch.arange(
+                    start, min(start + cfg.micro_batch_size, len(mini)), device=mask.device))
+                parts = self._micro_loss(name, micro, normaliser)
+                loss = loss + parts["loss"]
+                for key, value in parts.items():
+                    sums[key] = sums[key] + value
+        grad_norm = self._clip(name)
+        sums["grad_norm"] = sums["grad_norm"] + grad_norm
+        return loss, grad_norm
 
     def _micro_loss(
         self, name: str, micro: TrajectoryBatch, normaliser: Tensor
     ) -> dict[str, Tensor]:
         """Forward + backward of one micro-batch; returns detached loss parts (already scaled
-        by the step's normaliser, so they sum to the step's value)."""
+        by the mini-batch's normaliser, so they sum to the mini-batch's value)."""
         cfg = self.config
-        logprobs, entropy = self.model.forward_agent(
-            name, micro.input_ids, micro.attention_mask, with_entropy=True
-        )
         mask = micro.response_mask.float()
+        logprobs, entropy = self.model.forward_agent(
+            name, micro.input_ids, micro.attention_mask, positions=mask.bool(),
+            temperature=self.temperature, with_entropy=True,
+        )
         policy, policy_metrics = ppo_policy_loss(
             logprobs,
             micro.old_logprobs,
@@ -178,8 +235,9 @@ class MultiAgentTrainer:
         )
         loss = policy
         parts = {"policy_loss": policy.detach()}
+        share = _share(mask, normaliser, cfg.loss_agg_mode)
         for key in ("clip_frac", "approx_kl"):
-            parts[key] = policy_metrics[key] * _share(mask, normaliser, cfg.loss_agg_mode)
+            parts[key] = policy_metrics[key] * share
         if cfg.kl_coef > 0:
             kl = kl_loss(
                 logprobs,
@@ -192,51 +250,88 @@ class MultiAgentTrainer:
             )
             loss = loss + cfg.kl_coef * kl
             parts["kl_ref"] = kl.detach()
-        ent = aggregate(entropy, mask, cfg.loss_agg_mode, normaliser)
+        # The entropy carries a gradient only when the loss uses it; else it is a metric.
+        ent = aggregate(entropy if cfg.entropy_coef > 0 else entropy.detach(), mask,
+                        cfg.loss_agg_mode, normaliser)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * ent
         parts["entropy"] = ent.detach()
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"agent {name!r}: loss is {loss.item()} at train step {self.global_step} "
-                f"(policy={policy.item()}); the step is refused"
-            )
         loss.backward()
         parts["loss"] = loss.detach()
         return parts
 
-    def _clip(self, name: str, params: list[torch.nn.Parameter]) -> float:
+    def _clip(self, name: str) -> Tensor:
+        """Clip this agent's gradient norm to its max_grad_norm; the norm before clipping."""
         limit = self.max_grad_norm[name]
-        with_grad = [p for p in params if p.grad is not None]
+        with_grad = [p for p in self.optimizers[name].param_groups[0]["params"]
+                     if p.grad is not None]
         if limit > 0:
-            norm = torch.nn.utils.clip_grad_norm_(with_grad, limit)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))
-        if not torch.isfinite(norm):
-            raise NonFiniteLossError(
-                f"agent {name!r}: gradient norm is {norm.item()} at train step "
-                f"{self.global_step}; the step is refused"
+            return torch.nn.utils.clip_grad_norm_(with_grad, limit)
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))
+
+    def _refuse_non_finite(
+        self, checks: dict[str, tuple[Tensor, Tensor]], round_index: int, rounds: int
+    ) -> None:
+        """One host sync per round: every agent's loss and gradient norm must be finite."""
+        if not checks:
+            return
+        values = torch.stack([torch.stack(pair).float() for pair in checks.values()]).tolist()
+        for name, (loss, grad_norm) in zip(checks, values, strict=True):
+            for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+                if not math.isfinite(value):
+                    raise NonFiniteLossError(
+                        f"agent {name!r}: {what} is {value} at train step {self.global_step} "
+                        f"(mini-batch round {round_index + 1} of {rounds}); the step is "
+                        f"refused and no agent was updated"
+                    )
+
+    # ------------------------------------------------------------------ all or none
+    def _snapshot(self, names: list[str]) -> dict:
+        """Adapters, optimizer and scheduler states of these agents (restored on refusal)."""
+        return {
+            name: (
+                [p.detach().clone() for p in self.model.agent_parameters(name)],
+                copy.deepcopy(self.optimizers[name].state_dict()),
+                copy.deepcopy(self.schedulers[name].state_dict()),
             )
-        return float(norm)
-
-    @staticmethod
-    def _row_stats(rows: TrajectoryBatch, mask: Tensor) -> dict[str, float]:
-        tokens = mask.sum().clamp(min=1.0)
-        stats = {
-            "num_rows": float(len(rows)),
-            "num_tokens": float(mask.sum()),
-            "advantage_mean": float((rows.advantages * mask).sum() / tokens),
+            for name in names
         }
+
+    @torch.no_grad()
+    def _restore(self, snapshot: dict) -> None:
+        for name, (params, optimizer_state, scheduler_state) in snapshot.items():
+            for param, saved in zip(self.model.agent_parameters(name), params, strict=True):
+                param.copy_(saved)
+            self.optimizers[name].load_state_dict(optimizer_state)
+            self.schedulers[name].load_state_dict(scheduler_state)
+
+    # ------------------------------------------------------------------ metrics
+    def _metrics(
+        self, name: str, rows: TrajectoryBatch, sums: dict, optimizer_steps: int
+    ) -> dict[str, float]:
+        """Loss parts averaged over the agent's optimizer steps, plus row statistics."""
+        keys = [key for key in METRIC_PARTS if key != "kl_ref" or self.config.kl_coef > 0]
+        values = torch.stack([torch.as_tensor(sums[key], dtype=torch.float32,
+                                              device=rows.advantages.device) for key in keys])
+        result = dict(zip(keys, (values / optimizer_steps).tolist(), strict=True))
+        mask = rows.response_mask.float()
+        tokens = mask.sum().clamp(min=1.0)
+        result["num_rows"] = float(len(rows))
+        result["num_tokens"] = float(mask.sum())
+        result["advantage_mean"] = float((rows.advantages * mask).sum() / tokens)
         if rows.rewards is not None:
-            stats["reward_mean"] = float(rows.rewards.float().mean())
-        return stats
+            result["reward_mean"] = float(rows.rewards.float().mean())
+        result["optimizer_steps"] = float(optimizer_steps)
+        result["lr"] = self.schedulers[name].get_last_lr()[0]
+        return result
 
 
-def _share(mask: Tensor, normaliser: Tensor, mode: str) -> float:
-    """Fraction of the step's normaliser this micro-batch holds (to sum token-weighted metrics)."""
+def _share(mask: Tensor, normaliser: Tensor, mode: str) -> Tensor:
+    """Fraction of the mini-batch's normaliser this micro-batch holds (to sum token-weighted
+    metrics), as a device tensor."""
     if mode == "token-mean":
-        return float(mask.sum() / normaliser)
-    return float((mask.sum(-1) > 0).sum() / normaliser)
+        return mask.sum() / normaliser
+    return (mask.sum(-1) > 0).sum() / normaliser
 
 
 __all__ = ["MultiAgentTrainer", "NonFiniteLossError", "lr_lambda"]

@@ -192,20 +192,25 @@ KL_REF = torch.tensor([[0.25, 0.25, 0.0], [0.4, 0.3, 0.0]]).log().clamp(min=-100
 KL_MASK = torch.tensor([[1, 1, 0], [1, 1, 0]])
 
 
-def test_kl_k1_and_k3_per_token():
+def test_kl_k1_k2_and_k3_per_token():
     # k1 = ln p - ln p_ref: a ln 2 = 0.6931472; b ln 0.5 = -0.6931472; c 0.
+    # k2 = 0.5 (ln r)^2: a, b 0.5 * 0.4804530 = 0.2402265; c 0.
     # k3 = (r - 1) - ln r with r = p_ref / p:
     #   a: r = 0.5 -> -0.5 + 0.6931472 = 0.1931472
     #   b: r = 2   ->  1   - 0.6931472 = 0.3068528
     #   c: r = 1   ->  0
     k1 = kl_per_token(KL_LOGP, KL_REF, KL_MASK, "k1")
+    k2 = kl_per_token(KL_LOGP, KL_REF, KL_MASK, "k2")
     k3 = kl_per_token(KL_LOGP, KL_REF, KL_MASK, "k3")
     torch.testing.assert_close(k1, torch.tensor([[LN2, LN2, 0.0], [-LN2, 0.0, 0.0]]))
     torch.testing.assert_close(
+        k2, torch.tensor([[0.2402265, 0.2402265, 0.0], [0.2402265, 0.0, 0.0]])
+    )
+    torch.testing.assert_close(
         k3, torch.tensor([[LN2 - 0.5, LN2 - 0.5, 0.0], [1.0 - LN2, 0.0, 0.0]])
     )
-    with pytest.raises(ValueError, match="'k1', 'k3'"):
-        kl_per_token(KL_LOGP, KL_REF, KL_MASK, "k2")
+    with pytest.raises(ValueError, match="'k1', 'k2', 'k3'"):
+        kl_per_token(KL_LOGP, KL_REF, KL_MASK, "k4")
 
 
 def test_kl_loss_term():

@@ -16,26 +16,26 @@ from roll.multi_agent.config import (
 MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 BAD_CONFIGS = [
-    (lambda: MultiAgentConfig(num_agents=0), "num_agents", "0"),
-    (lambda: MultiAgentConfig(num_agents=-2), "num_agents", "-2"),
-    (lambda: MultiAgentConfig(lora=LoRAConfig(rank=0)), "lora.rank", "0"),
-    (lambda: MultiAgentConfig(lora=LoRAConfig(alpha=-1.0)), "lora.alpha", "-1.0"),
-    (lambda: MultiAgentConfig(lora=LoRAConfig(dropout=1.5)), "lora.dropout", "1.5"),
+    (lambda: MultiAgentConfig(num_agents=0), "team.num_agents", "0"),
+    (lambda: MultiAgentConfig(num_agents=-2), "team.num_agents", "-2"),
+    (lambda: MultiAgentConfig(lora=LoRAConfig(rank=0)), "team.lora.rank", "0"),
+    (lambda: MultiAgentConfig(lora=LoRAConfig(alpha=-1.0)), "team.lora.alpha", "-1.0"),
+    (lambda: MultiAgentConfig(lora=LoRAConfig(dropout=1.5)), "team.lora.dropout", "1.5"),
     (
         lambda: MultiAgentConfig(lora=LoRAConfig(target_modules=["q_proj", "qkv"])),
-        "lora.target_modules",
+        "team.lora.target_modules",
         "qkv",
     ),
     (
         lambda: MultiAgentConfig(
             num_agents=2, agents=[AgentConfig("alice"), AgentConfig("alice")]
         ),
-        "agents[1].name",
+        "team.agents[1].name",
         "alice",
     ),
     (
         lambda: MultiAgentConfig(num_agents=3, agents=[AgentConfig("a0"), AgentConfig("a1")]),
-        "agents",
+        "team.agents",
         "a1",
     ),
     (
@@ -43,28 +43,31 @@ BAD_CONFIGS = [
             num_agents=2,
             agents=[AgentConfig("a0"), AgentConfig("a1", lora=LoRAConfig(rank=-4))],
         ),
-        "agents[1].lora.rank",
+        "team.agents[1].lora.rank",
         "-4",
     ),
     (
         lambda: MultiAgentConfig(
             num_agents=1, agents=[AgentConfig("a0", lora=LoRAConfig(target_modules=["mlp"]))]
         ),
-        "agents[0].lora.target_modules",
+        "team.agents[0].lora.target_modules",
         "mlp",
     ),
-    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("has space")]), "agents[0].name",
+    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("has space")]), "team.agents[0].name",
      "has space"),
-    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("default")]), "agents[0].name",
-     "default"),
-    (lambda: MultiAgentConfig(optim=OptimConfig(lr=-1e-4)), "optim.lr", "-0.0001"),
-    (lambda: MultiAgentConfig(optim=OptimConfig(weight_decay=-0.1)), "optim.weight_decay", "-0.1"),
+    # PEFT keeps adapters in ModuleDicts: a name that is a ModuleDict attribute cannot be held.
+    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("update")]), "team.agents[0].name",
+     "update"),
+    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("train")]), "team.agents[0].name",
+     "train"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(lr=-1e-4)), "team.optim.lr", "-0.0001"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(weight_decay=-0.1)), "team.optim.weight_decay", "-0.1"),
     (
         lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="cosine", total_steps=0)),
-        "optim.total_steps",
+        "team.optim.total_steps",
         "0",
     ),
-    (lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="exp")), "optim.lr_scheduler", "exp"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="exp")), "team.optim.lr_scheduler", "exp"),
 ]
 
 
@@ -83,7 +86,9 @@ BAD_TRAINER = [
     (TrainerConfig(ppo_epochs=0), "trainer.ppo_epochs"),
     (TrainerConfig(clip_low=1.5), "trainer.clip_low"),
     (TrainerConfig(dual_clip=0.5), "trainer.dual_clip"),
-    (TrainerConfig(kl_estimator="k2"), "trainer.kl_estimator"),
+    (TrainerConfig(kl_estimator="k4"), "trainer.kl_estimator"),
+    (TrainerConfig(kl_coef=0.1, kl_estimator="k1"), "trainer.kl_estimator"),
+    (TrainerConfig(ppo_mini_batch_size=0), "trainer.ppo_mini_batch_size"),
     (TrainerConfig(loss_agg_mode="sum"), "trainer.loss_agg_mode"),
 ]
 
@@ -106,3 +111,16 @@ def test_defaults_fill_agents_and_heterogeneous_agents_keep_their_own():
     assert [a.lora.rank for a in resolved] == [8, 4]
     assert resolved[1].lora.alpha == 8
     assert resolved[0].optim is custom.optim
+
+
+def test_k1_as_a_loss_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="expectation under the policy's own samples is 0"):
+        TrainerConfig(kl_coef=0.1, kl_estimator="k1").validate()
+    assert TrainerConfig(kl_coef=0.1, kl_estimator="k2").validate().kl_estimator == "k2"
+
+
+@pytest.mark.parametrize("name", ["model", "layers", "mlp", "weight", "q_proj", "lora", "default",
+                                  "lora_A", "base_model"])
+def test_names_peft_can_hold_are_accepted(name):
+    team = MultiAgentConfig(num_agents=2, agents=[AgentConfig(name), AgentConfig("other")])
+    assert team.validate(MODULES).agent_names == [name, "other"]

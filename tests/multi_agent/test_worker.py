@@ -134,3 +134,59 @@ def test_lr_schedules_count_each_agents_own_steps():
     assert [factor(s) for s in range(8)] == pytest.approx(expected)
     linear = lr_lambda(OptimConfig(lr=1.0, lr_scheduler="linear", total_steps=4))
     assert [linear(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def _poison(batch, row):
+    advantages = batch.advantages.clone()
+    advantages[row] = torch.where(batch.response_mask[row] > 0, float("nan"), 0.0)
+    return batch.with_fields(advantages=advantages)
+
+
+def _state(model, trainer, name):
+    optimizer = trainer.optimizers[name].state_dict()["state"]
+    return (
+        {k: v.clone() for k, v in model.export_adapter(name).items()},
+        {i: {k: v.clone() for k, v in s.items()} for i, s in optimizer.items()},
+        trainer.schedulers[name].last_epoch,
+    )
+
+
+def _assert_same_state(before, after):
+    weights, optimizer, last_epoch = before
+    for key, value in after[0].items():
+        assert torch.equal(value, weights[key]), key
+    assert after[1].keys() == optimizer.keys()
+    for i, entry in optimizer.items():
+        for k, v in entry.items():
+            assert torch.equal(after[1][i][k], v)
+    assert after[2] == last_epoch
+
+
+def test_nan_in_one_agent_leaves_every_agent_untouched(tiny_model_path):
+    """Agents are checked before any of them steps: alice (id 0, fine) is not updated when
+    bob (id 1) has a NaN loss in the same step."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig())
+    trainer.train_step(make_rows([0, 1, 0, 1], seed=1))  # both have optimizer state
+    before = {name: _state(model, trainer, name) for name in ("alice", "bob")}
+    with pytest.raises(NonFiniteLossError, match="agent 'bob'.*no agent was updated"):
+        trainer.train_step(_poison(make_rows([0, 1, 0, 1], seed=2), 3))
+    for name in ("alice", "bob"):
+        _assert_same_state(before[name], _state(model, trainer, name))
+    assert trainer.global_step == 1
+
+
+def test_nan_in_a_later_mini_batch_restores_the_steps_already_taken(tiny_model_path):
+    """With mini-batches, round 1 steps every agent before bob's NaN shows up in round 2: the
+    whole train step is rolled back (weights, AdamW moments, schedules)."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(ppo_mini_batch_size=1))
+    trainer.train_step(make_rows([0, 1, 0, 1], seed=1))
+    before = {name: _state(model, trainer, name) for name in ("alice", "bob")}
+    batch = make_rows([0, 1, 0, 1, 1, 0], seed=3)
+    bob_rows = (batch.agent_id == 1).nonzero().squeeze(-1)
+    second = int(trainer._mini_batches("bob", len(bob_rows))[1])  # bob's round-2 row
+    with pytest.raises(NonFiniteLossError, match=r"agent 'bob'.*round 2 of 3"):
+        trainer.train_step(_poison(batch, int(bob_rows[second])))
+    for name in ("alice", "bob"):
+        _assert_same_state(before[name], _state(model, trainer, name))

@@ -1,0 +1,136 @@
+"""Token log-probs and entropies of a causal LM without full-vocabulary float32 copies.
+
+A naive ``log_softmax(logits.float())`` over (rows, tokens, vocab) builds an fp32 copy of the
+whole logits tensor (Qwen3's vocabulary is 151,936: 192 rows x 400 tokens is ~47 GB), keeps it
+for backward, and spends it on prompt tokens that the loss never reads. Here:
+
+1. the model's LM head runs only on the window of positions that predict a selected token
+   (``logits_to_keep``), so prompt-only columns get no logits at all;
+2. ``TokenLogProb`` takes, per selected token, ``z[token] - logsumexp(z)`` with ``z = logits / T``
+   in fp32, ``CHUNK_BYTES`` of fp32 at a time, and saves only the logits it was given (no fp32
+   copy) for backward, where it recomputes the softmax chunk by chunk;
+3. the entropy comes from the same chunk (one more reduction) and carries a gradient only
+   when the loss uses it.
+
+Temperature ``T`` is part of the policy (rollouts sample from ``softmax(z / T)``), so ratios,
+KL and entropy are all taken at it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK_BYTES = 1 << 28
+"""Size of the fp32 working copy of one chunk of logits (256 MiB)."""
+
+
+def chunk_rows(vocab_size: int) -> int:
+    """Rows of (vocab_size,) fp32 logits per chunk."""
+    return max(1, CHUNK_BYTES // (4 * vocab_size))
+
+
+class TokenLogProb(torch.autograd.Function):
+    """log p(token) and entropy at temperature T for selected rows of a (N, V) logits matrix.
+
+    forward(logits (N, V), targets (N,), index (M,), temperature, with_entropy)
+        -> logprob (M,) fp32, entropy (M,) fp32 (zeros when ``with_entropy`` is False);
+    row ``index[i]`` of ``logits`` gives output i. Gradients reach ``logits`` only:
+        d logprob / d z_j = 1[j = token] - p_j,   d H / d z_j = -p_j (log p_j + H),
+    each divided by T for d / d logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, index, temperature, with_entropy):
+        logprob = torch.zeros(index.numel(), dtype=torch.float32, device=logits.device)
+        entropy = torch.zeros_like(logprob)
+        step = chunk_rows(logits.shape[-1])
+        for start in range(0, index.numel(), step):
+            rows = index[start : start + step]
+            z = logits.index_select(0, rows).float() / temperature  # (C, V) fp32, one chunk
+            lse = torch.logsumexp(z, dim=-1)  # (C,)
+            logprob[start : start + step] = z.gather(-1, targets[rows, None]).squeeze(-1) - lse
+            if with_entropy:
+                probs = torch.exp(z - lse[:, None])
+                entropy[start : start + step] = lse - (probs * z).sum(-1)
+        ctx.save_for_backward(logits, targets, index, entropy)
+        ctx.temperature = temperature
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy):
+        logits, targets, index, entropy = ctx.saved_tensors
+        if not ctx.needs_input_grad[0] or (grad_logprob is None and grad_entropy is None):
+            return None, None, None, None, None
+        temperature = ctx.temperature
+        grad = torch.zeros_like(logits)  # (N, V), the logits' own dtype
+        step = chunk_rows(logits.shape[-1])
+        for start in range(0, index.numel(), step):
+            rows = index[start : start + step]
+            z = logits.index_select(0, rows).float() / temperature  # (C, V)
+            logp = torch.log_softmax(z, dim=-1)
+            probs = logp.exp()
+            g = torch.zeros_like(z)
+            if grad_logprob is not None:
+                upstream = grad_logprob[start : start + step, None]  # (C, 1)
+                g -= probs * upstream
+                g.scatter_add_(-1, targets[rows, None], upstream)
+            if grad_entropy is not None:
+                h = entropy[start : start + step, None]
+                g -= probs * (logp + h) * grad_entropy[start : start + step, None]
+            grad.index_copy_(0, rows, (g / temperature).to(grad.dtype))
+        return grad, None, None, None, None
+
+
+def response_window(positions: Tensor) -> tuple[int, int] | None:
+    """(first, stop): the columns [first, stop) that hold every selected position of a (B, T)
+    boolean mask; None when nothing is selected. ``first`` >= 1 (a token needs context)."""
+    columns = positions.any(dim=0).nonzero().squeeze(-1)
+    if columns.numel() == 0:
+        return None
+    first, stop = int(columns[0]), int(columns[-1]) + 1
+    if first < 1:
+        raise ValueError("position 0 has no context; it cannot be a scored token")
+    return first, stop
+
+
+def sequence_logprobs(
+    window_logits: Tensor,
+    input_ids: Tensor,
+    positions: Tensor,
+    window: tuple[int, int],
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor]:
+    """Scatter per-token log-probs and entropies back to (B, T).
+
+    Args:
+        window_logits: (B, stop - first, V) logits of positions first-1 … stop-2, i.e. the
+            distributions that produced tokens first … stop-1.
+        input_ids: (B, T) tokens.
+        positions: (B, T) bool, the tokens to score; others come back as 0.
+        window: (first, stop) from ``response_window(positions)``.
+    Returns:
+        logprobs (B, T) fp32 and entropy (B, T) fp32 (zeros unless ``with_entropy``).
+    """
+    first, stop = window
+    rows, width, vocab = window_logits.shape
+    targets = input_ids[:, first:stop].reshape(-1)  # (B * K,)
+    index = positions[:, first:stop].reshape(-1).nonzero().squeeze(-1)  # (M,)
+    logprob, entropy = TokenLogProb.apply(
+        window_logits.reshape(-1, vocab), targets, index, float(temperature), with_entropy
+    )
+    pad = (first, input_ids.shape[1] - stop)
+
+    def scatter(values: Tensor) -> Tensor:
+        flat = torch.zeros(rows * width, dtype=torch.float32, device=values.device)
+        return F.pad(flat.index_put((index,), values).view(rows, width), pad)
+
+    return scatter(logprob), scatter(entropy)
+
+
+__all__ = ["CHUNK_BYTES", "TokenLogProb", "response_window", "sequence_logprobs"]

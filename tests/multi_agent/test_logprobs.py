@@ -1,0 +1,146 @@
+"""Token log-probs without full-vocabulary fp32 copies, at the sampling temperature."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import roll.multi_agent.logprobs as logprobs_module
+from roll.models import load_model
+from roll.multi_agent.config import AgentConfig, TrainerConfig
+from roll.multi_agent.logprobs import TokenLogProb, response_window, sequence_logprobs
+from roll.multi_agent.worker import MultiAgentTrainer
+
+from .helpers import make_rows, make_team
+
+
+def test_token_logprob_and_entropy_by_hand():
+    # Logits (0, ln 2, ln 2) at T = 1: p = (1/5, 2/5, 2/5); log p(token 0) = -ln 5 = -1.6094379.
+    # H = -(0.2 ln 0.2 + 2 * 0.4 ln 0.4) = 0.3218876 + 0.7330326 = 1.0549202.
+    # At T = 0.5 the logits double: (0, ln 4, ln 4): p = (1/9, 4/9, 4/9);
+    # log p(token 1) = ln 4 - ln 9 = -0.8109302;
+    # H = -(1/9 ln(1/9) + 8/9 ln(4/9)) = 0.2441361 + 0.7208269 = 0.9649630.
+    logits = torch.tensor([[0.0, math.log(2), math.log(2)]])
+    logprob, entropy = TokenLogProb.apply(logits, torch.tensor([0]), torch.tensor([0]), 1.0, True)
+    assert logprob.item() == pytest.approx(-1.6094379, abs=1e-6)
+    assert entropy.item() == pytest.approx(1.0549202, abs=1e-6)
+    logprob, entropy = TokenLogProb.apply(logits, torch.tensor([1]), torch.tensor([0]), 0.5, True)
+    assert logprob.item() == pytest.approx(-0.8109302, abs=1e-6)
+    assert entropy.item() == pytest.approx(0.9649630, abs=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_equal_the_naive_fp32_log_softmax(monkeypatch, temperature):
+    # Force several chunks (3 rows of a 50-token vocabulary each) to test the chunking.
+    monkeypatch.setattr(logprobs_module, "CHUNK_BYTES", 3 * 4 * 50)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, 50, generator=gen, dtype=torch.float64).requires_grad_()
+    input_ids = torch.randint(0, 50, (4, 7), generator=gen)
+    positions = torch.zeros(4, 7, dtype=torch.bool)
+    positions[0, 2:5] = positions[1, 3:7] = positions[3, 1:3] = True  # row 2: nothing
+    window = response_window(positions)
+    assert window == (1, 7)
+    weights_lp = torch.randn(4, 7, generator=gen, dtype=torch.float64)
+    weights_h = torch.randn(4, 7, generator=gen, dtype=torch.float64)
+    lp, ent = sequence_logprobs(logits, input_ids, positions, window, temperature, True)
+    ((lp * weights_lp).sum() + (ent * weights_h).sum()).backward()
+    ours = logits.grad.clone()
+
+    logits.grad = None
+    logp = torch.log_softmax(logits / temperature, -1)  # (4, 6, 50): position t predicts t+1
+    naive_lp = torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None])[..., 0], (1, 0))
+    naive_h = torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+    naive_lp, naive_h = naive_lp * positions, naive_h * positions
+    ((naive_lp * weights_lp).sum() + (naive_h * weights_h).sum()).backward()
+    torch.testing.assert_close(lp, naive_lp.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent, naive_h.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours, logits.grad, rtol=0, atol=1e-6)
+
+
+def test_only_the_response_window_reaches_the_lm_head(tiny_model_path):
+    """Prompt columns get no logits: the LM head sees (rows, window, hidden), not (rows, T)."""
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice")])
+    rows = make_rows([0, 0, 0], seed=1, length=20)
+    mask = rows.response_mask.bool()
+    first, stop = response_window(mask)
+    seen = []
+    handle = team.base_model.lm_head.register_forward_hook(
+        lambda module, args, out: seen.append(tuple(args[0].shape))
+    )
+    try:
+        windowed = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                 positions=mask)
+    finally:
+        handle.remove()
+    assert seen == [(3, stop - first, 64)]
+    assert stop - first < rows.input_ids.shape[1] - 1
+    full = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    torch.testing.assert_close(windowed, full * mask, rtol=0, atol=1e-6)
+
+
+def test_log_prob_passes_honour_the_micro_batch_size(tiny_model_path):
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    rows = make_rows([0, 1, 0, 0, 1, 0, 0], seed=2)
+    seen = []
+    handle = team.base_model.lm_head.register_forward_hook(
+        lambda module, args, out: seen.append(args[0].shape[0])
+    )
+    try:
+        chunked = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                micro_batch_size=2)
+        seen_policy = list(seen)
+        seen.clear()
+        team.reference_logprobs(rows.input_ids, rows.attention_mask, micro_batch_size=3)
+    finally:
+        handle.remove()
+    assert sorted(seen_policy) == [1, 2, 2, 2]  # alice 5 rows: 2+2+1; bob 2 rows: 2
+    assert seen == [3, 3, 1]
+    whole = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+
+
+def _plain_peft_logprobs(team, rows, temperature):
+    """An independent path: a stock forward of the PEFT model, log_softmax(logits / T)."""
+    team.set_active_agent("alice")
+    with torch.no_grad():
+        logits = team.peft_model(input_ids=rows.input_ids,
+                                 attention_mask=rows.attention_mask).logits
+    logp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
+    picked = logp.gather(-1, rows.input_ids[:, 1:, None])[..., 0]
+    return torch.nn.functional.pad(picked, (1, 0)) * rows.response_mask
+
+
+def test_trainer_takes_log_probs_at_the_sampling_temperature(tiny_model_path):
+    """Rows sampled at T = 0.7 carry engine log-probs at 0.7: a trainer at 0.7 sees ratio 1
+    on its first mini-batch (approx_kl 0, nothing clipped); at T = 1 it would not."""
+    team, resolved = make_team(tiny_model_path, [AgentConfig("alice")])
+    with torch.no_grad():
+        for param in team.agent_parameters("alice"):
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(3)) * 0.3)
+    rows = make_rows([0, 0, 0, 0], seed=5)
+    behaviour = _plain_peft_logprobs(team, rows, 0.7)
+    own = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                        positions=rows.response_mask.bool(), temperature=0.7)
+    torch.testing.assert_close(own, behaviour, rtol=0, atol=1e-5)
+    assert (behaviour - _plain_peft_logprobs(team, rows, 1.0)).abs().max() > 1e-2
+    config = TrainerConfig(clip_low=0.01, clip_high=0.01)
+    trainer = MultiAgentTrainer(team, resolved, config, temperature=0.7)
+    metrics = trainer.train_step(rows.with_fields(old_logprobs=behaviour))["alice"]
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert metrics["clip_frac"] == 0.0
+
+
+def test_reference_log_probs_at_temperature_equal_a_fresh_base(tiny_model_path):
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice")])
+    rows = make_rows([0, 0], seed=6)
+    ref = team.reference_logprobs(rows.input_ids, rows.attention_mask,
+                                  positions=rows.response_mask.bool(), temperature=0.7)
+    with torch.no_grad():
+        logits = load_model(tiny_model_path)(input_ids=rows.input_ids,
+                                             attention_mask=rows.attention_mask).logits
+    logp = torch.log_softmax(logits.float() / 0.7, -1)[:, :-1]
+    expected = torch.nn.functional.pad(logp.gather(-1, rows.input_ids[:, 1:, None])[..., 0],
+                                       (1, 0)) * rows.response_mask
+    torch.testing.assert_close(ref, expected, rtol=0, atol=1e-5)
