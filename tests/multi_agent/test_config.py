@@ -53,21 +53,23 @@ BAD_CONFIGS = [
         "team.agents[0].lora.target_modules",
         "mlp",
     ),
-    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("has space")]), "team.agents[0].name",
-     "has space"),
+    (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("has space")]),
+     "team.agents[0].name", "has space"),
     # PEFT keeps adapters in ModuleDicts: a name that is a ModuleDict attribute cannot be held.
     (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("update")]), "team.agents[0].name",
      "update"),
     (lambda: MultiAgentConfig(num_agents=1, agents=[AgentConfig("train")]), "team.agents[0].name",
      "train"),
     (lambda: MultiAgentConfig(optim=OptimConfig(lr=-1e-4)), "team.optim.lr", "-0.0001"),
-    (lambda: MultiAgentConfig(optim=OptimConfig(weight_decay=-0.1)), "team.optim.weight_decay", "-0.1"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(weight_decay=-0.1)), "team.optim.weight_decay",
+     "-0.1"),
     (
         lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="cosine", total_steps=0)),
         "team.optim.total_steps",
         "0",
     ),
-    (lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="exp")), "team.optim.lr_scheduler", "exp"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="exp")), "team.optim.lr_scheduler",
+     "exp"),
 ]
 
 
