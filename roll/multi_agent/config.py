@@ -205,6 +205,9 @@ class TrainerConfig:
 
     micro_batch_size: int = 8
     """Rows per forward/backward; gradients accumulate over an agent's micro-batches."""
+    logprob_micro_batch_size: int | None = None
+    """Rows per forward in the no-grad old-log-prob and reference passes (they keep no
+    activations, so they afford more rows); None: 4 x micro_batch_size."""
     ppo_epochs: int = 1
     """Passes over each agent's rows per train step."""
     ppo_mini_batch_size: int | None = None
@@ -233,6 +236,13 @@ class TrainerConfig:
             raise ConfigError("trainer.micro_batch_size", self.micro_batch_size, "must be >= 1")
         if not isinstance(self.ppo_epochs, int) or self.ppo_epochs < 1:
             raise ConfigError("trainer.ppo_epochs", self.ppo_epochs, "must be >= 1")
+        forward_rows = self.logprob_micro_batch_size
+        if forward_rows is not None and (
+            not isinstance(forward_rows, int) or isinstance(forward_rows, bool) or forward_rows < 1
+        ):
+            raise ConfigError(
+                "trainer.logprob_micro_batch_size", forward_rows, "must be an integer >= 1 or null"
+            )
         mini = self.ppo_mini_batch_size
         if mini is not None and (not isinstance(mini, int) or isinstance(mini, bool) or mini < 1):
             raise ConfigError(
@@ -264,3 +274,8 @@ class TrainerConfig:
                 "must be 'token-mean' or 'seq-mean-token-mean'",
             )
         return self
+
+    @property
+    def forward_rows(self) -> int:
+        """Rows per forward of the no-grad log-prob passes."""
+        return self.logprob_micro_batch_size or 4 * self.micro_batch_size

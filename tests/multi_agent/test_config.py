@@ -91,6 +91,7 @@ BAD_TRAINER = [
     (TrainerConfig(kl_estimator="k4"), "trainer.kl_estimator"),
     (TrainerConfig(kl_coef=0.1, kl_estimator="k1"), "trainer.kl_estimator"),
     (TrainerConfig(ppo_mini_batch_size=0), "trainer.ppo_mini_batch_size"),
+    (TrainerConfig(logprob_micro_batch_size=0), "trainer.logprob_micro_batch_size"),
     (TrainerConfig(loss_agg_mode="sum"), "trainer.loss_agg_mode"),
 ]
 
@@ -126,3 +127,8 @@ def test_k1_as_a_loss_is_refused_with_the_reason():
 def test_names_peft_can_hold_are_accepted(name):
     team = MultiAgentConfig(num_agents=2, agents=[AgentConfig(name), AgentConfig("other")])
     assert team.validate(MODULES).agent_names == [name, "other"]
+
+
+def test_no_grad_passes_default_to_four_micro_batches():
+    assert TrainerConfig(micro_batch_size=3).forward_rows == 12
+    assert TrainerConfig(micro_batch_size=3, logprob_micro_batch_size=5).forward_rows == 5
