@@ -131,6 +131,7 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
             self.base_model.forward
         ).parameters
+        self._active_agent: str | None = None
         self.set_active_agent(self.agent_names[0])
 
     def _install_dropout(self, name: str, p: float) -> None:
@@ -156,9 +157,21 @@ class MultiAgentLoRAModel(nn.Module):
             raise KeyError(f"unknown agent {name!r}; agents are {self.agent_names}") from None
 
     def set_active_agent(self, name: str) -> None:
-        """Route forward passes through this agent's adapter; only it requires grad."""
+        """Route forward passes without per-row routing through this agent's adapter."""
         self.agent_index(name)
+        if name == self._active_agent:
+            return
         self.peft_model.set_adapter(name)
+        self._active_agent = name
+        self._all_trainable()
+
+    def _all_trainable(self) -> None:
+        """PEFT leaves only the active adapter trainable (set_adapter, and again when
+        disable_adapter ends); every agent's tensors stay trainable here (a mixed forward
+        trains several), and a tensor outside the graph simply gets no gradient."""
+        for agent in self.agent_names:
+            for param in self.agent_parameters(agent):
+                param.requires_grad_(True)
 
     def agent_parameters(self, name: str) -> list[nn.Parameter]:
         """This agent's adapter tensors (and nothing else), in a stable order."""
@@ -186,43 +199,51 @@ class MultiAgentLoRAModel(nn.Module):
     @contextmanager
     def reference(self) -> Iterator[None]:
         """Adapters off: the base model is the reference policy (no second copy)."""
-        with self.peft_model.disable_adapter():
-            yield
+        try:
+            with self.peft_model.disable_adapter():
+                yield
+        finally:
+            self._all_trainable()
 
     # ------------------------------------------------------------------ forward
     @contextmanager
-    def training_forward(self, name: str, optimizer_step: int) -> Iterator[None]:
-        """Forwards through agent ``name`` with its LoRA dropout on, masks drawn from its own
-        generator seeded by (run seed, name, ``optimizer_step``)."""
-        self.set_active_agent(name)
-        seed = agent_stream_seed(self.seed, name, optimizer_step, "dropout")
-        generators = self._dropout_generators[name]
-        for layer in self._dropouts[name]:
-            layer.active = True
-        device = next(self.named_agent_tensors(name))[1].device
-        generators[device] = torch.Generator(device=device).manual_seed(seed)
+    def training_forward(self, optimizer_steps: dict[str, int]) -> Iterator[None]:
+        """Forwards with these agents' LoRA dropout on, each agent's masks drawn from its own
+        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``)."""
+        for name, step in optimizer_steps.items():
+            seed = agent_stream_seed(self.seed, name, step, "dropout")
+            device = next(self.named_agent_tensors(name))[1].device
+            self._dropout_generators[name][device] = torch.Generator(device=device).manual_seed(
+                seed
+            )
+            for layer in self._dropouts[name]:
+                layer.active = True
         try:
             yield
         finally:
-            for layer in self._dropouts[name]:
-                layer.active = False
+            for name in optimizer_steps:
+                for layer in self._dropouts[name]:
+                    layer.active = False
 
-    def forward_agent(
+    def forward(
         self,
-        agent: str | None,
         input_ids: Tensor,
         attention_mask: Tensor,
+        agent_id: Tensor | None,
         *,
         positions: Tensor | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """Token log-probs and entropies (B, T) under one agent's adapter (None: reference).
+        """Token log-probs and entropies (B, T), each row through its own agent's adapter.
 
+        ``agent_id`` (B,) indexes ``agent_names``; None runs the reference (adapters off). One
+        forward serves any mix of agents: PEFT routes each row through its own adapter
+        (``adapter_names``), so gradients reach every agent's A/B from its own rows only.
         ``positions`` (B, T) selects the tokens to score (e.g. the response mask); None scores
-        every token after the first. Unselected tokens come back as 0. Log-probs and entropy
-        are those of ``softmax(logits / temperature)``. Gradients flow to that agent's adapter
-        when grad is enabled (to the entropy only when ``with_entropy``).
+        every token after the first; unselected tokens come back as 0. Log-probs and entropy
+        are those of ``softmax(logits / temperature)``; the entropy carries a gradient only
+        when ``with_entropy``.
         """
         if not temperature > 0:
             raise ValueError(f"temperature={temperature!r}: must be > 0 (greedy rollouts: use 1)")
@@ -239,12 +260,16 @@ class MultiAgentLoRAModel(nn.Module):
         if self._takes_logits_to_keep:
             # Only the positions that predict a scored token get logits: (B, stop-first, V).
             kwargs["logits_to_keep"] = torch.arange(first - 1, stop - 1, device=input_ids.device)
-        if agent is None:
+        if agent_id is None:
             with self.reference():
                 logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                          **kwargs).logits
         else:
-            self.set_active_agent(agent)
+            indices = agent_id.tolist()
+            if len(set(indices)) == 1:
+                self.set_active_agent(self.agent_names[indices[0]])
+            else:
+                kwargs["adapter_names"] = [self.agent_names[i] for i in indices]
             logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                      **kwargs).logits
         if not self._takes_logits_to_keep:
@@ -262,14 +287,10 @@ class MultiAgentLoRAModel(nn.Module):
         temperature: float = 1.0,
         micro_batch_size: int | None = None,
     ) -> Tensor:
-        """Per-row log-probs (B, T), each row through its own agent's adapter, in forwards of
-        at most ``micro_batch_size`` rows (None: one forward per agent)."""
-        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        for index in agent_id.unique().tolist():
-            rows = (agent_id == index).nonzero().squeeze(-1)
-            self._fill(out, rows, self.agent_names[index], input_ids, attention_mask, positions,
-                       temperature, micro_batch_size)
-        return out
+        """Per-row log-probs (B, T), each row through its own agent's adapter, in mixed-agent
+        forwards of at most ``micro_batch_size`` rows (None: one forward)."""
+        return self._chunked(input_ids, attention_mask, agent_id, positions, temperature,
+                             micro_batch_size)
 
     @torch.no_grad()
     def reference_logprobs(
@@ -282,24 +303,23 @@ class MultiAgentLoRAModel(nn.Module):
         micro_batch_size: int | None = None,
     ) -> Tensor:
         """Log-probs (B, T) of the base model with every adapter disabled."""
-        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        self._fill(out, rows, None, input_ids, attention_mask, positions, temperature,
-                   micro_batch_size)
-        return out
+        return self._chunked(input_ids, attention_mask, None, positions, temperature,
+                             micro_batch_size)
 
-    def _fill(self, out, rows, agent, input_ids, attention_mask, positions, temperature,
-              micro_batch_size) -> None:
-        step = micro_batch_size or max(1, rows.numel())
-        for start in range(0, rows.numel(), step):
-            chunk = rows[start : start + step]
-            out[chunk], _ = self.forward_agent(
-                agent,
-                input_ids[chunk],
-                attention_mask[chunk],
-                positions=None if positions is None else positions[chunk],
+    def _chunked(self, input_ids, attention_mask, agent_id, positions, temperature,
+                 micro_batch_size) -> Tensor:
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        step = micro_batch_size or max(1, input_ids.shape[0])
+        for start in range(0, input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            out[rows], _ = self.forward(
+                input_ids[rows],
+                attention_mask[rows],
+                None if agent_id is None else agent_id[rows],
+                positions=None if positions is None else positions[rows],
                 temperature=temperature,
             )
+        return out
 
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:

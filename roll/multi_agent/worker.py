@@ -8,7 +8,9 @@ no scheduler step — so its weights and optimizer state stay bitwise equal (DES
 One train step, per agent: ``ppo_epochs`` passes over its rows; each pass shuffles them with the
 agent's own generator and cuts them into mini-batches of ``ppo_mini_batch_size`` rows; each
 mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
-by the mini-batch). The agents advance in ROUNDS: round k computes every agent's k-th
+by the mini-batch). Fused (the default), the k-th micro-batch of every agent goes through ONE
+forward/backward in which each row uses its own agent's adapter; each agent's gradient reaches
+only its own A/B because each agent's loss reads only its own rows. The agents advance in ROUNDS: round k computes every agent's k-th
 mini-batch gradient, then checks every agent's loss and gradient norm, then steps all of them.
 A NaN/inf anywhere refuses the whole step: nothing is stepped in that round, and adapters,
 optimizers and schedulers are restored to the start of the step if an earlier round had
@@ -105,24 +107,23 @@ class MultiAgentTrainer:
         """One update of every agent that has rows; returns metrics keyed by agent name."""
         batch.require("advantages")
         batch = self._with_behaviour_logprobs(batch)
-        rows: dict[str, TrajectoryBatch] = {}
+        own: dict[str, Tensor] = {}  # agent -> its rows (indices into batch)
         for index, name in enumerate(self.agent_names):
-            own = (batch.agent_id == index).nonzero().squeeze(-1)
-            if own.numel():
-                rows[name] = batch.select(own)
-        plan = {name: self._mini_batches(name, len(own)) for name, own in rows.items()}
+            rows = (batch.agent_id == index).nonzero().squeeze(-1)
+            if rows.numel():
+                own[name] = rows
+        plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
+                for name, rows in own.items()}
         rounds = max((len(minis) for minis in plan.values()), default=0)
-        snapshot = self._snapshot(list(rows)) if rounds > 1 else None
-        sums = {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in rows}
+        snapshot = self._snapshot(list(own)) if rounds > 1 else None
+        sums = {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in own}
         try:
             for round_index in range(rounds):
-                stepping = [name for name in rows if round_index < len(plan[name])]
-                checks = {}
-                for name in stepping:
-                    mini = rows[name].select(plan[name][round_index].to(batch.agent_id.device))
-                    checks[name] = self._backward(name, mini, sums[name])
+                minis = {name: plan[name][round_index] for name in own
+                         if round_index < len(plan[name])}
+                checks = self._backward(batch, minis, sums)
                 self._refuse_non_finite(checks, round_index, rounds)
-                for name in stepping:
+                for name in minis:
                     self.optimizers[name].step()
                     self.schedulers[name].step()
         except NonFiniteLossError:
@@ -130,11 +131,11 @@ class MultiAgentTrainer:
                 self._restore(snapshot)
             raise
         finally:
-            for name in rows:
+            for name in own:
                 self.optimizers[name].zero_grad(set_to_none=True)
         self.global_step += 1
-        return {name: self._metrics(name, rows[name], sums[name], len(plan[name]))
-                for name in rows}
+        return {name: self._metrics(name, batch.select(rows), sums[name], len(plan[name]))
+                for name, rows in own.items()}
 
     def state_dict(self) -> dict:
         """Optimizers, schedulers and the step counter (adapters are saved as PEFT folders)."""
@@ -165,7 +166,7 @@ class MultiAgentTrainer:
         return batch
 
     def _mini_batches(self, name: str, num_rows: int) -> list[Tensor]:
-        """Row indices of each of this agent's optimizer steps, epoch after epoch.
+        """Positions (among the agent's rows) of each of its optimizer steps, epoch by epoch.
 
         Shuffled per epoch by a generator seeded from (run seed, agent name, the agent's own
         optimizer steps so far): the same alone or in any team, and after a resume.
@@ -182,46 +183,73 @@ class MultiAgentTrainer:
             minis.extend(torch.randperm(num_rows, generator=generator).split(size))
         return minis
 
-    # ------------------------------------------------------------------ one mini-batch
-    def _backward(self, name: str, mini: TrajectoryBatch, sums: dict) -> tuple[Tensor, Tensor]:
-        """Gradients of one agent's mini-batch (accumulated over micro-batches), clipped.
+    def _micro_groups(self, minis: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:
+        """Which rows share a forward/backward: fused, the k-th micro-batch of every agent
+        together (each agent's micro-batches are what they would be alone, so its dropout
+        masks are too); sequential, one agent's micro-batch at a time."""
+        size = self.config.micro_batch_size
+        split = {name: rows.split(size) for name, rows in minis.items()}
+        if not self.config.fused:
+            return [[(name, micro)] for name, micros in split.items() for micro in micros]
+        count = max(len(micros) for micros in split.values())
+        return [[(name, micros[k]) for name, micros in split.items() if k < len(micros)]
+                for k in range(count)]
 
-        Returns (loss, gradient norm before clipping) as device tensors, unchecked.
+    # ------------------------------------------------------------------ one round
+    def _backward(
+        self, batch: TrajectoryBatch, minis: dict[str, Tensor], sums: dict
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """Gradients of every agent's mini-batch of this round, clipped per agent.
+
+        Returns {agent: (loss, gradient norm before clipping)} as device tensors, unchecked.
         """
         cfg = self.config
-        optimizer = self.optimizers[name]
-        optimizer.zero_grad(set_to_none=True)
-        mask = mini.response_mask.float()
-        # Normalise by the whole mini-batch, not each micro-batch, so gradient accumulation
-        # gives the same gradient as one big batch.
-        if cfg.loss_agg_mode == "token-mean":
-            normaliser = mask.sum().clamp(min=1.0)
-        else:
-            normaliser = (mask.sum(-1) > 0).sum().float().clamp(min=1.0)
-        loss = torch.zeros((), device=mask.device)
-        with self.model.training_forward(name, self.schedulers[name].last_epoch):
-            for start in range(0, len(mini), cfg.micro_batch_size):
-                micro = mini.select(torch.arange(
-                    start, min(start + cfg.micro_batch_size, len(mini)), device=mask.device))
-                parts = self._micro_loss(name, micro, normaliser)
-                loss = loss + parts["loss"]
-                for key, value in parts.items():
-                    sums[key] = sums[key] + value
-        grad_norm = self._clip(name)
-        sums["grad_norm"] = sums["grad_norm"] + grad_norm
-        return loss, grad_norm
+        mask = batch.response_mask.float()
+        normalisers = {}
+        for name, rows in minis.items():
+            self.optimizers[name].zero_grad(set_to_none=True)
+            # Normalise by the whole mini-batch, not each micro-batch, so gradient accumulation
+            # gives the same gradient as one big batch.
+            if cfg.loss_agg_mode == "token-mean":
+                normalisers[name] = mask[rows].sum().clamp(min=1.0)
+            else:
+                normalisers[name] = (mask[rows].sum(-1) > 0).sum().float().clamp(min=1.0)
+        losses = {name: torch.zeros((), device=mask.device) for name in minis}
+        steps = {name: self.schedulers[name].last_epoch for name in minis}
+        with self.model.training_forward(steps):
+            for group in self._micro_groups(minis):
+                micro = batch.select(torch.cat([rows for _, rows in group]))
+                logprobs, entropy = self.model(
+                    micro.input_ids, micro.attention_mask, micro.agent_id,
+                    positions=micro.response_mask.bool(), temperature=self.temperature,
+                    with_entropy=cfg.entropy_coef > 0,
+                )
+                total = torch.zeros((), device=mask.device)
+                start = 0
+                for name, rows in group:
+                    part = slice(start, start + len(rows))
+                    start += len(rows)
+                    parts = self._loss(micro.select(part), logprobs[part], entropy[part],
+                                       normalisers[name])
+                    total = total + parts["loss"]
+                    losses[name] = losses[name] + parts["loss"].detach()
+                    for key, value in parts.items():
+                        sums[name][key] = sums[name][key] + value.detach()
+                total.backward()
+        checks = {}
+        for name in minis:
+            grad_norm = self._clip(name)
+            sums[name]["grad_norm"] = sums[name]["grad_norm"] + grad_norm
+            checks[name] = (losses[name], grad_norm)
+        return checks
 
-    def _micro_loss(
-        self, name: str, micro: TrajectoryBatch, normaliser: Tensor
+    def _loss(
+        self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor
     ) -> dict[str, Tensor]:
-        """Forward + backward of one micro-batch; returns detached loss parts (already scaled
-        by the mini-batch's normaliser, so they sum to the mini-batch's value)."""
+        """One agent's loss on its rows of a micro-batch, scaled by its mini-batch normaliser
+        (so micro-batch parts sum to the mini-batch's value); ``loss`` keeps its graph."""
         cfg = self.config
         mask = micro.response_mask.float()
-        logprobs, entropy = self.model.forward_agent(
-            name, micro.input_ids, micro.attention_mask, positions=mask.bool(),
-            temperature=self.temperature, with_entropy=True,
-        )
         policy, policy_metrics = ppo_policy_loss(
             logprobs,
             micro.old_logprobs,
@@ -250,14 +278,11 @@ class MultiAgentTrainer:
             )
             loss = loss + cfg.kl_coef * kl
             parts["kl_ref"] = kl.detach()
-        # The entropy carries a gradient only when the loss uses it; else it is a metric.
-        ent = aggregate(entropy if cfg.entropy_coef > 0 else entropy.detach(), mask,
-                        cfg.loss_agg_mode, normaliser)
+        ent = aggregate(entropy, mask, cfg.loss_agg_mode, normaliser)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * ent
         parts["entropy"] = ent.detach()
-        loss.backward()
-        parts["loss"] = loss.detach()
+        parts["loss"] = loss
         return parts
 
     def _clip(self, name: str) -> Tensor:
@@ -265,6 +290,8 @@ class MultiAgentTrainer:
         limit = self.max_grad_norm[name]
         with_grad = [p for p in self.optimizers[name].param_groups[0]["params"]
                      if p.grad is not None]
+        if not with_grad:  # rows without a response token: nothing to learn, a zero update
+            return torch.zeros((), device=self.optimizers[name].param_groups[0]["params"][0].device)
         if limit > 0:
             return torch.nn.utils.clip_grad_norm_(with_grad, limit)
         return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))

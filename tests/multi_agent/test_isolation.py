@@ -71,10 +71,11 @@ def test_export_matches_peft_own_state_dict_keys_and_values(tiny_model_path):
         assert torch.equal(ours[key], value.cpu())
 
 
-def test_training_together_equals_alone_for_path_like_names(tiny_model_path):
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_together_equals_alone_for_path_like_names(tiny_model_path, fused):
     agents = [AgentConfig(name) for name in PATH_NAMES]
     _assert_together_equals_alone(
-        tiny_model_path, agents, TrainerConfig(micro_batch_size=3, kl_coef=0.05)
+        tiny_model_path, agents, TrainerConfig(micro_batch_size=3, kl_coef=0.05, fused=fused)
     )
 
 
@@ -90,20 +91,23 @@ def test_idle_path_like_agent_export_does_not_move(tiny_model_path):
 DROPOUT = LoRAConfig(rank=4, alpha=8, dropout=0.3)
 
 
-def test_training_together_equals_alone_with_lora_dropout(tiny_model_path):
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_together_equals_alone_with_lora_dropout(tiny_model_path, fused):
     agents = [
         AgentConfig("alice", lora=DROPOUT),
         AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4, dropout=0.5,
                                            target_modules=["q_proj", "v_proj"])),
         AgentConfig("carol", lora=DROPOUT, optim=OptimConfig(lr=5e-3, weight_decay=0.1)),
     ]
-    _assert_together_equals_alone(tiny_model_path, agents, TrainerConfig(micro_batch_size=3))
+    _assert_together_equals_alone(tiny_model_path, agents,
+                                  TrainerConfig(micro_batch_size=3, fused=fused))
 
 
-def test_training_together_equals_alone_with_mini_batches_and_dropout(tiny_model_path):
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_together_equals_alone_with_mini_batches_and_dropout(tiny_model_path, fused):
     agents = [AgentConfig("alice", lora=DROPOUT), AgentConfig("bob"), AgentConfig("carol")]
     config = TrainerConfig(micro_batch_size=2, ppo_mini_batch_size=2, ppo_epochs=2,
-                           kl_coef=0.05, entropy_coef=0.01)
+                           kl_coef=0.05, entropy_coef=0.01, fused=fused)
     _assert_together_equals_alone(tiny_model_path, agents, config)
 
 
@@ -171,3 +175,57 @@ def test_mini_batches_make_the_ratio_move_so_clipping_binds(tiny_model_path):
                                  optim=OptimConfig(lr=5e-2))
     one_step = MultiAgentTrainer(single, resolved, TrainerConfig()).train_step(rows)["alice"]
     assert one_step["clip_frac"] == 0.0 and one_step["approx_kl"] == pytest.approx(0, abs=1e-9)
+
+
+def _round_gradients(path, fused, batch):
+    """Every agent's gradient after one round (one mini-batch each), before any step."""
+    agents = [
+        AgentConfig("alice", lora=DROPOUT),
+        AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj"])),
+        AgentConfig("carol"),
+    ]
+    model, resolved = make_team(path, agents)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # non-zero B so that A gets a gradient too
+        for name in model.agent_names:
+            for param in model.agent_parameters(name):
+                param.add_(torch.randn(param.shape, generator=gen) * 0.1)
+    config = TrainerConfig(micro_batch_size=2, kl_coef=0.05, entropy_coef=0.01, fused=fused)
+    trainer = MultiAgentTrainer(model, resolved, config)
+    batch = trainer._with_behaviour_logprobs(batch)
+    minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
+             for i, name in enumerate(model.agent_names)}
+    trainer._backward(batch, minis, {name: dict.fromkeys(("loss", "policy_loss", "kl_ref",
+                                                          "entropy", "clip_frac", "approx_kl",
+                                                          "grad_norm"), 0.0) for name in minis})
+    return {name: [p.grad.clone() for p in model.agent_parameters(name)]
+            for name in model.agent_names}
+
+
+def test_fused_gradients_equal_the_sequential_path_with_uneven_rows(tiny_model_path):
+    """One mixed forward/backward per micro-batch gives every agent the gradient the
+    per-agent reference path gives (alice 5 rows, bob 1, carol 3: uneven micro-batch counts)."""
+    batch = make_rows([0, 2, 0, 0, 1, 2, 0, 2, 0], seed=11)
+    fused = _round_gradients(tiny_model_path, True, batch)
+    sequential = _round_gradients(tiny_model_path, False, batch)
+    for name, grads in sequential.items():
+        assert any(g.abs().max() > 1e-4 for g in grads), name
+        for got, want in zip(fused[name], grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_fused_micro_batch_is_one_forward_for_all_agents(tiny_model_path):
+    agents = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
+    seen = []
+    for fused in (True, False):
+        model, resolved = make_team(tiny_model_path, agents)
+        handle = model.base_model.lm_head.register_forward_hook(
+            lambda module, args, out, fused=fused: seen.append((fused, torch.is_grad_enabled()))
+        )
+        MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=2, fused=fused)
+                          ).train_step(make_rows([0, 1, 2, 0, 1, 0], seed=3))
+        handle.remove()
+    # alice 3 rows -> 2 micro-batches, bob 2 -> 1, carol 1 -> 1: fused 2 grad forwards,
+    # sequential 4.
+    assert sum(1 for f, grad in seen if f and grad) == 2
+    assert sum(1 for f, grad in seen if not f and grad) == 4
