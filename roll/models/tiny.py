@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from roll.models.cache import atomic_folder, cache_root
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Tags models use in their answers: one token each, as in Qwen3's vocabulary.
@@ -73,7 +73,7 @@ class TinyModelSpec:
 
 def default_cache_dir() -> Path:
     """Where the tiny model lives unless told otherwise: $ROLL_CACHE or ~/.cache/roll."""
-    return Path(os.environ.get("ROLL_CACHE", Path.home() / ".cache" / "roll")) / "tiny-qwen3"
+    return cache_root() / "tiny-qwen3"
 
 
 def _train_tokenizer(vocab_size: int):
@@ -149,16 +149,8 @@ def build_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_folder(path) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "roll_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path
