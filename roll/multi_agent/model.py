@@ -131,7 +131,6 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
             self.base_model.forward
         ).parameters
-        self._active_agent: str | None = None
         self.set_active_agent(self.agent_names[0])
 
     def _install_dropout(self, name: str, p: float) -> None:
@@ -157,12 +156,14 @@ class MultiAgentLoRAModel(nn.Module):
             raise KeyError(f"unknown agent {name!r}; agents are {self.agent_names}") from None
 
     def set_active_agent(self, name: str) -> None:
-        """Route forward passes without per-row routing through this agent's adapter."""
+        """Route forward passes without per-row routing through this agent's adapter.
+
+        Read from PEFT, never cached here: code holding ``peft_model`` may switch it.
+        """
         self.agent_index(name)
-        if name == self._active_agent:
+        if self.peft_model.active_adapter == name:
             return
         self.peft_model.set_adapter(name)
-        self._active_agent = name
         self._all_trainable()
 
     def _all_trainable(self) -> None:
@@ -209,7 +210,13 @@ class MultiAgentLoRAModel(nn.Module):
     @contextmanager
     def training_forward(self, optimizer_steps: dict[str, int]) -> Iterator[None]:
         """Forwards with these agents' LoRA dropout on, each agent's masks drawn from its own
-        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``)."""
+        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``).
+
+        Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
+        ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active
+        adapter trainable, and a mixed forward would then give the others no gradient.
+        """
+        self._all_trainable()
         for name, step in optimizer_steps.items():
             seed = agent_stream_seed(self.seed, name, step, "dropout")
             device = next(self.named_agent_tensors(name))[1].device

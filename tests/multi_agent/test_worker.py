@@ -190,3 +190,22 @@ def test_nan_in_a_later_mini_batch_restores_the_steps_already_taken(tiny_model_p
         trainer.train_step(_poison(batch, int(bob_rows[second])))
     for name in ("alice", "bob"):
         _assert_same_state(before[name], _state(model, trainer, name))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_agent_trains_after_peft_switched_adapters(tiny_model_path, fused):
+    """PEFT's own set_adapter / disable_adapter (the engine sharing the model turns adapters off
+    to generate) leave only the active adapter trainable; every agent must still get its
+    gradient (seen: one of two agents never learned in the pipeline)."""
+    model, resolved = make_team(tiny_model_path, AGENTS)
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=8, fused=fused))
+    model.set_active_agent("alice")
+    with model.peft_model.disable_adapter():
+        pass
+    model.peft_model.set_adapter("carol")
+    before = {agent.name: model.export_adapter(agent.name) for agent in AGENTS}
+    metrics = trainer.train_step(make_rows([0, 1, 2, 0, 1, 2], seed=3))
+    for agent in AGENTS:
+        assert metrics[agent.name]["grad_norm"] > 0, agent.name
+        after = model.export_adapter(agent.name)
+        assert any(not torch.equal(after[k], v) for k, v in before[agent.name].items()), agent.name

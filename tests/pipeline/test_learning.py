@@ -94,7 +94,7 @@ def test_each_agent_learns_its_own_behaviour(tmp_path):
         eval=EvalSchema(eval_steps=0),
         tracking=TrackingSchema(backends=["jsonl"]),
         output_dir=str(tmp_path / "run"),
-        max_steps=40,
+        max_steps=50,
         save_steps=0,
     )
     validate_config(cfg)
