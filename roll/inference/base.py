@@ -4,11 +4,14 @@ An engine serves named adapter *slots*. A slot holds one LoRA adapter at one ver
 agent's current weights ("alice") or a frozen snapshot ("alice@step10", for an opponent pool).
 Every request names its slot (or None for the bare base model), so one call can mix agents.
 
-Log-probs. ``GenerationOutput.logprobs[i]`` is ``log softmax(z)[token_i]`` where ``z`` are the raw
-logits of the slot's model at the step that produced token i: temperature 1, no top-k/top-p,
-no constraint mask. That is exactly what the trainer recomputes with a plain forward over
-prompt + response, so it can serve as ``old_logprobs`` in PPO/GRPO ratios. (Sampling itself
-uses the tempered, filtered, masked distribution; its log-probs are not reported.)
+Log-probs. ``GenerationOutput.logprobs[i]`` is ``log softmax(z / T)[token_i]`` where ``z`` are the
+raw logits of the slot's model at the step that produced token i and ``T`` the request's sampling
+temperature (1 for a greedy request): no top-k/top-p, no constraint mask. That is exactly what
+the trainer recomputes with a plain forward over prompt + response at the sampling temperature
+(sampling temperature is part of the policy), so it can serve as ``old_logprobs`` in PPO/GRPO
+ratios. (Sampling itself uses the tempered, filtered, masked distribution.) One exception, in
+vllm_engine.py: vLLM has no tempered-but-unfiltered mode, so a vLLM engine is built either for
+temperature 1 or for tempered log-probs that include its filters (see ``tempered_logprobs``).
 """
 
 from __future__ import annotations
@@ -127,8 +130,8 @@ class GenerationOutput:
     token_ids: list[int]
     """Generated tokens, the EOS token included when one ended the generation."""
     logprobs: list[float]
-    """Per generated token: its log-prob under the slot's model at temperature 1, unfiltered
-    (see the module docstring) — the ``old_logprobs`` of RL."""
+    """Per generated token: its log-prob under the slot's model at the sampling temperature,
+    unfiltered (see the module docstring) — the ``old_logprobs`` of RL."""
     text: str
     """``token_ids`` decoded with special tokens skipped; for finish_reason 'stop' by a stop
     string it ends right after the first stop string."""

@@ -78,6 +78,9 @@ class HFEngine:
                 "PeftModel (its active adapter would add to every row)"
             )
         self._peft = getattr(model, "peft_model", None)
+        self._adapters_off = model.reference if self._peft is not None else nullcontext
+        """The model's own adapters-off context (the MultiAgentLoRAModel's, which leaves every
+        agent trainable afterwards; PEFT's own would leave only the active one trainable)."""
         self.model: nn.Module = model.base_model if self._peft is not None else model
         """The transformers model that runs (for a MultiAgentLoRAModel: its PEFT-injected base)."""
         weight = self.model.get_input_embeddings().weight
@@ -191,6 +194,9 @@ class HFEngine:
                            self.device)
         host = HostChecks(params, tries + [None] * filler, self.eos_ids, self._decode_text)
         logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=self.device)
+        # Log-probs are taken at each row's sampling temperature (1 for greedy rows).
+        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
+                                   dtype=torch.float32, device=self.device)[:, None]  # (B, 1)
 
         with self._generation_mode():
             mask = attention_mask if self.static_cache else attention_mask[:, :prompt_width]
@@ -202,7 +208,9 @@ class HFEngine:
             for step in range(max_new):
                 logits = logits.float()  # (B, V)
                 tokens = sampler.select(host.mask_logits(logits), step)  # (B,)
-                token_logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])
+                token_logprobs = torch.log_softmax(logits / temperature, -1).gather(
+                    -1, tokens[:, None]
+                )
                 logprobs[:, step] = token_logprobs[:, 0]
                 finish.update(step, tokens)
                 if host:
@@ -263,9 +271,8 @@ class HFEngine:
         """Eval mode, no grad, the model's own adapters off, the fused deltas on."""
         was_training = self.model.training
         self.model.eval()
-        own_adapters_off = self._peft.disable_adapter() if self._peft is not None else nullcontext()
         try:
-            with torch.no_grad(), own_adapters_off, self.fused.active():
+            with torch.no_grad(), self._adapters_off(), self.fused.active():
                 yield
         finally:
             self.model.train(was_training)

@@ -10,12 +10,19 @@ and registers the new folder under a FRESH id and the name ``"{slot}@v{version}#
 Adapters are added eagerly (``add_lora``), so a bad one fails in ``load_adapter``, not
 mid-rollout, and the next ``generate`` pays no loading.
 
-Log-probs are vLLM's ``raw_logprobs`` mode: log-softmax of the model's logits before temperature,
-top-k/top-p and logits processors — exactly the ``old_logprobs`` that base.py defines.
+Log-probs. vLLM takes them either before its sampling steps (``raw_logprobs``: temperature 1,
+unfiltered) or after them (``processed_logprobs``: divided by the temperature, then top-k/top-p
+and logits processors such as the constraint mask applied); it has no mode for tempered but
+unfiltered log-probs. So the engine is built for one sampling temperature of interest:
+``tempered_logprobs=False`` (for runs sampling at temperature 1, and greedy) reports raw
+log-probs, exactly base.py's definition for such requests under any filter;
+``tempered_logprobs=True`` reports processed ones, exactly base.py's definition at any
+temperature without top-k/top-p or constraint, and the filtered (renormalised) distribution's
+log-prob with them. The pipeline recomputes old log-probs with the trainer in every case, so
+training never depends on this; it uses them to check that the engine served its weights.
 
 Constrained decoding (``allowed_completions``) is a per-request logits processor that masks
-logits to the request's prefix tree (the same ``CompletionTrie`` as HFEngine); as it runs after
-the raw log-probs are taken, it changes what is sampled, not the reported log-probs. When a
+logits to the request's prefix tree (the same ``CompletionTrie`` as HFEngine). When a
 completion without EOS is complete, the processor forces EOS and the engine cuts that token off.
 
 Sleep mode frees the KV cache (and offloads weights) between rollout phases where vLLM supports
@@ -110,10 +117,13 @@ class VLLMEngine:
         max_lora_rank: largest adapter rank; rounded up to a rank vLLM accepts.
         seed: engine seed, and the source of seeds for requests that bring none.
         gpu_memory_utilization: fraction of accelerator memory for weights + KV cache (None:
-            0.85 on GPU; 0.1 on the CPU build, where it is the fraction of RAM for KV cache).
+            0.85 on GPU; 0.1 on the CPU build, where it is the fraction of RAM for KV cache,
+            passed as ``kv_cache_memory_bytes``).
         max_model_len: longest prompt + generation in tokens (None: the model's).
         dtype: weight dtype ("auto": vLLM's choice, bfloat16 on CPU; "float32" for tests).
         enforce_eager: no torch.compile / CUDA graphs (much faster start, slower decoding).
+        tempered_logprobs: report log-probs after temperature and filters (module docstring);
+            False reports them at temperature 1 before any filter.
         adapter_dir: where adapter folders are written (None: a fresh folder under /dev/shm,
             else the system temp dir). The engine deletes what it writes there.
         engine_kwargs: passed to ``vllm.LLM`` (e.g. ``enable_sleep_mode``, ``max_num_seqs``).
@@ -130,6 +140,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         dtype: str = "auto",
         enforce_eager: bool = False,
+        tempered_logprobs: bool = False,
         adapter_dir: str | None = None,
         **engine_kwargs,
     ) -> None:
@@ -140,6 +151,17 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.85
+        if current_platform.is_cpu():
+            # The CPU build sizes the KV cache as the fraction of the memory node's RAM MINUS
+            # what this process already holds, so a big process (a test session, a trainer
+            # beside it) gets a negative cache and a refusal; an explicit size is the fraction
+            # as documented.
+            from vllm.utils.cpu_resource_utils import get_memory_node_info
+
+            engine_kwargs.setdefault(
+                "kv_cache_memory_bytes",
+                int(gpu_memory_utilization * get_memory_node_info().total_memory),
+            )
         self.sleep_supported = current_platform.is_sleep_mode_available()
         engine_kwargs.setdefault("enable_sleep_mode", self.sleep_supported)
         # vLLM's torch-native LoRA ops (the CPU build) read slot index -1, i.e. the LAST slot,
@@ -158,7 +180,7 @@ class VLLMEngine:
             max_model_len=max_model_len,
             dtype=dtype,
             enforce_eager=enforce_eager,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs",
             logits_processors=[AllowedCompletionsProcessor],
             **engine_kwargs,
         )

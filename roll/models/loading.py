@@ -68,11 +68,22 @@ def load_model(
 
 
 def apply_chat_template(
-    tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    tokenizer,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    enable_thinking: bool | None = None,
 ) -> list[int]:
-    """Token ids of a chat (list of {'role', 'content'}) ready for generation."""
+    """Token ids of a chat (list of {'role', 'content'}) ready for generation.
+
+    ``enable_thinking`` goes to chat templates that read it (Qwen3's: False closes the thinking
+    block in the prompt, so the model answers at once); templates that do not mention it are
+    rendered as they are. None leaves the template's own default (Qwen3: thinking on).
+    """
+    extra = {}
+    if enable_thinking is not None and "enable_thinking" in (tokenizer.chat_template or ""):
+        extra["enable_thinking"] = enable_thinking
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, **extra
     )
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]

@@ -10,11 +10,11 @@ agent's own generator and cuts them into mini-batches of ``ppo_mini_batch_size``
 mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
 by the mini-batch). Fused (the default), the k-th micro-batch of every agent goes through ONE
 forward/backward in which each row uses its own agent's adapter; each agent's gradient reaches
-only its own A/B because each agent's loss reads only its own rows. The agents advance in ROUNDS: round k computes every agent's k-th
-mini-batch gradient, then checks every agent's loss and gradient norm, then steps all of them.
-A NaN/inf anywhere refuses the whole step: nothing is stepped in that round, and adapters,
-optimizers and schedulers are restored to the start of the step if an earlier round had
-already stepped (invariant 5: no agent half-updated).
+only its own A/B because each agent's loss reads only its own rows. The agents advance in
+ROUNDS: round k computes every agent's k-th mini-batch gradient, then checks every agent's loss
+and gradient norm, then steps all of them. A NaN/inf anywhere refuses the whole step: nothing
+is stepped in that round, and adapters, optimizers and schedulers are restored to the start of
+the step if an earlier round had already stepped (invariant 5: no agent half-updated).
 """
 
 from __future__ import annotations

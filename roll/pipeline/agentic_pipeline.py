@@ -1,19 +1,27 @@
 """The training loop of a team of agents (DESIGN.md "Data flow of one step"), one process.
 
+    evaluation at step 0 (if eval.eval_steps)
     for step in 1..max_steps:
-        sync adapters → engine        (only LoRA tensors travel; versions checked)
-        validation rollouts           (every eval.eval_steps, trained agents vs fixed seats)
-        train rollouts                (all pending turns of all envs → one mixed-adapter batch)
-        old/reference log-probs       (trainer's forward; reference = adapters off)
+        [engine awake]  sync adapters → engine   (only LoRA tensors travel)
+                        train rollouts           (all pending turns → one mixed-adapter batch)
+        old/reference log-probs       (trainer's forward at the sampling temperature)
         advantages                    (roll/algorithms: estimator, then per-agent normalisation)
-        per-agent update              (roll/multi_agent/worker.py)
+        per-agent update              (roll/multi_agent/worker.py; trainer.global_step += 1)
+        [engine awake]  sync adapters → engine, validation rollouts  (every eval.eval_steps
+                        and at the last step: evaluation sees the update it reports)
         metrics → trackers; checkpoint every save_steps
+
+Every rollout syncs first, inside the engine's awake window (a sleeping vLLM engine must not
+take adapters), pushing only the agents whose engine slot is not at the trainer's version
+(``trainer.global_step``). The rollout scheduler checks at every generate call that the engine
+serves exactly that version of every trained agent, so a skipped sync fails loudly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,14 +40,15 @@ from roll.agentic.rollout.scheduler import (
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.inference.base import SamplingParams, push_adapters
-from roll.models import build_tiny_model, default_cache_dir, load_model, load_tokenizer
+from roll.models import load_model, load_tokenizer
+from roll.models.aliases import resolve_model_path
 from roll.models.peft_io import ADAPTER_WEIGHTS
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
 from roll.pipeline.config import (
-    TINY_MODEL,
     PipelineConfig,
     eval_seatings,
+    game_is_cooperative,
     game_num_seats,
     seatings_of,
 )
@@ -54,14 +63,15 @@ from roll.utils.checkpoint import (
     save_checkpoint,
     step_dir_name,
 )
-from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics
+from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics, split_agent_key
 
 EVAL_SEED_OFFSET = 7_919
 
 
 def model_path(cfg: PipelineConfig) -> Path | str:
-    """The base model folder ('tiny' builds the offline tiny model on first use)."""
-    return build_tiny_model(default_cache_dir()) if cfg.model.path == TINY_MODEL else cfg.model.path
+    """The base model folder: an alias ('tiny', 'smollm2-135m') is built into the cache on
+    first use (roll/models/aliases.py); anything else is a folder or hub id."""
+    return resolve_model_path(cfg.model.path)
 
 
 def build_engine(
@@ -86,6 +96,7 @@ def build_engine(
             max_model_len=settings.max_model_len,
             dtype=cfg.model.dtype,
             enforce_eager=settings.enforce_eager,
+            tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
         )
     from roll.inference.hf_engine import HFEngine
 
@@ -104,16 +115,17 @@ def before_after(
 ) -> str:
     """The evaluation at step 0 next to the last one, per agent, with 95% intervals."""
     lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
-    for agent in agents:
-        for metric in ("win_rate", "mean_return"):
-            key = f"eval/agent_{agent}/{metric}"
-            if key not in before or key not in after:
-                continue
-            lines.append(
-                f"  {agent:<12} {metric:<12} {before[key]:+.3f} [{before[key + '_low']:+.3f}, "
-                f"{before[key + '_high']:+.3f}]  ->  {after[key]:+.3f} "
-                f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
-            )
+    rows = [(agent, f"eval/{agent}/{metric}", metric)
+            for agent in agents for metric in ("win_rate", "mean_return")]
+    rows.append(("team", "eval/team/score", "score"))
+    for who, key, metric in rows:
+        if key not in before or key not in after:
+            continue
+        lines.append(
+            f"  {who:<12} {metric:<12} {before[key]:+.3f} [{before[key + '_low']:+.3f}, "
+            f"{before[key + '_high']:+.3f}]  ->  {after[key]:+.3f} "
+            f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
+        )
     return "\n".join(lines)
 
 
@@ -186,7 +198,21 @@ class AgenticPipeline:
         self.agent_names = [a.name for a in agents]
         base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed)
-        self.trainer = MultiAgentTrainer(self.model, agents, cfg.trainer)
+        # Sampling temperature is part of the policy: every log-prob is taken at it (greedy
+        # rollouts have none; their log-probs are taken at 1).
+        self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
+        sampling = cfg.rollout.sampling
+        self.engine_logprobs_comparable = (
+            cfg.rollout.engine == "hf" or self.policy_temperature == 1.0
+            or (sampling.top_k == 0 and sampling.top_p == 1.0
+                and not cfg.rollout.constrained_decoding)
+        )
+        """Whether the engine reports the trainer's log-probs: a vLLM engine at temperature
+        != 1 reports filtered ones under top-k/top-p or a constraint (vllm_engine.py)."""
+        self.trainer = MultiAgentTrainer(
+            self.model, agents, cfg.trainer, temperature=self.policy_temperature
+        )
+        self.cooperative = game_is_cooperative(cfg.env.game, cfg.env.params)
         num_seats = game_num_seats(cfg.env.game, cfg.env.params)
         self.train_seatings = seatings_of(
             cfg.env.seat_to_agent, num_seats, self.agent_names, "env.seat_to_agent"
@@ -206,6 +232,8 @@ class AgenticPipeline:
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
         self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs))
         self.step = 0
+        self.run_id: str | None = None
+        """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
 
     # ------------------------------------------------------------------ parts
     def scheduler(self, seatings: list[Seating], evaluation: bool) -> RolloutScheduler:
@@ -230,6 +258,7 @@ class AgenticPipeline:
             max_turns=cfg.rollout.max_turns,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             constrained_decoding=cfg.rollout.constrained_decoding,
+            enable_thinking=cfg.model.enable_thinking,
         )
         game, game_params = cfg.env.game, dict(cfg.env.params)
         return RolloutScheduler(
@@ -243,6 +272,8 @@ class AgenticPipeline:
             action=ActionConfig(**vars(cfg.env.action)),
             config=rollout,
             snapshot_slot=self._snapshot_slot,
+            expected_version=lambda agent: self.trainer.global_step,
+            cooperative=self.cooperative,
         )
 
     def _snapshot_slot(self, spec: SeatSpec) -> str:
@@ -260,9 +291,10 @@ class AgenticPipeline:
 
     @contextmanager
     def engine_awake(self) -> Iterator[None]:
-        """Engines that can (vLLM with sleep mode) hold their KV cache only while rolling out,
-        so training gets the memory back between rollout phases."""
-        if not (self.cfg.rollout.engine == "vllm" and self.cfg.rollout.vllm.sleep_between_phases):
+        """Engines that can sleep (vLLM with sleep mode) hold their KV cache only while rolling
+        out, so training gets the memory back between rollout phases."""
+        can_sleep = callable(getattr(self.engine, "wake_up", None))
+        if not (self.cfg.rollout.vllm.sleep_between_phases and can_sleep):
             yield
             return
         self.engine.wake_up()
@@ -271,13 +303,31 @@ class AgenticPipeline:
         finally:
             self.engine.sleep()
 
-    def sync_adapters(self) -> None:
-        """Push every agent's current adapter to the engine under a new version."""
+    def sync_adapters(self) -> list[str]:
+        """Bring every agent's engine slot to the trainer's version (``trainer.global_step``):
+        push the adapters of the agents whose slot is at another version; return their names.
+        Call it with the engine awake."""
         version = self.trainer.global_step
-        push_adapters(self.engine, self.model, version)
-        for name in self.agent_names:
+        stale = [name for name in self.agent_names if self.engine.adapter_version(name) != version]
+        if stale:
+            push_adapters(self.engine, self.model, version, stale)
+        for name in stale:
             if self.engine.adapter_version(name) != version:
                 raise RuntimeError(f"engine did not take agent {name!r} version {version}")
+        return stale
+
+    def synced_rollout(
+        self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str
+    ) -> tuple[RolloutResult, float]:
+        """Wake the engine, sync the adapters, roll out; (result, seconds spent syncing)."""
+        with self.engine_awake():
+            start = time.perf_counter()
+            self.sync_adapters()
+            synced = time.perf_counter() - start
+            result = scheduler.rollout(
+                seed=seed, progress=lambda done, total: tracker.progress(done, total, what)
+            )
+        return result, synced
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, float]:
@@ -285,6 +335,8 @@ class AgenticPipeline:
         self._maybe_resume()
         if self.step == 0:
             self.pool.take(0)
+        if self.run_id is None:
+            self.run_id = uuid.uuid4().hex[:16]
         tracking = TrackingConfig(
             backends=list(cfg.tracking.backends),
             project=cfg.tracking.project,
@@ -292,6 +344,7 @@ class AgenticPipeline:
             run_name=cfg.tracking.run_name or self.output_dir.name,
             log_dir=str(self.output_dir),
             wandb_mode=cfg.tracking.wandb_mode,
+            run_id=self.run_id,
         )
         train_scheduler = self.scheduler(self.train_seatings, evaluation=False)
         eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
@@ -300,7 +353,6 @@ class AgenticPipeline:
         last_eval: dict[str, float] = {}
         with Tracker(tracking, run_config=dataclasses.asdict(cfg)) as tracker:
             if cfg.eval.eval_steps and self.step == 0:
-                self.sync_adapters()
                 first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)
             while self.step < cfg.max_steps:
@@ -325,16 +377,10 @@ class AgenticPipeline:
         cfg = self.cfg
         times: dict[str, float] = {}
         start = time.perf_counter()
-        self.sync_adapters()
-        times["time/sync"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        with self.engine_awake():
-            result = scheduler.rollout(
-                seed=cfg.seed * 1_000_003 + self.step,
-                progress=lambda done, total: tracker.progress(done, total, "episodes"),
-            )
-        times["time/rollout"] = time.perf_counter() - start
+        result, times["time/sync"] = self.synced_rollout(
+            scheduler, cfg.seed * 1_000_003 + self.step, tracker, "episodes"
+        )
+        times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
         metrics.update(self._team_metrics(result))
         batch = result.batch
@@ -345,17 +391,21 @@ class AgenticPipeline:
 
         start = time.perf_counter()
         engine_logprobs = batch.old_logprobs
-        # Recompute the behaviour log-probs with the trainer's own forward, so PPO ratios start
-        # at exactly 1; the gap to the engine's is a check that the engine served the same
-        # weights.
-        old = self.model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id)
         mask = batch.response_mask
-        metrics["rollout/engine_logprob_gap"] = float(
-            ((old - engine_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
-        )
+        passes = dict(positions=mask.bool(), temperature=self.policy_temperature,
+                      micro_batch_size=cfg.trainer.forward_rows)
+        # Recompute the behaviour log-probs with the trainer's own forward, so PPO ratios start
+        # at exactly 1.
+        old = self.model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **passes)
+        if self.engine_logprobs_comparable:
+            # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
+            # gap is a check that the engine served the trainer's weights.
+            metrics["rollout/engine_logprob_gap"] = float(
+                ((old - engine_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+            )
         batch = batch.with_fields(old_logprobs=old)
         if cfg.trainer.kl_coef > 0:
-            ref = self.model.reference_logprobs(batch.input_ids, batch.attention_mask)
+            ref = self.model.reference_logprobs(batch.input_ids, batch.attention_mask, **passes)
             batch = batch.with_fields(ref_logprobs=ref)
             metrics["team/kl_ref"] = float(
                 (kl_per_token(old, ref, mask, "k3")).sum() / mask.sum().clamp(min=1)
@@ -372,16 +422,15 @@ class AgenticPipeline:
         return metrics
 
     def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
-        """Validation rollouts with the current adapters (already synced)."""
+        """Validation rollouts with the trainer's current adapters (synced first)."""
         start = time.perf_counter()
-        with self.engine_awake():
-            result = scheduler.rollout(
-                seed=self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET,
-                progress=lambda done, total: tracker.progress(done, total, "eval episodes"),
-            )
-        metrics = summarize_episodes(result.episodes, self.agent_names)
+        result, _ = self.synced_rollout(
+            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker, "eval episodes"
+        )
+        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative)
         for key, value in result.metrics.items():
-            if "format" in key:
+            split = split_agent_key(key, self.agent_names)
+            if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
                 metrics[f"eval/{key}"] = value
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
@@ -405,6 +454,7 @@ class AgenticPipeline:
             "pool": self.pool.state_dict(),
             "seed": self.cfg.seed,
             "agent_names": self.agent_names,
+            "tracking_run_id": self.run_id,
         }
 
     def save(self) -> Path:
@@ -421,23 +471,30 @@ class AgenticPipeline:
 
     def _maybe_resume(self) -> None:
         path = resolve_resume(self.cfg.resume, self.output_dir)
-        if path is None:
-            return
-        self.load(path)
+        if path is not None:
+            self.load(path)
+        elif self.cfg.resume == "latest":
+            print(f"resume=latest: no checkpoint in {checkpoints_root(self.output_dir)} yet; "
+                  "starting fresh", flush=True)
 
     def load(self, path: Path) -> None:
         state = load_trainer_state(path)
-        if state["agent_names"] != self.agent_names:
+        if sorted(state["agent_names"]) != sorted(self.agent_names):
             raise ValueError(
                 f"resume={str(path)!r}: checkpoint agents {state['agent_names']} differ from "
                 f"the config's {self.agent_names}"
             )
         for name in self.agent_names:
-            self.model.load_agent(name, Path(path) / "agents" / name)
+            self.model.load_agent(name, agent_dir(path, name))
+            if self.engine.adapter_version(name) is not None:
+                # The loaded weights may carry a version the engine already holds (or an older
+                # one, which vLLM refuses): forget the slot so the next sync pushes them.
+                self.engine.remove_adapter(name)
         self.trainer.load_state_dict(state["trainer"])
         self.pool.load_state_dict(state["pool"])
         restore_rng_state(state["rng"])
         self.step = state["step"]
+        self.run_id = state.get("tracking_run_id")
         print(f"resumed from {path} at step {self.step}", flush=True)
 
 

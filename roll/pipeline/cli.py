@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from roll.pipeline.config import PipelineConfig, validate_config
+from roll.pipeline.config import PipelineConfig, advantage_error, validate_config
 
 # Short flags users know from launch scripts, and the config key each one sets.
 FLAG_KEYS = {
@@ -83,6 +83,7 @@ def load_config(
             # Game parameters are free-form (each game has its own); every other key is schema.
             free_form = key.startswith("env.params.")
             OmegaConf.update(merged, key, override.value(), merge=True, force_add=free_form)
+        _check_advantage_fields(OmegaConf.to_container(merged.advantage, resolve=True))
         cfg = OmegaConf.to_object(merged)
     except CLIError:
         raise
@@ -99,6 +100,17 @@ def load_config(
         raise CLIError(
             line if line.startswith("config error") else f"config error: {line}"
         ) from None
+
+
+def _check_advantage_fields(fields: dict) -> None:
+    """AdvantageConfig checks its fields when built (inside OmegaConf's to_object, whose error
+    would name ``AdvantageConfig``): build it first to name the key ``advantage.<field>``."""
+    from roll.algorithms.advantages import AdvantageConfig
+
+    try:
+        AdvantageConfig(**fields)
+    except ValueError as error:
+        raise CLIError(str(advantage_error(error, fields))) from None
 
 
 def run_cli(main, argv: list[str] | None, description: str) -> int:

@@ -1,4 +1,5 @@
-"""Per-agent win rate and mean score of finished episodes, with 95% confidence intervals."""
+"""Per-agent win rate and mean return of finished episodes (the team score in cooperative
+games), with 95% confidence intervals."""
 
 from __future__ import annotations
 
@@ -35,30 +36,38 @@ def wilson_interval(successes: int, n: int) -> tuple[float, float, float]:
 
 
 def summarize_episodes(
-    episodes: Sequence[EpisodeResult], agent_names: Sequence[str], prefix: str = "eval/"
+    episodes: Sequence[EpisodeResult],
+    agent_names: Sequence[str],
+    cooperative: bool = False,
+    prefix: str = "eval/",
 ) -> dict[str, float]:
-    """Metrics ``{prefix}agent_<name>/{win_rate,mean_return}{,_low,_high}`` over the seats each
-    agent plays. A win is a return above every other seat's; a draw is neither win nor loss."""
+    """Metrics ``{prefix}<agent>/{win_rate,mean_return}{,_low,_high}``, ``draw_rate`` and
+    ``episodes`` over the seats each agent plays; a win or draw is ``EpisodeResult.outcome``
+    (the definition the training metrics use too).
+
+    ``cooperative`` (every seat gets the same return, e.g. Hanabi): no win or draw rate, and
+    ``{prefix}team/score{,_low,_high}`` is the shared score over all episodes.
+    """
     metrics: dict[str, float] = {}
     for agent in agent_names:
-        returns, wins, draws = [], 0, 0
-        for episode in episodes:
-            for seat in episode.seating.seats_of(agent):
-                mine = episode.returns[seat]
-                others = [r for s, r in enumerate(episode.returns) if s != seat]
-                returns.append(mine)
-                wins += bool(others) and mine > max(others)
-                draws += bool(others) and mine == max(others)
-        if not returns:
+        seats = [(episode, seat)
+                 for episode in episodes for seat in episode.seating.seats_of(agent)]
+        if not seats:
             continue
-        key = f"{prefix}agent_{agent}"
-        for name, (value, low, high) in (
-            ("win_rate", wilson_interval(wins, len(returns))),
-            ("mean_return", mean_interval(returns)),
-        ):
+        returns = [episode.returns[seat] for episode, seat in seats]
+        outcomes = [episode.outcome(seat) for episode, seat in seats]
+        key = f"{prefix}{agent}"
+        figures = [("mean_return", mean_interval(returns))]
+        if not cooperative:
+            figures.insert(0, ("win_rate", wilson_interval(outcomes.count("win"), len(seats))))
+            metrics[f"{key}/draw_rate"] = outcomes.count("draw") / len(seats)
+        for name, (value, low, high) in figures:
             metrics[f"{key}/{name}"] = value
             metrics[f"{key}/{name}_low"] = low
             metrics[f"{key}/{name}_high"] = high
-        metrics[f"{key}/draw_rate"] = draws / len(returns)
-        metrics[f"{key}/episodes"] = float(len(returns))
+        metrics[f"{key}/episodes"] = float(len(seats))
+    if cooperative and episodes:
+        score, low, high = mean_interval([episode.returns[0] for episode in episodes])
+        metrics.update({f"{prefix}team/score": score, f"{prefix}team/score_low": low,
+                        f"{prefix}team/score_high": high})
     return metrics

@@ -17,30 +17,35 @@ from roll.utils.tracking import Tracker, TrackingConfig
 
 
 def format_summary(metrics: dict[str, float], agent_names: list[str]) -> str:
-    """A small table: one line per agent with its intervals."""
+    """A small table: one line per agent with its intervals (cooperative games: no win rate,
+    and a last line with the team score)."""
+
+    def interval(key: str, sign: str = "") -> str:
+        return (f"{metrics[key]:{sign}.3f} [{metrics[key + '_low']:{sign}.3f}, "
+                f"{metrics[key + '_high']:{sign}.3f}]")
+
     lines = [f"{'agent':<16}{'episodes':>9}  {'win rate [95% CI]':<26}{'mean return [95% CI]'}"]
     for agent in agent_names:
-        key = f"eval/agent_{agent}"
-        if f"{key}/win_rate" not in metrics:
+        key = f"eval/{agent}"
+        if f"{key}/mean_return" not in metrics:
             continue
-        win = (f"{metrics[f'{key}/win_rate']:.3f} [{metrics[f'{key}/win_rate_low']:.3f}, "
-               f"{metrics[f'{key}/win_rate_high']:.3f}]")
-        ret = (f"{metrics[f'{key}/mean_return']:+.3f} [{metrics[f'{key}/mean_return_low']:+.3f}, "
-               f"{metrics[f'{key}/mean_return_high']:+.3f}]")
+        win = interval(f"{key}/win_rate") if f"{key}/win_rate" in metrics else "n/a (cooperative)"
+        ret = interval(f"{key}/mean_return", "+")
         lines.append(f"{agent:<16}{int(metrics[f'{key}/episodes']):>9}  {win:<26}{ret}")
+    if "eval/team/score" in metrics:
+        lines.append(f"{'team score':<16}{'':>9}  {'':<26}{interval('eval/team/score', '+')}")
     return "\n".join(lines)
 
 
 def run_evaluation(cfg: PipelineConfig) -> dict[str, float]:
     """Evaluate, print the table, write ``<output_dir>/eval_results.json``; return metrics."""
-    pipeline = AgenticPipeline(cfg)
     checkpoint = resolve_resume(cfg.resume, Path(cfg.output_dir))
+    if checkpoint is None and cfg.resume is not None:  # before any model loads
+        raise FileNotFoundError(f"resume={cfg.resume!r}: no checkpoint in {cfg.output_dir}")
+    pipeline = AgenticPipeline(cfg)
     if checkpoint is not None:
         pipeline.load(checkpoint)
-    elif cfg.resume is not None:
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no checkpoint in {cfg.output_dir}")
     pipeline.pool.take(pipeline.step)
-    pipeline.sync_adapters()
     tracking = TrackingConfig(backends=["console"], log_dir=cfg.output_dir)
     with Tracker(tracking) as tracker:
         metrics = pipeline.evaluate(pipeline.scheduler(pipeline.eval_seatings, True), tracker)

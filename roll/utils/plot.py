@@ -1,9 +1,10 @@
 """Learning curves of a run from its ``metrics.jsonl``: ``python -m roll.utils.plot RUN_DIR``.
 
-Writes ``curves_agent_<name>.png`` per agent (one subplot per ``agent_<name>/<metric>``) and
-``curves_team.png`` (every other key: ``team/``, ``rollout/``, ``time/``, ...) into ``--out``
-(default ``RUN_DIR/plots``), x = step. Draws with matplotlib's Agg canvas directly (no pyplot,
-so no global backend is switched and no display is needed).
+Writes ``curves_<agent>.png`` per agent (one subplot per ``<agent>/<metric>`` and per
+``eval/<agent>/<metric>``) and ``curves_team.png`` (every other key: ``team/``, ``rollout/``,
+``time/``, ``eval/team/``, ...) into ``--out`` (default ``RUN_DIR/plots``), x = step. Draws
+with matplotlib's Agg canvas directly (no pyplot, so no global backend is switched and no
+display is needed).
 
 A step logged twice (a run resumed from an earlier checkpoint) is drawn with its last value.
 NaN/inf points are left out of a curve and counted in its subplot title.
@@ -24,6 +25,8 @@ from matplotlib.figure import Figure
 from roll.utils.tracking import METRICS_FILE, RESERVED_KEYS, split_agent_key
 
 Series = dict[int, float]  # step -> value
+TEAM_FIGURE = "team"  # no agent takes this name (it is one of NAMESPACES)
+EVAL_PREFIX = "eval/"
 _COLUMNS = 3
 
 
@@ -54,12 +57,16 @@ def read_metrics(path: Path) -> dict[str, Series]:
 
 
 def group_series(series: dict[str, Series]) -> dict[str, dict[str, Series]]:
-    """``{figure: {subplot title: series}}``: one figure per agent (``agent_<name>``), the
-    rest under ``team``."""
+    """``{figure: {subplot title: series}}``: one figure per agent (named after it) holding its
+    training and evaluation metrics, the rest under ``team``."""
     figures: dict[str, dict[str, Series]] = {}
     for key in sorted(series):
-        split = split_agent_key(key)
-        figure, title = (f"agent_{split[0]}", split[1]) if split else ("team", key)
+        evaluation = key.startswith(EVAL_PREFIX)
+        split = split_agent_key(key[len(EVAL_PREFIX):] if evaluation else key)
+        if split is None:
+            figure, title = TEAM_FIGURE, key
+        else:
+            figure, title = split[0], (EVAL_PREFIX + split[1]) if evaluation else split[1]
         figures.setdefault(figure, {})[title] = series[key]
     return figures
 

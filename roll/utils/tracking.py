@@ -3,12 +3,17 @@
 
 Naming convention of metric keys (the plot command and the console line rely on it):
 
-- ``agent_<name>/<metric>``  one agent's figure, e.g. ``agent_alice/policy_loss``
-  (``agent_metrics`` builds these keys from a ``{agent: {metric: value}}`` dict);
+- ``<agent>/<metric>``       one agent's figure, keyed by the agent's name, e.g.
+  ``agent_0/policy_loss`` or ``alice/win_rate`` (``agent_metrics`` builds these keys from a
+  ``{agent: {metric: value}}`` dict);
 - ``team/<metric>``          a figure of the whole team, e.g. ``team/episode_return``;
 - ``time/<phase>``           seconds spent in a phase of the step: ``time/rollout``,
-  ``time/reference``, ``time/train``, ``time/sync``;
-- ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``.
+  ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``;
+- ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
+- ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts.
+
+The first part of a key is an agent's name unless it is one of ``NAMESPACES``; agent names
+that would collide with those are refused by the config check.
 
 Values are logged as they are: NaN and inf are not dropped (the JSON lines file writes them as
 ``NaN`` / ``Infinity``, which Python's ``json`` reads back), and the console line marks them.
@@ -23,7 +28,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +38,8 @@ BACKENDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-AGENT_PREFIX = "agent_"
+NAMESPACES = ("team", "time", "rollout", "eval", "train")
+"""Top-level metric namespaces that are not agents (no agent may take one of these names)."""
 # Keys a JSON line holds besides the metrics; a metric must not take these names.
 RESERVED_KEYS = ("step", "wall_time")
 # Phases shown first, in this order, on the console line (other time/* keys follow).
@@ -68,6 +74,9 @@ class TrackingConfig:
     with ``wandb sync <that folder>``."""
     tags: list[str] = field(default_factory=list)
     """WandB tags of the run."""
+    run_id: str | None = None
+    """WandB run id. Starting again with the same id continues that WandB run (``resume=
+    "allow"``: a resumed training run keeps one curve); None lets WandB pick a fresh id."""
     console_every: int = 1
     """Print the console line every this many steps (>= 1); steps with NaN/inf always print."""
 
@@ -97,23 +106,31 @@ class TrackingConfig:
             raise ValueError(f"config error: tracking.log_dir={self.log_dir!r}: must be a path")
 
 
-def agent_metrics(
-    per_agent: dict[str, dict[str, float]], prefix: str = AGENT_PREFIX
-) -> dict[str, float]:
-    """Flatten ``{agent: {metric: value}}`` into ``{f"{prefix}{agent}/{metric}": value}``."""
+def agent_metrics(per_agent: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Flatten ``{agent: {metric: value}}`` into ``{f"{agent}/{metric}": value}``."""
     return {
-        f"{prefix}{agent}/{metric}": float(value)
+        f"{agent}/{metric}": float(value)
         for agent, metrics in per_agent.items()
         for metric, value in metrics.items()
     }
 
 
-def split_agent_key(key: str, prefix: str = AGENT_PREFIX) -> tuple[str, str] | None:
-    """``"agent_alice/policy_loss"`` -> ``("alice", "policy_loss")``; None for other keys."""
-    if not key.startswith(prefix) or "/" not in key:
+def split_agent_key(
+    key: str, agent_names: Collection[str] | None = None
+) -> tuple[str, str] | None:
+    """``"alice/policy_loss"`` -> ``("alice", "policy_loss")``; None for other keys.
+
+    With ``agent_names`` the first part must be one of them; without (e.g. reading a
+    metrics.jsonl), any first part that is not one of ``NAMESPACES`` is taken as an agent.
+    """
+    if "/" not in key:
         return None
-    agent, metric = key[len(prefix) :].split("/", 1)
-    return (agent, metric) if agent and metric else None
+    agent, metric = key.split("/", 1)
+    if not agent or not metric or agent in NAMESPACES:
+        return None
+    if agent_names is not None and agent not in agent_names:
+        return None
+    return agent, metric
 
 
 def resolve_wandb_mode(mode: str) -> str:
@@ -182,6 +199,8 @@ class WandbBackend:
             mode=self.mode,
             tags=list(config.tags),
             config=run_config or {},
+            id=config.run_id,
+            resume="allow" if config.run_id else None,
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -163,7 +163,13 @@ def test_hanabi_parameters_from_a_plain_dict() -> None:
     ("hanabi", {"players": "2"}, "game_params.players"),
     ("kuhn_poker", {"playerz": 2}, "game_params.playerz"),
     ("no_such_game", {}, "game_name"),
-    ("goofspiel", {}, "simultaneous"),
+    ("mfg_crowd_modelling", {}, "game_name: .*MEAN_FIELD"),
+    ("turn_based_simultaneous_game", {}, "game_params.game"),
+    ("turn_based_simultaneous_game", {"game": "nope(num_cards=4)"},
+     "game_params.game: unknown OpenSpiel game 'nope'"),
+    ("turn_based_simultaneous_game", {"game": {"name": "hanabi", "players": 9}},
+     "game_params.game.players for hanabi"),
+    ("turn_based_simultaneous_game", {"game": 3}, "game_params.game must be a game"),
 ])
 def test_bad_game_config_raises_clear_error(game_name: str, params: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -172,7 +178,8 @@ def test_bad_game_config_raises_clear_error(game_name: str, params: dict, needle
 
 RENDERED_GAMES = [("hanabi", SMALL_HANABI), ("hanabi", {}), ("tic_tac_toe", {}),
                   ("kuhn_poker", {}), ("connect_four", {}), ("leduc_poker", {}),
-                  ("liars_dice", {}), ("breakthrough", {}), ("nim", {})]
+                  ("liars_dice", {}), ("breakthrough", {}), ("nim", {}),
+                  ("goofspiel", {"num_cards": 5}), ("oshi_zumo", {"coins": 4})]
 
 
 @pytest.mark.parametrize(("game_name", "params"), RENDERED_GAMES)

@@ -51,7 +51,7 @@ def team_engine(tiny_model_path):
 
 
 def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, size=2,
-               penalty=1.0, fallback="random", max_new_tokens=24):
+               penalty=1.0, fallback="random", max_new_tokens=24, **options):
     num_seats = OpenSpielEnv(game).num_seats
     return RolloutScheduler(
         env_factory=lambda: OpenSpielEnv(game),
@@ -62,7 +62,9 @@ def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, si
         tokenizer=tokenizer,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
         action=ActionConfig(format_penalty=penalty, fallback=fallback),
-        config=RolloutConfig(num_groups=groups, group_size=size, constrained_decoding=constrained),
+        config=RolloutConfig(num_groups=groups, group_size=size, constrained_decoding=constrained,
+                             enable_thinking=options.pop("enable_thinking", False)),
+        **options,
     )
 
 
@@ -80,7 +82,7 @@ def test_selfplay_rollout_batches_all_agents_into_one_call(team_engine):
     assert torch.equal(batch.agent_id, batch.seat)
     # Constrained decoding: every answer is a legal move, so there are no penalties and each
     # seat's turn rewards add up to its game return.
-    assert result.metrics["agent_alice/format_error_rate"] == 0.0
+    assert result.metrics["alice/format_error_rate"] == 0.0
     totals = defaultdict(float)
     for env_id, seat, reward in zip(batch.env_id.tolist(), batch.seat.tolist(),
                                     batch.rewards.tolist(), strict=True):
@@ -119,7 +121,7 @@ def test_mixed_adapters_share_one_call_when_seats_differ(team_engine):
     assert set(batch.seat[batch.agent_id == 0].tolist()) == {0}
     assert set(batch.seat[batch.agent_id == 1].tolist()) == {1}
     assert result.metrics["rollout/episodes"] == 6.0
-    assert "agent_alice/win_rate" in result.metrics
+    assert "alice/win_rate" in result.metrics
     # A GRPO group shares the opponent's randomness: random X opens with the same move in all
     # three of bob's episodes, so bob's first prompts are identical; across groups they need not.
     first_prompts = {tuple(t.prompt_ids) for t in result.turns
@@ -187,8 +189,8 @@ def test_garbage_outputs_never_crash_and_are_penalised(tiny_model_path, fallback
         acted = {turn.trained_agent for turn in result.turns}
         assert "alice" in acted  # alice moves first in all three games
         for agent in acted:
-            assert result.metrics[f"agent_{agent}/format_error_rate"] == 1.0
-            assert result.metrics[f"agent_{agent}/format/error_rate"] == 1.0
+            assert result.metrics[f"{agent}/format_error_rate"] == 1.0
+            assert result.metrics[f"{agent}/format/error_rate"] == 1.0
         # Every turn carries the penalty on top of the game's own reward.
         for turn in result.turns:
             assert turn.format_error is not None
@@ -203,3 +205,138 @@ def test_garbage_outputs_never_crash_and_are_penalised(tiny_model_path, fallback
             expected = episodes_returns[env_index][seat] - 0.5 * counts[env_index, seat]
             assert total == pytest.approx(expected)
     assert turns >= 1000
+
+
+class StaleOutputEngine:
+    """The real HFEngine, but its outputs claim another adapter version (a broken sync)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def adapter_version(self, slot):
+        return self.engine.adapter_version(slot)
+
+    def generate(self, requests):
+        outputs = self.engine.generate(requests)
+        for output in outputs:
+            output.adapter_version = 0
+        return outputs
+
+
+def test_every_generate_call_checks_the_trainers_adapter_version(team_engine):
+    _, engine, tokenizer = team_engine  # both agents loaded at version 1
+    checked = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS],
+                         expected_version=lambda agent: 1)
+    assert checked.rollout(seed=0).batch is not None
+    # The trainer moved on to version 2 but nobody synced: refused before generating.
+    stale = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], expected_version=lambda a: 2)
+    with pytest.raises(RuntimeError, match=r"agent 'alice': the engine holds adapter version 1, "
+                                           r"but the trainer is at version 2"):
+        stale.rollout(seed=0)
+    # The engine holds version 1 but its outputs say otherwise: refused after generating.
+    lying = _scheduler(StaleOutputEngine(engine), tokenizer, "kuhn_poker", [AGENTS],
+                       expected_version=lambda a: 1)
+    with pytest.raises(RuntimeError, match=r"agent 'alice': the engine generated with adapter "
+                                           r"version 0, but the trainer is at version 1"):
+        lying.rollout(seed=0)
+
+
+class FixedEngine:
+    """Answers every request with the same text and finish reason."""
+
+    def __init__(self, text: str, finish_reason: str):
+        self.text, self.finish_reason = text, finish_reason
+
+    def generate(self, requests):
+        return [GenerationOutput([5, 6], [-1.0, -1.0], self.text, self.finish_reason,
+                                 request.adapter, 0) for request in requests]
+
+
+@pytest.mark.parametrize(("text", "finish", "truncated"), [
+    ("<think>let me count the cards fir", "length", 1.0),  # cut off while thinking
+    ("<answer>Bet", "length", 1.0),                          # cut off inside the answer
+    ("<answer>fold everything</answer>", "length", 0.0),     # an answer, just not legal
+    ("I would rather not say.", "eos", 0.0),                 # finished, no answer
+])
+def test_truncated_rate_counts_answers_cut_off_before_any_answer(
+    tiny_model_path, text, finish, truncated
+):
+    tokenizer = load_tokenizer(tiny_model_path)
+    scheduler = _scheduler(FixedEngine(text, finish), tokenizer, "kuhn_poker", [AGENTS],
+                           constrained=False)
+    metrics = scheduler.rollout(seed=0).metrics
+    for agent in AGENTS:
+        assert metrics[f"{agent}/truncated_rate"] == truncated
+        assert metrics[f"{agent}/format_error_rate"] == 1.0
+
+
+def test_chat_template_gets_enable_thinking(tiny_model_path):
+    from ..models.test_models import THINKING_TEMPLATE
+
+    tokenizer = load_tokenizer(tiny_model_path)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    engine = FixedEngine("<answer>Pass</answer>", "eos")
+    for enable, closed in ((False, True), (True, False)):
+        scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], constrained=False,
+                               enable_thinking=enable)
+        turn = scheduler.rollout(seed=0).turns[0]
+        prompt = tokenizer.decode(turn.prompt_ids)
+        assert prompt.endswith("<think>\n\n</think>\n\n") == closed, prompt
+
+
+def test_one_win_definition_for_training_metrics_and_evaluation(tiny_model_path):
+    from roll.agentic.rollout.scheduler import EpisodeResult
+    from roll.pipeline.evaluation import summarize_episodes
+
+    seating = build_seating(AGENTS, 2, AGENTS)
+    episodes = [EpisodeResult(0, 0, 0, [1.0, -1.0], seating),    # alice wins
+                EpisodeResult(1, 0, 0, [0.0, 0.0], seating),     # draw
+                EpisodeResult(2, 1, 1, [-2.0, 2.0], seating)]    # bob wins
+    assert [e.outcome(0) for e in episodes] == ["win", "draw", "loss"]
+    scheduler = _scheduler(FixedEngine("", "eos"), load_tokenizer(tiny_model_path),
+                           "kuhn_poker", [AGENTS])
+    training = scheduler._metrics([], episodes)
+    evaluation = summarize_episodes(episodes, AGENTS)
+    for agent, rate in (("alice", 1 / 3), ("bob", 1 / 3)):
+        assert training[f"{agent}/win_rate"] == pytest.approx(rate)
+        assert evaluation[f"eval/{agent}/win_rate"] == pytest.approx(rate)
+    # Three seats: a positive return that is not the best is not a win.
+    three = build_seating(["alice", "random", "random"], 3, AGENTS)
+    assert EpisodeResult(0, 0, 0, [1.0, 2.0, -3.0], three).outcome(0) == "loss"
+    assert EpisodeResult(0, 0, 0, [0.5], build_seating(["alice"], 1, AGENTS)).outcome(0) == "win"
+
+
+def test_cooperative_game_reports_the_team_score_not_win_rates(team_engine):
+    from roll.pipeline.evaluation import summarize_episodes
+
+    _, engine, tokenizer = team_engine
+    hanabi = {"players": 2, "colors": 2, "ranks": 3, "hand_size": 2,
+              "max_information_tokens": 3, "max_life_tokens": 1}
+    scheduler = RolloutScheduler(
+        env_factory=lambda: OpenSpielEnv("hanabi", hanabi),
+        render=render_prompt,
+        seatings=[build_seating(AGENTS, 2, AGENTS)],
+        agent_names=AGENTS, engine=engine, tokenizer=tokenizer,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+        action=ActionConfig(),
+        config=RolloutConfig(num_groups=2, group_size=2, max_turns=6, max_prompt_tokens=4096,
+                             constrained_decoding=True),
+        cooperative=True,
+    )
+    result = scheduler.rollout(seed=0)
+    shared = [episode.returns[0] for episode in result.episodes]
+    assert all(len(set(episode.returns)) == 1 for episode in result.episodes)
+    assert result.metrics["team/score"] == pytest.approx(sum(shared) / len(shared))
+    assert not any(key.endswith("win_rate") for key in result.metrics)
+    evaluation = summarize_episodes(result.episodes, AGENTS, cooperative=True)
+    assert evaluation["eval/team/score"] == pytest.approx(sum(shared) / len(shared))
+    assert evaluation["eval/team/score_low"] <= evaluation["eval/team/score"]
+    assert not any(key.endswith("win_rate") for key in evaluation)
+
+
+def test_constrained_answers_longer_than_the_budget_are_refused(team_engine):
+    _, engine, tokenizer = team_engine
+    scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"rollout.sampling.max_new_tokens=2: the constrained "
+                                         r"answer"):
+        scheduler.rollout(seed=0)

@@ -50,12 +50,14 @@ def chat_prompts(path) -> list[list[int]]:
     return [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
 
 
-def sequence_logprobs(model, prompt: list[int], generated: list[int]) -> list[float]:
-    """Log-prob of each generated token under ``model`` (one forward, no padding)."""
+def sequence_logprobs(model, prompt: list[int], generated: list[int],
+                      temperature: float = 1.0) -> list[float]:
+    """Log-prob of each generated token under ``softmax(logits / temperature)`` of ``model``
+    (one plain forward, no padding, no filter)."""
     ids = torch.tensor([prompt + generated])
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
-    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1], dim=-1)  # (G, V)
+    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1] / temperature, dim=-1)  # (G, V)
     return logp.gather(-1, torch.tensor(generated)[:, None])[:, 0].tolist()
 
 

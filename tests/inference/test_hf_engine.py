@@ -265,8 +265,12 @@ def test_top_k_one_is_greedy(tiny_model_path):
         top1 = SamplingParams(temperature=1.5, top_k=1, max_new_tokens=12, seed=seed)
         sampled = engine.generate([GenerationRequest(p, "alice", top1) for p in prompts])
         assert [o.token_ids for o in sampled] == [o.token_ids for o in greedy]
-        for a, b in zip(sampled, greedy, strict=True):
-            torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
+    # Same tokens, but their log-probs are taken at the row's temperature (1.5), greedy's at 1.
+    for prompt, out in zip(prompts, sampled, strict=True):
+        ids = torch.tensor([prompt + out.token_ids])
+        at = team.logprobs(ids, torch.ones_like(ids), torch.tensor([0]), temperature=1.5)
+        torch.testing.assert_close(torch.tensor(out.logprobs), at[0, len(prompt):], rtol=0,
+                                   atol=1e-4)
 
 
 def test_stop_strings_and_max_new_tokens(tiny_model_path):
@@ -324,3 +328,28 @@ def test_requests_and_sampling_params_are_validated_with_the_field_named(tiny_mo
         tensors = team.export_adapter("alice")
         engine.load_adapter("x", tensors, team.lora_config("bob"), 0)  # rank 2 config, rank 4
     assert "x" not in engine.slots
+
+
+def test_logprobs_are_taken_at_each_rows_sampling_temperature(tiny_model_path):
+    """Issue 8: the engine's log-probs are those of softmax(z / T) for the row's own T (1 for
+    greedy rows), unfiltered, equal to the trainer's forward at that temperature."""
+    team = perturbed_team(tiny_model_path, 2)
+    prompts = chat_prompts(tiny_model_path)
+    temperatures = [0.7, 1.3, 0.0, 0.7]
+    requests = [
+        GenerationRequest(prompts[i], team.agent_names[i % 2],
+                          SamplingParams(temperature=t, top_k=3 if i == 3 else 0,
+                                         max_new_tokens=8, seed=i))
+        for i, t in enumerate(temperatures)
+    ]
+    outputs = _engine(tiny_model_path, team).generate(requests)
+    for request, output, temperature in zip(requests, outputs, temperatures, strict=True):
+        ids = torch.tensor([request.prompt_ids + output.token_ids])
+        agent = torch.tensor([team.agent_index(request.adapter)])
+        at = temperature or 1.0
+        recomputed = team.logprobs(ids, torch.ones_like(ids), agent,
+                                   temperature=at)[0, len(request.prompt_ids):]
+        torch.testing.assert_close(torch.tensor(output.logprobs), recomputed, rtol=0, atol=1e-4)
+        if at != 1.0:  # the temperature really matters for these tokens
+            at_one = team.logprobs(ids, torch.ones_like(ids), agent)[0, len(request.prompt_ids):]
+            assert (at_one - recomputed).abs().max() > 1e-2

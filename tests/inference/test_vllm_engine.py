@@ -42,7 +42,8 @@ def team(tiny_model_path):
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
     engine = VLLMEngine(str(tiny_model_path), load_tokenizer(tiny_model_path), max_loras=MAX_LORAS,
-                        max_lora_rank=5, dtype="float32", enforce_eager=True, max_model_len=512)
+                        max_lora_rank=5, dtype="float32", enforce_eager=True, max_model_len=512,
+                        tempered_logprobs=True)  # raw mode runs in the vLLM pipeline test
     yield engine
     engine.close()
 
@@ -70,8 +71,8 @@ def _max_logprob_gap(outputs, references) -> float:
                for a, b in zip(out.logprobs, ref.logprobs, strict=True))
 
 
-def test_mixed_batch_equals_hf_engine_tokens_and_raw_logprobs(tiny_model_path, team, engine,
-                                                              hf_engine):
+def test_mixed_batch_equals_hf_engine_tokens_and_logprobs(tiny_model_path, team, engine,
+                                                          hf_engine):
     assert isinstance(engine, InferenceEngine)
     version = _sync_both(team, [engine, hf_engine])
     prompts = chat_prompts(tiny_model_path)
@@ -87,14 +88,22 @@ def test_mixed_batch_equals_hf_engine_tokens_and_raw_logprobs(tiny_model_path, t
     # The agents really differ (so the equality above can fail on a mixed-up adapter).
     assert len({tuple(o.token_ids) for o in outputs[:5]}) == 5
 
-    # Sampled rows report RAW log-probs (temperature 1, no top-k), as the trainer recomputes.
-    hot = SamplingParams(temperature=0.6, top_k=5, top_p=0.9, max_new_tokens=10, seed=11)
-    (sampled,) = engine.generate([GenerationRequest(prompts[0], "carol", hot)])
+    # Sampled rows report log-probs at the sampling temperature, as the trainer recomputes.
+    warm = SamplingParams(temperature=0.7, max_new_tokens=10, seed=11)
+    (sampled,) = engine.generate([GenerationRequest(prompts[0], "carol", warm)])
     team.set_active_agent("carol")
-    recomputed = sequence_logprobs(team.peft_model, prompts[0], sampled.token_ids)
+    recomputed = sequence_logprobs(team.peft_model, prompts[0], sampled.token_ids, 0.7)
     torch.testing.assert_close(sampled.logprobs, recomputed, rtol=0, atol=1e-4)
+    at_one = sequence_logprobs(team.peft_model, prompts[0], sampled.token_ids)
+    assert max(abs(a - b) for a, b in zip(recomputed, at_one, strict=True)) > 1e-2
+    # With top-k/top-p vLLM reports the filtered (renormalised) distribution: never below the
+    # unfiltered log-prob (base.py names this exception).
+    hot = SamplingParams(temperature=0.6, top_k=5, top_p=0.9, max_new_tokens=10, seed=11)
+    (filtered,) = engine.generate([GenerationRequest(prompts[0], "carol", hot)])
+    unfiltered = sequence_logprobs(team.peft_model, prompts[0], filtered.token_ids, 0.6)
+    assert all(a >= b - 1e-5 for a, b in zip(filtered.logprobs, unfiltered, strict=True))
     assert engine.generate([GenerationRequest(prompts[0], "carol", hot)])[0].token_ids == (
-        sampled.token_ids)  # per-request seed: reproducible
+        filtered.token_ids)  # per-request seed: reproducible
 
 
 def test_training_update_is_served_on_the_next_generate(tiny_model_path, team, engine, hf_engine,
@@ -208,7 +217,11 @@ def test_stop_strings_constraints_and_lengths_match_hf_engine(tiny_model_path, t
         assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text,
                                                                 ref.finish_reason)
         assert len(out.logprobs) == len(out.token_ids)
-    assert _max_logprob_gap(outputs, expected) < 1e-4
+    # Unconstrained rows: the same log-probs; constrained rows: vLLM's are those of the masked
+    # (renormalised) distribution, never below the unmasked ones the hf engine reports.
+    assert _max_logprob_gap(outputs[:2], expected[:2]) < 1e-4
+    for out, ref in zip(outputs[2:], expected[2:], strict=True):
+        assert all(a >= b - 1e-5 for a, b in zip(out.logprobs, ref.logprobs, strict=True))
     assert [o.finish_reason for o in outputs] == ["stop", "length", *["eos"] * 4, "stop", "stop",
                                                   "length"]
     # Sampled constrained rows: always one allowed completion, and the sampling really chooses.

@@ -65,6 +65,29 @@ def test_tokenizer_round_trips_text_and_applies_chat_template(tiny_model_path):
     )
 
 
+# A chat template that reads enable_thinking the way Qwen3's does: False closes the thinking
+# block in the prompt; undefined leaves the model free to think.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+def test_enable_thinking_reaches_templates_that_take_it(tiny_model_path):
+    tokenizer = load_tokenizer(tiny_model_path)
+    chat = [{"role": "user", "content": "hello"}]
+    plain = tokenizer.decode(apply_chat_template(tokenizer, chat))
+    # A template that does not read it renders the same either way.
+    assert tokenizer.decode(apply_chat_template(tokenizer, chat, enable_thinking=False)) == plain
+    tokenizer.chat_template = THINKING_TEMPLATE
+    off = tokenizer.decode(apply_chat_template(tokenizer, chat, enable_thinking=False))
+    assert off == plain + "<think>\n\n</think>\n\n"
+    assert tokenizer.decode(apply_chat_template(tokenizer, chat, enable_thinking=True)) == plain
+    assert tokenizer.decode(apply_chat_template(tokenizer, chat)) == plain  # template default
+
+
 def test_model_generates_from_loaded_folder(tiny_model_path):
     tokenizer = load_tokenizer(tiny_model_path)
     model = load_model(tiny_model_path)

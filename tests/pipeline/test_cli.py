@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ BAD = [
     (["max_steps=[1,"], "bad override syntax"),
     (["max_stepz=3"], "max_stepz"),
     (["max_steps=abc"], "max_steps"),
-    (["advantage.estimator=ppo9"], "estimator"),
+    (["advantage.estimator=ppo9"], "advantage.estimator='ppo9'"),
     (["tracking.backends=[mlflow]"], "tracking.backends"),
     (["env.params.colours=3", "env.game=hanabi"], "env.params.colours"),
     (["env.game=hanabi", "env.params.players=9", "env.seat_to_agent=[agent_0,agent_1]"],
@@ -35,7 +36,30 @@ BAD = [
     (["eval.opponent=mcts:x"], "eval.opponent"),
     (["rollout.engine=trt"], "rollout.engine"),
     (["keep_last=0"], "keep_last"),
+    # Settings that would only fail (or silently do nothing) after the model loads.
+    (["advantage.estimator=gae"], ("advantage.estimator='gae'", "critic")),
+    (["advantage.gamma=2"], "advantage.gamma=2.0"),
+    (["advantage.norm=zscore"], "advantage.norm='zscore'"),
+    (["team.num_agents=4"], ("env.seat_to_agent", "'agent_2' sits in no seat", "never train")),
+    (["env.seat_to_agent=[[agent_0,random],[random,agent_1]]", "rollout.num_groups=1"],
+     "rollout.num_groups=1"),
+    (["rollout.group_size=1"], ("rollout.group_size=1", "advantage 0")),
+    (["rollout.sampling.temperature=0"], ("rollout.sampling.temperature=0", "identical")),
+    (["eval.opponent=agent_1"], ("eval.opponent='agent_1'", "trained agent")),
+    (["eval.opponent=snapshot:ghost@3"], ("eval.opponent", "ghost")),
+    (["eval.seat_to_agent=[random,random]"], ("eval.seat_to_agent", "no trained agent")),
+    (["env.seat_to_agent=[agent_0,snapshot:ghost@latest]"], ("env.seat_to_agent", "ghost")),
+    (["team.agents=[{name:team},{name:bob}]", "env.seat_to_agent=[team,bob]"],
+     ("team.agents[0].name='team'", "namespace")),
+    (["team.agents=[{name:bob},{name:rollout}]", "env.seat_to_agent=[bob,rollout]"],
+     "team.agents[1].name='rollout'"),
+    (["env.action.fallback=pass"], "env.action.fallback='pass'"),
+    (["resume=/no/such/checkpoint"], ("resume='/no/such/checkpoint'", "no such folder")),
+    (["model.device=cuda:99"], "model.device='cuda:99'"),
 ]
+if importlib.util.find_spec("vllm") is not None:  # without vllm, rollout.engine=vllm is refused
+    BAD.append((["rollout.engine=vllm", "rollout.vllm.max_model_len=512"],
+                ("rollout.vllm.max_model_len=512", "rollout.max_prompt_tokens")))
 
 
 @pytest.mark.parametrize("args, names", BAD)
@@ -52,8 +76,45 @@ def test_bad_config_is_one_line_naming_the_key(args, names, tmp_path, capsys):
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert err.startswith("config error")
-    assert names in err
+    for name in (names,) if isinstance(names, str) else names:
+        assert name in err
     assert not out.exists()
+
+
+def _refused(args: list[str], capsys) -> str:
+    code = run_cli(lambda cfg: pytest.fail("the pipeline must not start"), CONFIG + args, "test")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("below", ["", "run"])
+def test_output_dir_naming_a_file_is_refused(below, tmp_path, capsys):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine")
+    out = existing / below if below else existing
+    err = _refused([f"output_dir={out}"], capsys)
+    assert err.startswith(f"config error: output_dir='{out}'") and "is a file" in err
+    assert existing.read_text() == "mine"
+
+
+def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
+    from roll.utils.checkpoint import save_checkpoint
+
+    def two_agents(folder):
+        for name in ("agent_0", "ghost"):
+            (folder / name).mkdir()
+            (folder / name / "adapter_model.safetensors").write_bytes(b"x")
+
+    ckpt = save_checkpoint(tmp_path / "old", 3, {"step": 3}, two_agents, keep_last=1)
+    out = tmp_path / "run"
+    err = _refused([f"resume={ckpt}", f"output_dir={out}"], capsys)
+    assert err.startswith(f"config error: resume='{ckpt}'")
+    assert "['agent_0', 'ghost']" in err and "['agent_0', 'agent_1']" in err
+    assert not out.exists()
+    # resume=latest looks in output_dir: the same checkpoint found there is refused too.
+    err = _refused(["resume=latest", f"output_dir={tmp_path / 'old'}"], capsys)
+    assert err.startswith("config error: resume='latest'") and "ghost" in err
 
 
 def test_good_config_validates_and_flags_become_overrides(capsys):

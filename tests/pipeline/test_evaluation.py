@@ -43,9 +43,9 @@ def test_summary_counts_each_agent_in_its_own_seats():
         EpisodeResult(3, 3, 4, [-1.0, 1.0], as_x),   # alice loses
     ]
     metrics = summarize_episodes(episodes, agents)
-    assert metrics["eval/agent_alice/win_rate"] == 0.5
-    assert metrics["eval/agent_alice/mean_return"] == 0.0
-    assert metrics["eval/agent_bob/win_rate"] == 0.5
-    assert metrics["eval/agent_bob/draw_rate"] == 0.5
-    assert metrics["eval/agent_bob/mean_return"] == 0.5
-    assert metrics["eval/agent_alice/episodes"] == 2.0
+    assert metrics["eval/alice/win_rate"] == 0.5
+    assert metrics["eval/alice/mean_return"] == 0.0
+    assert metrics["eval/bob/win_rate"] == 0.5
+    assert metrics["eval/bob/draw_rate"] == 0.5
+    assert metrics["eval/bob/mean_return"] == 0.5
+    assert metrics["eval/alice/episodes"] == 2.0

@@ -30,30 +30,32 @@ def test_snapshot_opponent_trains_against_a_frozen_copy_then_evaluation_reads_ch
 ):
     out = tmp_path / "run"
     # agent_0 trains in seat 0 against its own frozen past self in seat 1.
-    train = _config(out, "env.seat_to_agent=[agent_0,snapshot:agent_0@latest]", "max_steps=3")
+    train = _config(out, "env.seat_to_agent=[agent_0,snapshot:agent_0@latest]", "max_steps=3",
+                    "team.num_agents=1")
     pipeline = AgenticPipeline(train)
     pipeline.run()
     # The pool grew at each checkpoint; the seat plays the newest snapshot and the engine keeps
     # only that one (the step-0 slot was unloaded when the seat moved on).
     assert sorted(pipeline.pool.snapshots["agent_0"]) == [0, 1, 2, 3]
-    assert set(pipeline.engine.slots) == {"agent_0", "agent_1", "agent_0@step2"}
+    assert set(pipeline.engine.slots) == {"agent_0", "agent_0@step2"}
     # The step-0 snapshot is the untrained adapter; the live agent moved away from it.
     frozen = pipeline.pool.snapshots["agent_0"][0]
     live = pipeline.model.export_adapter("agent_0")
     assert any(not torch.equal(frozen[k], live[k]) for k in live)
 
     # Evaluation only: the latest checkpoint against its step-1 snapshot read from disk.
-    evaluate = _config(out, "resume=latest", "eval.num_episodes=20",
+    evaluate = _config(out, "resume=latest", "eval.num_episodes=20", "team.num_agents=1",
+                       "env.seat_to_agent=[agent_0,snapshot:agent_0@latest]",
                        "eval.seat_to_agent=[agent_0,snapshot:agent_0@1]")
     metrics = run_evaluation(evaluate)
     printed = capsys.readouterr().out
     assert "agent_0" in printed and "win rate [95% CI]" in printed
-    assert metrics["eval/agent_agent_0/episodes"] == 20.0
-    low, rate, high = (metrics[f"eval/agent_agent_0/win_rate{s}"] for s in ("_low", "", "_high"))
+    assert metrics["eval/agent_0/episodes"] == 20.0
+    low, rate, high = (metrics[f"eval/agent_0/win_rate{s}"] for s in ("_low", "", "_high"))
     assert 0.0 <= low <= rate <= high <= 1.0
     results = json.loads((out / "eval_results.json").read_text())
     assert results["checkpoint"].endswith("step_00000003")
-    assert results["metrics"]["eval/agent_agent_0/win_rate"] == rate
+    assert results["metrics"]["eval/agent_0/win_rate"] == rate
     on_disk = load_file(str(out / "checkpoints" / "step_00000001" / "agents" / "agent_0" /
                             "adapter_model.safetensors"))
     evaluation = AgenticPipeline(evaluate)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.utils.plot import main, read_metrics
+from roll.utils.plot import group_series, main, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,17 +22,19 @@ def _write_metrics(run_dir: Path) -> None:
         lines.append(json.dumps({
             "step": step,
             "wall_time": 1000.0 + step,
-            "agent_alice/policy_loss": 1.0 / (step + 1),
-            "agent_alice/episode_return": step * 0.1,
-            "agent_bob/policy_loss": float("nan") if step == 4 else 0.5,
+            "alice/policy_loss": 1.0 / (step + 1),
+            "alice/episode_return": step * 0.1,
+            "bob/policy_loss": float("nan") if step == 4 else 0.5,
+            "eval/alice/win_rate": 0.5,
+            "eval/team/score": 1.0,
             "team/episode_return": step * 0.05,
             "time/rollout": 2.0,
             "rollout/episodes": 8,
         }))
-    lines.append(json.dumps({"step": 5, "agent_alice/policy_loss": 9.0}))  # step redone
+    lines.append(json.dumps({"step": 5, "alice/policy_loss": 9.0}))  # step redone
     run_dir.mkdir()
     # The last line is cut, as when a run is killed mid-write.
-    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "agent_al')
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "alic')
 
 
 def test_plot_command_writes_valid_pngs(tmp_path):
@@ -45,7 +47,7 @@ def test_plot_command_writes_valid_pngs(tmp_path):
         capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    names = ["curves_agent_alice.png", "curves_agent_bob.png", "curves_team.png"]
+    names = ["curves_alice.png", "curves_bob.png", "curves_team.png"]
     assert sorted(Path(line).name for line in result.stdout.split()) == names
     for name in names:
         data = (out / name).read_bytes()
@@ -57,9 +59,17 @@ def test_plot_command_writes_valid_pngs(tmp_path):
 def test_read_metrics_keeps_last_value_of_a_step(tmp_path):
     _write_metrics(tmp_path / "run")
     series = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert series["agent_alice/policy_loss"][5] == 9.0
+    assert series["alice/policy_loss"][5] == 9.0
     assert series["rollout/episodes"][0] == 8.0
     assert "wall_time" not in series and "step" not in series
+
+
+def test_each_agent_figure_holds_its_training_and_evaluation_curves(tmp_path):
+    _write_metrics(tmp_path / "run")
+    figures = group_series(read_metrics(tmp_path / "run" / "metrics.jsonl"))
+    assert sorted(figures) == ["alice", "bob", "team"]
+    assert sorted(figures["alice"]) == ["episode_return", "eval/win_rate", "policy_loss"]
+    assert "eval/team/score" in figures["team"] and "time/rollout" in figures["team"]
 
 
 def test_missing_metrics_file_is_a_clear_error(tmp_path, capsys):

@@ -65,15 +65,15 @@ def test_all_backends_write_the_same_values(tmp_path, wandb_env, capsys):
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
-    assert [line["agent_alice/policy_loss"] for line in lines] == [0.5, 0.375, 0.25]
+    assert [line["alice/policy_loss"] for line in lines] == [0.5, 0.375, 0.25]
     assert lines[1]["time/rollout"] == 1.5 and lines[2]["team/episode_return"] == 2.0
-    assert math.isnan(lines[2]["agent_bob/policy_loss"])  # kept, not dropped
+    assert math.isnan(lines[2]["bob/policy_loss"])  # kept, not dropped
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
-    scalars = events.Scalars("agent_alice/policy_loss")
+    scalars = events.Scalars("alice/policy_loss")
     assert [(s.step, s.value) for s in scalars] == [(0, 0.5), (1, 0.375), (2, 0.25)]
-    assert math.isnan(events.Scalars("agent_bob/policy_loss")[2].value)
+    assert math.isnan(events.Scalars("bob/policy_loss")[2].value)
 
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((run_dir / "wandb").iterdir())
@@ -86,7 +86,21 @@ def test_all_backends_write_the_same_values(tmp_path, wandb_env, capsys):
     assert "rollout 1.5s" in step_lines[0] and "train 0.25s" in step_lines[0]
     assert "alice episode_return=-1 policy_loss=0.5" in step_lines[0]
     assert "bob policy_loss=!nan!" in step_lines[2]
-    assert step_lines[2].endswith("NON-FINITE: agent_bob/policy_loss")
+    assert step_lines[2].endswith("NON-FINITE: bob/policy_loss")
+
+
+def test_wandb_run_id_continues_one_run_across_trackers(tmp_path, wandb_env):
+    """A resumed training run passes its saved run id: WandB files of both parts carry it."""
+    config = TrackingConfig(backends=["wandb"], log_dir=str(tmp_path / "run"),
+                            wandb_mode="offline", run_id="rollrun01")
+    for step in (1, 2):  # the first part, then the resumed one
+        with Tracker(config) as tracker:
+            tracker.log({"team/x": float(step)}, step=step)
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    # Two parts in one second share a folder name, and WandB adds "-1": read the id from the
+    # run file inside each folder.
+    assert len(runs) == 2 and all("-rollrun01" in run.name for run in runs), runs
+    assert all(list(run.glob("run-rollrun01.wandb")) for run in runs), runs
 
 
 def test_jsonl_appends_across_trackers(tmp_path):
@@ -124,13 +138,17 @@ def test_wandb_auto_mode_follows_api_key(monkeypatch):
     assert resolve_wandb_mode("disabled") == "disabled"
 
 
-def test_agent_metric_names():
-    flat = agent_metrics({"alice": {"policy_loss": 1, "kl/ref": 2.5}, "bob": {"reward": -1}})
-    assert flat == {"agent_alice/policy_loss": 1.0, "agent_alice/kl/ref": 2.5,
-                    "agent_bob/reward": -1.0}
-    assert split_agent_key("agent_alice/kl/ref") == ("alice", "kl/ref")
-    assert split_agent_key("team/reward") is None
-    assert split_agent_key("agent_alice") is None
+def test_agent_metric_names_are_prefixed_by_the_agent_name():
+    flat = agent_metrics({"alice": {"policy_loss": 1, "kl/ref": 2.5}, "agent_0": {"reward": -1}})
+    assert flat == {"alice/policy_loss": 1.0, "alice/kl/ref": 2.5, "agent_0/reward": -1.0}
+    assert split_agent_key("alice/kl/ref") == ("alice", "kl/ref")
+    assert split_agent_key("agent_0/reward") == ("agent_0", "reward")
+    for key in ("team/reward", "time/rollout", "rollout/episodes", "eval/alice/win_rate",
+                "train/x", "alice"):
+        assert split_agent_key(key) is None, key
+    # Knowing the agents, only their keys count.
+    assert split_agent_key("alice/reward", ["alice", "bob"]) == ("alice", "reward")
+    assert split_agent_key("carol/reward", ["alice", "bob"]) is None
 
 
 def test_console_every_still_prints_non_finite_steps(tmp_path):
@@ -145,7 +163,7 @@ def test_console_every_still_prints_non_finite_steps(tmp_path):
 
 
 def test_console_line_falls_back_to_any_agent_metrics():
-    line = format_console_line({"agent_carol/zeta": 3.0, "agent_carol/alpha": 2.0}, step=7)
+    line = format_console_line({"carol/zeta": 3.0, "carol/alpha": 2.0}, step=7)
     assert line == "step 7 | carol alpha=2 zeta=3"
 
 

@@ -1,9 +1,21 @@
-"""Any sequential OpenSpiel game behind the ``MultiAgentEnv`` protocol.
+"""Any OpenSpiel game behind the ``MultiAgentEnv`` protocol, simultaneous-move games included.
 
 Seats are OpenSpiel players. Chance nodes never reach the caller: after ``reset`` and after every
 move the env samples chance outcomes from ``state.chance_outcomes()`` with its own numpy RNG
 (``np.random.default_rng(seed)``, one ``rng.choice(len(outcomes), p=probs)`` call per chance
 node), so an episode is a pure function of the reset seed and the moves played.
+
+Simultaneous-move games (goofspiel, oshi_zumo, the matrix games, repeated_game, ...) are played
+in OpenSpiel's turn-based form (``pyspiel.convert_to_turn_based``, the game
+``turn_based_simultaneous_game``), because the rollout asks one seat at a time for one move:
+each round seats 0, 1, ... pick in turn (a seat with no legal move is skipped) and the joint move
+is applied after the last pick. A seat's observation and information state there are those of
+the simultaneous game, which change only when the whole round is applied, so no seat sees what
+the others picked in the round it is playing. (``str(state)`` does show those picks, so a game
+whose players have no observation or information-state string is refused.) Naming the wrapper
+itself, ``turn_based_simultaneous_game`` with ``game_params={"game": "goofspiel(num_cards=4)"}``
+or ``{"game": {"name": "goofspiel", "num_cards": 4}}``, loads the same game as ``goofspiel``
+with ``{"num_cards": 4}``. Mean-field games are refused.
 
 Actions travel as strings (``state.action_to_string``), stripped; if two legal actions of one
 state render to the same string, every member of that group gets its action id appended, e.g.
@@ -22,10 +34,14 @@ episode ends at once and ``returns()`` becomes
 Step rewards are the change of ``state.returns()`` over the move and the chance nodes it led to
 (the forfeit step: the change to the forfeit returns), so they always sum to ``returns()``.
 (``state.rewards()`` is not summed: Hanabi's repeats the last move's reward after a chance node.)
+In a converted simultaneous game the returns change when a round is applied, so the round's
+rewards arrive with its last pick.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +49,9 @@ import numpy as np
 import pyspiel
 
 from roll.agentic.env.base import StepResult
+
+TURN_BASED_WRAPPER = "turn_based_simultaneous_game"
+"""OpenSpiel's game that plays a simultaneous-move game one seat at a time."""
 
 _HANABI_RANGES = {"players": (2, 5), "colors": (1, 5), "ranks": (1, 5)}
 _HANABI_AT_LEAST_ONE = ("hand_size", "max_information_tokens", "max_life_tokens")
@@ -43,29 +62,49 @@ def _hanabi_cards_per_color(ranks: int) -> int:
     return sum(3 if rank == 0 else 1 if rank == ranks - 1 else 2 for rank in range(ranks))
 
 
-def _check_hanabi_params(params: Mapping[str, Any]) -> None:
+def _check_hanabi_params(params: Mapping[str, Any], field: str) -> None:
     """Reject Hanabi parameters that would abort the process inside the C++ library."""
     for key, (low, high) in _HANABI_RANGES.items():
         if key in params and not low <= params[key] <= high:
-            raise ValueError(f"game_params.{key} for hanabi must be in [{low}, {high}], "
+            raise ValueError(f"{field}.{key} for hanabi must be in [{low}, {high}], "
                              f"got {params[key]!r}")
     for key in _HANABI_AT_LEAST_ONE:
         if key in params and params[key] < 1:
-            raise ValueError(f"game_params.{key} for hanabi must be >= 1, got {params[key]!r}")
+            raise ValueError(f"{field}.{key} for hanabi must be >= 1, got {params[key]!r}")
     players = params.get("players", 2)
     hand_size = params.get("hand_size", 5 if players < 4 else 4)
     deck = _hanabi_cards_per_color(params.get("ranks", 5)) * params.get("colors", 5)
     if hand_size * players > deck:
-        raise ValueError(f"game_params for hanabi: hand_size * players = {hand_size * players} "
+        raise ValueError(f"{field} for hanabi: hand_size * players = {hand_size * players} "
                          f"exceeds the deck of {deck} cards")
 
 
-# Games whose C++ code aborts the process (not a Python exception) on some parameter values.
-_PARAM_CHECKS = {"hanabi": _check_hanabi_params}
+def _check_goofspiel_params(params: Mapping[str, Any], field: str) -> None:
+    """Reject a deck without cards: it loads, then stops at a chance node with no outcome."""
+    if params.get("num_cards", 1) < 1:
+        raise ValueError(f"{field}.num_cards for goofspiel must be >= 1, "
+                         f"got {params['num_cards']!r}")
 
 
-def _typed_param(game_name: str, key: str, value: Any, default: Any) -> Any:
-    """``value`` with the type OpenSpiel expects for ``key`` (int → float allowed, nothing else)."""
+# Games whose C++ code aborts the process (not a Python exception), or builds a game that
+# cannot be played, on some parameter values.
+_PARAM_CHECKS = {"hanabi": _check_hanabi_params, "goofspiel": _check_goofspiel_params}
+
+
+@functools.cache
+def _game_types() -> dict[str, pyspiel.GameType]:
+    """Registered games by short name; their parameter specs are read without loading a game
+    (some games, like the wrapper, cannot load without parameters)."""
+    return {game_type.short_name: game_type for game_type in pyspiel.registered_games()}
+
+
+def _check_registered(game_name: str, field: str) -> None:
+    if game_name not in _game_types():
+        raise ValueError(f"{field}: unknown OpenSpiel game {game_name!r}")
+
+
+def _typed_param(game_name: str, field: str, value: Any, default: Any) -> Any:
+    """``value`` with the type OpenSpiel expects for ``field`` (int → float allowed only)."""
     if isinstance(default, bool) or not isinstance(default, int | float):
         ok = type(value) is type(default)
     elif isinstance(default, int):
@@ -74,36 +113,119 @@ def _typed_param(game_name: str, key: str, value: Any, default: Any) -> Any:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         value = float(value) if ok else value
     if not ok:
-        raise ValueError(f"game_params.{key} for {game_name} must be of type "
+        raise ValueError(f"{field} for {game_name} must be of type "
                          f"{type(default).__name__}, got {value!r}")
     return value
 
 
-def load_game(game_name: str, game_params: Mapping[str, Any] | None = None) -> pyspiel.Game:
-    """Load a sequential OpenSpiel game from a plain dict of parameters (e.g. from YAML).
+def _game_valued(value: Any, field: str) -> tuple[str, dict[str, Any]]:
+    """(name, params) of a parameter that is itself a game (the wrapper's ``game``,
+    repeated_game's ``stage_game``), given as OpenSpiel's game string
+    ``"goofspiel(num_cards=4)"`` or as a mapping ``{"name": "goofspiel", "num_cards": 4}``."""
+    if isinstance(value, str):
+        try:
+            value = pyspiel.game_parameters_from_string(value)
+        except pyspiel.SpielError as error:
+            raise ValueError(f"{field}: cannot parse game string {value!r}: {error}") from None
+    if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+        raise ValueError(f"{field} must be a game, e.g. 'goofspiel(num_cards=4)' or "
+                         f"{{name: goofspiel, num_cards: 4}}; got {value!r}")
+    params = dict(value)
+    return params.pop("name"), params
 
-    Raises ValueError naming ``game_name`` / ``game_params.<key>`` on an unknown game, unknown
-    parameter, wrong parameter type, known-fatal value, or a simultaneous-move game.
+
+def _checked_params(game_name: str, game_params: Mapping[str, Any], field: str
+                    ) -> dict[str, Any]:
+    """``game_params`` typed for OpenSpiel; game-valued parameters are checked recursively.
+
+    ``field`` names the parameters in errors: ``game_params``, ``game_params.game``, ...
     """
-    if game_name not in pyspiel.registered_names():
-        raise ValueError(f"game_name: unknown OpenSpiel game {game_name!r}")
-    spec = pyspiel.load_game(game_name).get_type().parameter_specification
-    params = {}
-    for key, value in dict(game_params or {}).items():
+    spec = _game_types()[game_name].parameter_specification
+    params: dict[str, Any] = {}
+    for key, value in dict(game_params).items():
         if key not in spec:
-            raise ValueError(f"game_params.{key}: unknown parameter of {game_name}; "
+            raise ValueError(f"{field}.{key}: unknown parameter of {game_name}; "
                              f"known: {sorted(spec)}")
-        params[key] = _typed_param(game_name, key, value, spec[key])
+        if isinstance(spec[key], dict):  # a game-valued parameter
+            inner_name, inner_params = _game_valued(value, f"{field}.{key}")
+            _check_registered(inner_name, f"{field}.{key}")
+            params[key] = {"name": inner_name,
+                           **_checked_params(inner_name, inner_params, f"{field}.{key}")}
+        else:
+            params[key] = _typed_param(game_name, f"{field}.{key}", value, spec[key])
     if game_name in _PARAM_CHECKS:
-        _PARAM_CHECKS[game_name](params)
+        _PARAM_CHECKS[game_name](params, field)
+    return params
+
+
+def _blamed_field(message: str, params: Mapping[str, Any], field: str) -> str:
+    """``field.<key>`` for the parameter an OpenSpiel error names ("Missing parameter
+    num_repetitions"), else for the first given parameter it mentions ("num_turns_ <=
+    num_cards_"), else ``field``."""
+    named = re.search(r"parameter '?(\w+)", message)
+    if named:
+        return f"{field}.{named.group(1)}"
+    mentioned = sorted((message.find(key), key) for key in params if key in message)
+    return f"{field}.{mentioned[0][1]}" if mentioned else field
+
+
+def load_game(game_name: str, game_params: Mapping[str, Any] | None = None) -> pyspiel.Game:
+    """Load an OpenSpiel game from a plain dict of parameters (e.g. from YAML).
+
+    Sequential games load as they are; simultaneous-move games are converted to their
+    turn-based form (module docstring), so the result is always a sequential game. Raises
+    ValueError naming ``game_name`` / ``game_params.<key>`` (``game_params.game.<key>`` inside a
+    game-valued parameter) on an unknown game, unknown parameter, wrong parameter type,
+    known-fatal value, a value OpenSpiel rejects, or a mean-field game.
+    """
+    return _load(game_name, game_params or {}, "game_name", "game_params")
+
+
+def _load(game_name: str, game_params: Mapping[str, Any], name_field: str, params_field: str
+          ) -> pyspiel.Game:
+    """``load_game``, naming ``name_field`` / ``params_field`` in errors."""
+    _check_registered(game_name, name_field)
+    params = _checked_params(game_name, game_params, params_field)
+    if game_name == TURN_BASED_WRAPPER:
+        # The wrapped game goes through the same path, so the wrapper of goofspiel and
+        # goofspiel itself are one game.
+        if "game" not in params:
+            raise ValueError(f"{params_field}.game: {TURN_BASED_WRAPPER} needs the game to "
+                             "convert, e.g. game: 'goofspiel(num_cards=4)'")
+        inner_params = dict(params["game"])
+        inner_name = inner_params.pop("name")
+        game = _load(inner_name, inner_params, f"{params_field}.game", f"{params_field}.game")
+        if simultaneous_game_name(game) is None:
+            raise ValueError(f"{params_field}.game: {inner_name} is not a simultaneous-move "
+                             "game; name it directly")
+        return game
     try:
         game = pyspiel.load_game(game_name, params)
+        game.new_initial_state()  # some bad values (goofspiel's num_turns) only fail here
     except pyspiel.SpielError as error:
-        raise ValueError(f"game_params for {game_name}: {error}") from error
-    if game.get_type().dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
-        raise ValueError(f"game_name: {game_name} has {game.get_type().dynamics} dynamics; only "
-                         "sequential (turn-based) games are supported, not simultaneous moves")
+        message = " ".join(str(error).split())
+        raise ValueError(f"{_blamed_field(message, params, params_field)} for {game_name}: "
+                         f"{message}") from None
+    dynamics = game.get_type().dynamics
+    if dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS:
+        game = pyspiel.convert_to_turn_based(game)
+        game_type = game.get_type()
+        if not (game_type.provides_observation_string
+                or game_type.provides_information_state_string):
+            raise ValueError(f"{name_field}: {game_name} gives its players no observation "
+                             "string; the only text left would show the round's earlier picks")
+    elif dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
+        raise ValueError(f"{name_field}: {game_name} has {dynamics} dynamics; only sequential "
+                         "and simultaneous-move games are supported")
     return game
+
+
+def simultaneous_game_name(game: pyspiel.Game) -> str | None:
+    """The short name of the simultaneous-move game that turn-based ``game`` converts, or None
+    if ``game`` is not a converted one."""
+    if game.get_type().short_name != TURN_BASED_WRAPPER:
+        return None
+    return game.get_parameters()["game"]["name"]
 
 
 def unique_action_strings(texts: list[str], action_ids: list[int]) -> list[str]:
@@ -138,10 +260,10 @@ def forfeit_returns(game: pyspiel.Game, seat: int, current: list[float]) -> list
 
 
 class OpenSpielEnv:
-    """One sequential OpenSpiel game as a ``MultiAgentEnv``.
+    """One OpenSpiel game as a ``MultiAgentEnv`` (a simultaneous-move game in turn-based form).
 
     Args:
-        game_name: OpenSpiel short name, e.g. ``"hanabi"``, ``"tic_tac_toe"``.
+        game_name: OpenSpiel short name, e.g. ``"hanabi"``, ``"tic_tac_toe"``, ``"goofspiel"``.
         game_params: game parameters as a plain dict, e.g. ``{"players": 3, "colors": 2}``.
     """
 
@@ -159,7 +281,8 @@ class OpenSpielEnv:
 
     @property
     def name(self) -> str:
-        return self.game.get_type().short_name
+        """The game's short name; for a converted game the simultaneous one's (``goofspiel``)."""
+        return simultaneous_game_name(self.game) or self.game.get_type().short_name
 
     @property
     def num_seats(self) -> int:
@@ -211,6 +334,12 @@ class OpenSpielEnv:
         return list(self._forfeit) if self._forfeit is not None else list(self.state.returns())
 
     # ---- OpenSpiel extras (built-in opponents, renderers, tests) ----------------------------
+
+    @property
+    def simultaneous_moves(self) -> bool:
+        """True if the game is a simultaneous-move game played in turn-based form: the seats of
+        a round pick one after the other, each without seeing the others' picks."""
+        return simultaneous_game_name(self.game) is not None
 
     @property
     def state(self) -> pyspiel.State:

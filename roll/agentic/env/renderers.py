@@ -6,6 +6,10 @@ game. Prompts are kept short (a tiny model with a small context plays them on CP
 every legal move verbatim. ``RenderedPrompt.numbered_moves`` tells ``parse_action`` whether a
 move's number is an acceptable answer. Renderers only read what the seat may see:
 ``env.observation(seat)``, ``env.information_state(seat)`` and the legal moves.
+
+A simultaneous-move game (``env.simultaneous_moves``) is played in turn-based form, so its prompt
+says that the seat picks without seeing the others' picks of the round: the observation never
+shows them, and a model should not wait for them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from roll.agentic.env.openspiel_env import OpenSpielEnv
 THINK_AND_ANSWER = "Think inside <think>...</think> if you like, then reply with one legal move"
 ANSWER_NUMBERED = f"{THINK_AND_ANSWER} (its text or number) inside <answer>...</answer>."
 ANSWER_VERBATIM = f"{THINK_AND_ANSWER}, exactly as written, inside <answer>...</answer>."
+SIMULTANEOUS = ("Moves are simultaneous: each round every player picks a move without seeing "
+                "the others' picks of that round; the picks are revealed together.")
 
 
 @dataclass
@@ -78,7 +84,22 @@ def render_generic(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
     numbered = not any(move.lstrip("-").isdigit() for move in legal)
     rules = (f"You are playing {env.game.get_type().long_name} as player {seat} "
              f"({env.num_seats} players).")
+    if env.simultaneous_moves:
+        rules += f" {SIMULTANEOUS}"
     return _prompt(rules, f"Your view of the game:\n{env.observation(seat)}", legal, numbered)
+
+
+@register_renderer("goofspiel")
+def render_goofspiel(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    num_cards = env.game.get_parameters()["game"]["num_cards"]
+    rules = (f"Goofspiel, {env.num_seats} players, each with cards 1-{num_cards}. Each round a "
+             "point card is shown and every player bids one card from their hand; the highest "
+             "bid wins points equal to the point card (a tie: nobody), and bids are discarded. "
+             f"Most points at the end wins. {SIMULTANEOUS} Win sequence: each round's winner "
+             "(-3: a tie).")
+    view = env.observation(seat).rstrip()
+    # A move's number would be confused with the card it bids, so the moves are not numbered.
+    return _prompt(rules, f"You are player {seat}.\n{view}", env.legal_actions(seat), False)
 
 
 @register_renderer("tic_tac_toe")
