@@ -1,0 +1,126 @@
+"""Training throughput of the multi-agent trainer: fused vs per-agent, 1 to 8 agents.
+
+    python benchmarks/train_throughput.py            # GPU: Qwen3-0.6B shape, random bf16
+    python benchmarks/train_throughput.py --tiny     # CPU smoke check (seconds)
+
+The same rows (``--rows`` x ``--tokens``, prompt ``--prompt`` ± 20 tokens, the rest response)
+are split round-robin among 1, 2, 4 and 8 agents (LoRA r=32 on all 7 projections), then for
+each team and each path (fused: one forward/backward per mixed micro-batch; sequential: one
+agent at a time) we time, after an untimed warm-up:
+  old_logprob   the no-grad pass over every row (``trainer.logprob_micro_batch_size`` rows),
+  train_step    one MultiAgentTrainer.train_step (PPO loss, one optimizer step per agent).
+Reported: seconds, tokens/s (all tokens of all rows), MFU = 6 * P * tokens / s / peak (P = base
+parameters; the usual dense-training estimate, LoRA's own FLOPs ignored) for the train step,
+peak memory, and each time relative to the 1-agent team on the same path.
+Prints one JSON object; writes $OUT/train_throughput.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from logprob_memory import QWEN3_06B, TINY, measure  # noqa: E402
+
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12}
+"""Dense bf16 peak (no sparsity) of the GPUs we run on."""
+
+
+def run(args, num_agents: int, fused: bool, base, batch) -> dict:
+    from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
+    from roll.multi_agent.model import MultiAgentLoRAModel
+    from roll.multi_agent.worker import MultiAgentTrainer
+
+    agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
+                          optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]
+    model = MultiAgentLoRAModel(base, agents, seed=0)
+    config = TrainerConfig(micro_batch_size=args.micro, fused=fused)
+    trainer = MultiAgentTrainer(model, agents, config)
+    batch = batch.with_fields(agent_id=torch.arange(len(batch), device=batch.input_ids.device)
+                              % num_agents)
+    keywords = dict(positions=batch.response_mask.bool(), micro_batch_size=config.forward_rows)
+
+    def old_logprob():
+        return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **keywords)
+
+    filled = batch.with_fields(old_logprobs=old_logprob())
+    result = {"agents": num_agents, "fused": fused,
+              "old_logprob": measure(old_logprob, batch.input_ids.device),
+              "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device)}
+    # Remove this team's adapters from the shared base before the next team is built.
+    base_model = model.peft_model.unload()
+    assert base_model is base
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+    if args.tiny:
+        args.rows, args.tokens, args.prompt = 16, 64, 32
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from roll.batch import TrajectoryBatch
+
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    torch.manual_seed(0)
+    with device:
+        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if args.tiny else QWEN3_06B)))
+    base = base.to(torch.float32 if args.tiny else torch.bfloat16).eval()
+    for param in base.parameters():
+        param.requires_grad_(False)
+    params = sum(p.numel() for p in base.parameters())
+    gen = torch.Generator().manual_seed(0)
+    rows, tokens = args.rows, args.tokens
+    response_mask = torch.zeros(rows, tokens)
+    for row in range(rows):
+        response_mask[row, args.prompt + int(torch.randint(-20, 21, (1,), generator=gen)):] = 1
+    batch = TrajectoryBatch(
+        input_ids=torch.randint(0, base.config.vocab_size, (rows, tokens), generator=gen),
+        attention_mask=torch.ones(rows, tokens, dtype=torch.long),
+        response_mask=response_mask,
+        agent_id=torch.zeros(rows, dtype=torch.long),
+        advantages=torch.randn(rows, tokens, generator=gen) * response_mask,
+    ).to(device)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    results = []
+    for fused in (True, False):
+        for num_agents in args.agents:
+            entry = run(args, num_agents, fused, base, batch)
+            seconds = entry["train_step"]["seconds"]
+            entry["train_tokens_per_s"] = round(rows * tokens / seconds)
+            if peak:
+                entry["train_mfu"] = round(6 * params * rows * tokens / seconds / peak, 4)
+            results.append(entry)
+            print(json.dumps(entry), flush=True)
+    for entry in results:
+        one = next(e for e in results if e["agents"] == args.agents[0]
+                   and e["fused"] == entry["fused"])
+        for phase in ("old_logprob", "train_step"):
+            entry[phase]["vs_first_team"] = round(
+                entry[phase]["seconds"] / one[phase]["seconds"], 3)
+    summary = {"device": name, "torch": torch.__version__, "base_params": params,
+               "rows": rows, "tokens": tokens, "prompt": args.prompt,
+               "micro_batch_size": args.micro, "results": results}
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "train_throughput.json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
