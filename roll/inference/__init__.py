@@ -7,6 +7,7 @@ from roll.inference.base import (
     SamplingParams,
     load_adapter_folder,
     push_adapters,
+    serve,
 )
 from roll.inference.hf_engine import HFEngine
 
@@ -18,4 +19,5 @@ __all__ = [
     "SamplingParams",
     "load_adapter_folder",
     "push_adapters",
+    "serve",
 ]

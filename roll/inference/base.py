@@ -17,6 +17,7 @@ temperature 1 or for tempered log-probs that include its filters (see ``tempered
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -196,3 +197,34 @@ def load_adapter_folder(
         raise FileNotFoundError(f"no adapter_model.safetensors in {directory} (slot {slot!r})")
     engine.load_adapter(slot, load_file(str(weights)), LoraConfig.from_pretrained(str(directory)),
                         version)
+
+
+Follow = Callable[[int, GenerationOutput], list[GenerationRequest]]
+"""Called with (request key, its output) as each request finishes; returns new requests. Keys
+number the requests in the order they were made: ``first`` 0..n-1, then every request a
+``Follow`` call returns, in the order returned."""
+
+
+def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow,
+          context_len: int | None = None, continuous: bool = True) -> int:
+    """Generate for ``first`` and for every request ``follow`` returns, until none is left;
+    returns how many requests were served.
+
+    An engine with its own ``serve`` (the hf engine: continuous batching) runs it, so a new
+    request joins the running batch as soon as it exists; any other engine plays rounds: one
+    ``generate`` call per round, follow-ups in the next round. ``context_len`` bounds prompt +
+    max_new_tokens of any request (continuous engines size their cache by it).
+    ``continuous=False`` plays rounds on any engine.
+    """
+    own = getattr(engine, "serve", None)
+    if own is not None and continuous:
+        return own(first, follow, context_len=context_len)
+    served, queue = 0, list(first)
+    while queue:
+        outputs = engine.generate(queue)
+        following: list[GenerationRequest] = []
+        for key, output in enumerate(outputs, start=served):
+            following += follow(key, output)
+        served += len(queue)
+        queue = following
+    return served

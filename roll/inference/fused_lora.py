@@ -134,6 +134,7 @@ class FusedLoRA:
         self.slots: dict[str, SlotInfo] = {}
         self.stacks: dict[str, _Stack] = {}
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
+        self._row_masks: dict[torch.Size, Tensor] = {}
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
 
@@ -247,6 +248,7 @@ class FusedLoRA:
                 new.B[:, dst] = old.B[:, src]
             self.stacks[path] = new
         self.row_mask = torch.zeros(0, self.columns, dtype=self.dtype, device=self.device)
+        self._row_masks = {}
         self.layout_key = next(_LAYOUT_KEYS)
 
     # ------------------------------------------------------------------ fused pass
@@ -258,11 +260,16 @@ class FusedLoRA:
                 blocks[row] = self._info(slot).block
         column_block = torch.arange(self.columns) // self.rank_capacity  # (S·R,)
         mask = (blocks[:, None] == column_block[None, :]).to(self.dtype)  # (B, S·R)
-        if self.row_mask.shape != mask.shape:
-            self.row_mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+        # One buffer per batch size, reused: a captured graph (continuous decoding) keeps
+        # reading the same memory while prefills of other sizes come and go.
+        buffer = self._row_masks.get(mask.shape)
+        if buffer is None:
+            buffer = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
             if self.static_addresses:
-                torch._dynamo.mark_static_address(self.row_mask)
-        self.row_mask.copy_(mask)
+                torch._dynamo.mark_static_address(buffer)
+            self._row_masks[mask.shape] = buffer
+        buffer.copy_(mask)
+        self.row_mask = buffer
 
     def _hook(self, stack: _Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         x = args[0]  # (B, T, in)

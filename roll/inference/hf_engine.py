@@ -27,8 +27,9 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams
+from roll.inference.base import Follow, GenerationOutput, GenerationRequest, SamplingParams
 from roll.inference.constrained import CompletionTrie
+from roll.inference.continuous import ContinuousDecoder
 from roll.inference.decoding import REASONS, HostChecks, RowFinish, cut_at_stop
 from roll.inference.fused_lora import FusedLoRA
 from roll.inference.sampling import BatchSampler
@@ -54,6 +55,8 @@ class HFEngine:
         seed: seeds requests that bring none (reproducible per engine and call order).
         static_cache: use a preallocated KV cache (the path ``compile`` needs).
         compile: ``torch.compile`` the decoding step with CUDA graphs (implies static_cache).
+        cuda_graphs: on CUDA, ``serve`` (continuous batching) replays its decode step as one
+            captured CUDA graph (continuous.py).
         slot_capacity, rank_capacity: initial fused-stack sizes (default: the model's agents
             and their largest rank); both grow when a larger slot is loaded.
         lora_dtype: dtype of the stacked LoRA factors and products (default: base weights').
@@ -71,6 +74,7 @@ class HFEngine:
         slot_capacity: int | None = None,
         rank_capacity: int | None = None,
         lora_dtype: torch.dtype | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if hasattr(model, "peft_config"):
             raise TypeError(
@@ -125,6 +129,14 @@ class HFEngine:
         self._compiled_step = None
         self.forward_calls = 0
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
+        self.cuda_graphs = cuda_graphs
+        self._decoder: ContinuousDecoder | None = None
+        """The continuous decoder of the last ``serve`` (kept: its ring and graph are reused
+        while lanes and capacity stay the same)."""
+        self.graph_captures = 0
+        """CUDA graph captures of the continuous decoder so far (constant after warm-up)."""
+        self.last_serve: dict[str, int] = {}
+        """Figures of the last ``serve`` call: lanes, capacity, served, prefills, decode_steps."""
 
     # ------------------------------------------------------------------ adapter slots
     def load_adapter(
@@ -149,21 +161,11 @@ class HFEngine:
         """Generate for every request (any mix of slots); outputs come in request order."""
         tries: list[CompletionTrie | None] = []
         for index, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise TypeError(f"requests[{index}] is a {type(request).__name__}, "
-                                f"not a GenerationRequest")
-            if request.adapter is not None and request.adapter not in self.fused.slots:
-                raise KeyError(f"requests[{index}].adapter={request.adapter!r} is not a loaded "
-                               f"slot; slots are {self.slots}")
-            if max(request.prompt_ids) >= self.vocab_size:
-                raise ValueError(f"requests[{index}].prompt_ids has a token id >= the "
-                                 f"vocabulary size {self.vocab_size}")
+            self.check_request(request, f"requests[{index}]")
             completions = request.allowed_completions
             tries.append(CompletionTrie(completions, self.vocab_size) if completions else None)
-        seeds = [
-            r.sampling.seed if r.sampling.seed is not None else self._rng.randrange(2**63)
-            for r in requests
-        ]
+        seeds = [r.sampling.seed if r.sampling.seed is not None else self.next_seed()
+                 for r in requests]
         outputs: list[GenerationOutput] = []
         for start in range(0, len(requests), self.max_batch_size):
             end = start + self.max_batch_size
@@ -192,7 +194,7 @@ class HFEngine:
         sampler = BatchSampler.build(params, seeds + [0] * filler, self.vocab_size, self.device)
         finish = RowFinish(params, [True] * real + [False] * filler, max_new, self.eos_ids,
                            self.device)
-        host = HostChecks(params, tries + [None] * filler, self.eos_ids, self._decode_text)
+        host = HostChecks(params, tries + [None] * filler, self.eos_ids, self.decode_text)
         logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=self.device)
         # Log-probs are taken at each row's sampling temperature (1 for greedy rows).
         temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
@@ -229,6 +231,59 @@ class HFEngine:
                 )
         return self._outputs(requests, finish, host, logprobs)
 
+    def serve(self, first: list[GenerationRequest], follow: Follow,
+              context_len: int | None = None) -> int:
+        """Continuous batching (continuous.py): generate for ``first`` and for every request
+        ``follow(key, output)`` returns as outputs finish, on at most ``max_batch_size`` lanes
+        over a ring KV cache that starts at twice the longest prompt + max_new_tokens of
+        ``first`` and grows as requests need; a request needing more than ``context_len``
+        tokens is refused. Returns how many requests were served."""
+        if not first:
+            return 0
+        for index, request in enumerate(first):
+            self.check_request(request, f"requests[{index}]")
+        longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in first)
+        lanes = min(self.max_batch_size, len(first))
+        decoder = self._decoder
+        if decoder is None or decoder.lanes != lanes:
+            self._decoder = None  # free the old ring first
+            decoder = self._decoder = ContinuousDecoder(self, lanes, 2 * longest + 1,
+                                                        self.cuda_graphs)
+        else:
+            decoder.reset()
+        with self._generation_mode():
+            served = decoder.serve(first, follow, limit=context_len)
+        self.forward_calls += decoder.prefills + decoder.decode_steps
+        self.graph_captures = decoder.captures
+        self.last_serve = {"lanes": lanes, "capacity": decoder.capacity, "served": served,
+                           "prefills": decoder.prefills, "decode_steps": decoder.decode_steps,
+                           "graph_captures": decoder.captures, "grows": decoder.grows,
+                           "graph_failures": decoder.capture_failures}
+        return served
+
+    def check_request(self, request: GenerationRequest, where: str) -> None:
+        """Refuse what this engine cannot serve, naming ``where`` (e.g. 'requests[3]')."""
+        if not isinstance(request, GenerationRequest):
+            raise TypeError(f"{where} is a {type(request).__name__}, not a GenerationRequest")
+        if request.adapter is not None and request.adapter not in self.fused.slots:
+            raise KeyError(f"{where}.adapter={request.adapter!r} is not a loaded slot; slots "
+                           f"are {self.slots}")
+        if max(request.prompt_ids) >= self.vocab_size:
+            raise ValueError(f"{where}.prompt_ids has a token id >= the vocabulary size "
+                             f"{self.vocab_size}")
+
+    def next_seed(self) -> int:
+        """A seed for a request that brings none (reproducible per engine and call order)."""
+        return self._rng.randrange(2**63)
+
+    def forward_last(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                     cache) -> Tensor:
+        """Logits (B, V) of the last position, with a ready 4D additive ``attention_mask``
+        (B, 1, T, keys) and a cache object of continuous.py (call inside generation mode)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, past_key_values=cache, use_cache=True,
+                          logits_to_keep=1).logits[:, -1]
+
     def _left_pad(self, prompts: list[list[int]], width: int, total: int):
         """input_ids (B, width) left-padded, so every prompt ends at column width - 1, and the
         attention mask (B, total) over the whole cache (generated columns still 0)."""
@@ -248,7 +303,7 @@ class HFEngine:
         outputs = []
         for row, request in enumerate(requests):
             token_ids = tokens[row, : lengths[row]].tolist()
-            text = self._decode_text(token_ids)
+            text = self.decode_text(token_ids)
             if row in host.stop_matched:
                 text = cut_at_stop(text, request.sampling.stop)
             slot = request.adapter
@@ -262,7 +317,7 @@ class HFEngine:
             ))
         return outputs
 
-    def _decode_text(self, token_ids: list[int]) -> str:
+    def decode_text(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ model calls

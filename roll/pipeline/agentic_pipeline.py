@@ -107,6 +107,7 @@ def build_engine(
         max_batch_size=cfg.rollout.hf.max_batch_size,
         seed=cfg.seed,
         compile=cfg.rollout.hf.compile,
+        cuda_graphs=cfg.rollout.hf.cuda_graphs,
     )
 
 
@@ -259,6 +260,7 @@ class AgenticPipeline:
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             constrained_decoding=cfg.rollout.constrained_decoding,
             enable_thinking=cfg.model.enable_thinking,
+            continuous=cfg.rollout.continuous,
         )
         game, game_params = cfg.env.game, dict(cfg.env.params)
         return RolloutScheduler(
@@ -382,6 +384,12 @@ class AgenticPipeline:
         )
         times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
+        metrics["rollout/tokens_per_s"] = (metrics["rollout/generated_tokens"]
+                                           / max(times["time/rollout"], 1e-9))
+        served = getattr(self.engine, "last_serve", None)
+        if served:  # continuous batching: decode lanes, steps and CUDA graph captures so far
+            for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
+                metrics[f"rollout/{name}"] = float(served[name])
         metrics.update(self._team_metrics(result))
         batch = result.batch
         if batch is None:

@@ -120,7 +120,11 @@ class HFEngineSchema:
     """CUDA only: static KV cache + torch.compile'd decode step with CUDA graphs (several
     times faster; the first batch of each shape compiles for about a minute)."""
     max_batch_size: int = 256
-    """Rows per forward; larger rollouts are generated in chunks."""
+    """Rows per forward; larger rollouts are generated in chunks (continuous batching: the
+    most turns decoding at once)."""
+    cuda_graphs: bool = True
+    """CUDA only: continuous batching replays its fixed-shape decode step as one captured
+    CUDA graph (captured once per run, again only when the adapter layout grows)."""
 
 
 @dataclass
@@ -139,6 +143,10 @@ class RolloutSchema:
     """Longest prompt after the chat template."""
     constrained_decoding: bool = False
     """Only let the model emit one of the legal moves."""
+    continuous: bool = True
+    """Continuous turn batching (engines that support it, hf): an episode's next turn joins
+    the running batch as soon as the previous answer is done. False: lock-step rounds (one
+    generate call per round of pending turns)."""
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     """Decoding settings."""
     hf: HFEngineSchema = field(default_factory=HFEngineSchema)

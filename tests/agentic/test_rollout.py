@@ -340,3 +340,28 @@ def test_constrained_answers_longer_than_the_budget_are_refused(team_engine):
     with pytest.raises(ValueError, match=r"rollout.sampling.max_new_tokens=2: the constrained "
                                          r"answer"):
         scheduler.rollout(seed=0)
+
+
+@pytest.mark.parametrize(("game", "seatings", "constrained"), [
+    ("tic_tac_toe", [AGENTS], True),
+    ("kuhn_poker", [["alice", "random"], ["random", "bob"]], False),
+])
+def test_continuous_rollout_plays_the_same_episodes_as_rounds(team_engine, game, seatings,
+                                                              constrained):
+    """The hf engine serves turns continuously (an episode's next turn joins the running batch
+    as soon as it exists); an engine with only ``generate`` plays rounds. Per-turn seeds make
+    the sampled tokens independent of batching, so both give the same trajectories."""
+    _, engine, tokenizer = team_engine
+    counting = CountingEngine(engine)  # no serve(): rounds
+    rounds = _scheduler(counting, tokenizer, game, seatings, constrained, groups=4, size=2,
+                        max_new_tokens=16).rollout(seed=5)
+    before = engine.forward_calls
+    continuous = _scheduler(engine, tokenizer, game, seatings, constrained, groups=4, size=2,
+                            max_new_tokens=16).rollout(seed=5)
+    assert engine.last_serve["served"] == len(continuous.turns) == len(rounds.turns)
+    assert engine.forward_calls > before and counting.calls
+    for field in ("input_ids", "response_mask", "agent_id", "rewards", "env_id", "seat", "turn"):
+        assert torch.equal(getattr(continuous.batch, field), getattr(rounds.batch, field)), field
+    torch.testing.assert_close(continuous.batch.old_logprobs, rounds.batch.old_logprobs,
+                               rtol=0, atol=1e-5)
+    assert [e.returns for e in continuous.episodes] == [e.returns for e in rounds.episodes]

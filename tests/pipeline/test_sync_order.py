@@ -41,11 +41,21 @@ class RecordingEngine:
         self.events.append(("load_adapter", slot, self.awake))
         return self.inner.load_adapter(slot, *args, **kwargs)
 
-    def generate(self, requests):
-        outputs = self.inner.generate(requests)
+    def _record(self, outputs) -> None:
         served = {o.adapter: o.adapter_version for o in outputs if o.adapter is not None}
         self.events.append(("generate", served, self.pipeline.trainer.global_step, self.awake))
+
+    def generate(self, requests):
+        outputs = self.inner.generate(requests)
+        self._record(outputs)
         return outputs
+
+    def serve(self, first, follow, context_len=None):
+        def recorded(key, output):
+            self._record([output])
+            return follow(key, output)
+
+        return self.inner.serve(first, recorded, context_len=context_len)
 
 
 def _pipeline(out: Path, *extra: str) -> AgenticPipeline:

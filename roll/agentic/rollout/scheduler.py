@@ -1,13 +1,16 @@
-"""Play many episodes at once; every pending LLM turn of every env goes into ONE generate call.
+"""Play many episodes at once; LLM turns of every env share mixed-adapter generation.
 
-Each step of the scheduler:
-1. advance every live env through built-in opponents' turns (random, MCTS) until an LLM seat
-   (a trained agent or a frozen snapshot) must act, or the episode ends;
-2. render the acting seat's prompt, apply the chat template, and batch all those turns into one
-   ``engine.generate`` call where each request names its adapter slot (mixed-adapter batch);
-3. parse each answer, play it (or the fallback), and credit every seat's rewards to that seat's
-   latest turn.
-When all episodes are over, the trained agents' turns become rows of one ``TrajectoryBatch``.
+1. Every live env advances through built-in opponents' turns (random, MCTS) until an LLM seat
+   (a trained agent or a frozen snapshot) must act, or the episode ends.
+2. The acting seat's prompt is rendered and chat-templated into a request naming its adapter
+   slot; all such requests are served together (``roll.inference.serve``). With an engine that
+   batches continuously (hf) a request joins the running batch at once, and when its answer is
+   done the env steps (3.) and the episode's next LLM turn joins, while other rows keep
+   decoding; other engines play lock-step rounds of one ``generate`` call each.
+3. Each answer is parsed and played (or the fallback), and every seat's rewards are credited
+   to that seat's latest turn.
+When all episodes are over, the trained agents' turns become rows of one ``TrajectoryBatch``
+(in episode, seat, turn order, whatever order they finished in).
 
 Adapter versions. Given ``expected_version`` (the trainer's version of each trained agent), every
 ``engine.generate`` call is checked before (the engine holds that version of every agent in the
@@ -23,6 +26,7 @@ return) is reported instead.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -41,7 +45,7 @@ from roll.agentic.env.opponents import Opponent, build_opponent
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.batch import TrajectoryBatch
-from roll.inference.base import GenerationRequest, SamplingParams
+from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams, serve
 from roll.models.loading import apply_chat_template
 
 EnvFactory = Callable[[], MultiAgentEnv]
@@ -67,6 +71,9 @@ class RolloutConfig:
     enable_thinking: bool = False
     """Passed to chat templates that take it (Qwen3): False asks for an answer without a
     thinking block."""
+    continuous: bool = True
+    """Serve turns continuously where the engine can (``roll.inference.serve``); False plays
+    lock-step rounds of ``generate`` calls."""
 
     def validate(self) -> RolloutConfig:
         for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
@@ -225,14 +232,7 @@ class RolloutScheduler:
                     if not spec.uses_llm
                 }
                 live.append(_Live(env, group, env_seed, seating, rng, opponents))
-        turns: list[Turn] = []
-        while True:
-            pending = self._advance_opponents(live)
-            if not pending:
-                break
-            turns.extend(self._play_llm_turns(live, pending, seed))
-            if progress is not None:
-                progress(sum(item.env.done or item.truncated for item in live), len(live))
+        turns = self._play(live, seed, progress)
         episodes = [
             EpisodeResult(
                 i, item.group, item.seed, list(item.env.returns()), item.seating, item.truncated
@@ -244,88 +244,117 @@ class RolloutScheduler:
         )
 
     # ------------------------------------------------------------------ stepping
-    def _advance_opponents(self, live: list[_Live]) -> list[int]:
-        """Play built-in opponents until each env needs the LLM; indices of those envs."""
-        pending = []
-        for index, item in enumerate(live):
-            while not item.env.done and not item.truncated:
-                seat = item.env.current_seat()
-                spec = item.seating[seat]
-                if spec.uses_llm:
-                    if item.llm_turns >= self.config.max_turns:
-                        item.truncated = True
-                        break
-                    pending.append(index)
-                    break
-                move = item.opponents[seat].choose(item.env, seat)
-                self._credit(item, item.env.step(move).rewards)
-        return pending
+    def _play(self, live: list[_Live], seed: int,
+              progress: Callable[[int, int], None] | None) -> list[Turn]:
+        """Play every episode to its end; the LLM turns, in (episode, seat, turn) order.
 
-    def _play_llm_turns(
-        self, live: list[_Live], pending: list[int], seed: int
-    ) -> list[Turn]:
-        requests, prompts = [], []
-        for index in pending:
-            env = live[index].env
-            # A seed per (rollout, episode, turn): the same turn samples the same tokens
-            # whatever else shares the batch, so runs (and resumed runs) are reproducible.
-            turn_seed = (seed * 1_000_003 + index * 10_007 + live[index].llm_turns) % 2**31
-            seat = env.current_seat()
-            prompt = self.render(env, seat)
-            prompt_ids = self._prompt_ids(env, prompt.text)
-            prompts.append((seat, prompt, prompt_ids))
-            requests.append(
-                GenerationRequest(
-                    prompt_ids=prompt_ids,
-                    adapter=self._slot(live[index].seating[seat]),
-                    sampling=replace(self.sampling, seed=turn_seed),
-                    allowed_completions=self._completions(env, seat),
-                )
-            )
-        expected = self._expected_versions(requests)
-        for agent, version in expected.items():
-            self._check_version(agent, self.engine.adapter_version(agent), version, "holds")
-        outputs = self.engine.generate(requests)
-        for request, output in zip(requests, outputs, strict=True):
-            if request.adapter in expected:
-                self._check_version(request.adapter, output.adapter_version,
-                                    expected[request.adapter], "generated with")
-        made = []
-        for index, (seat, prompt, prompt_ids), request, output in zip(
-            pending, prompts, requests, outputs, strict=True
-        ):
-            item = live[index]
+        Turns are generated continuously where the engine can (``serve``): when a turn's answer
+        is done, its env steps, built-in opponents move, and the episode's next LLM turn joins
+        the running batch at once; other engines play round by round.
+        """
+        self._check_engine_versions(live)
+        for item in live:  # snapshot slots load now, not in the middle of a running batch
+            for spec in item.seating.seats:
+                if spec.uses_llm:
+                    self._slot(spec)
+        pending = [index for index, item in enumerate(live) if self._advance_opponents(item)]
+        waiting: dict[int, tuple[int, tuple, GenerationRequest]] = {}
+        """request key -> (env index, (seat, prompt, prompt ids), request)."""
+        turns: list[Turn] = []
+        done = sum(item.env.done or item.truncated for item in live)
+
+        keys = itertools.count()  # serve() numbers requests in the order they are made
+
+        def ask(index: int) -> GenerationRequest:
+            made = self._request(live[index], index, seed)
+            waiting[next(keys)] = (index, *made)
+            return made[1]
+
+        def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
+            nonlocal done
+            index, seen, request = waiting.pop(key)
+            self._check_output_version(request, output)
+            turns.append(self._finish_turn(live[index], index, seen, request, output))
+            if self._advance_opponents(live[index]):
+                return [ask(index)]
+            done += 1
+            if progress is not None:
+                progress(done, len(live))
+            return []
+
+        first = [ask(index) for index in pending]
+        if first:
+            serve(self.engine, first, follow,
+                  context_len=self.config.max_prompt_tokens + self.sampling.max_new_tokens,
+                  continuous=self.config.continuous)
+        return sorted(turns, key=lambda t: (t.env_index, t.seat, t.turn_index))
+
+    def _advance_opponents(self, item: _Live) -> bool:
+        """Play built-in opponents until the env needs the LLM (True) or the episode ends."""
+        while not item.env.done and not item.truncated:
+            seat = item.env.current_seat()
             spec = item.seating[seat]
-            parsed = parse_action(
-                output.text,
-                item.env.legal_actions(seat),
-                self.action,
-                numbered_moves=prompt.numbered_moves,
-            )
-            counter_name = spec.agent_name if spec.is_trained else spec.raw
-            turn = Turn(
-                env_index=index,
-                seat=seat,
-                slot=request.adapter,
-                trained_agent=spec.agent_name if spec.is_trained else None,
-                turn_index=item.turns_per_seat.get(seat, 0),
-                prompt_ids=prompt_ids,
-                response_ids=list(output.token_ids),
-                logprobs=list(output.logprobs),
-                reward=item.carry.pop(seat, 0.0),
-                truncated=output.finish_reason == "length" and parsed.answer is None,
-            )
-            item.turns_per_seat[seat] = turn.turn_index + 1
-            item.last_turn[seat] = turn
-            item.llm_turns += 1
-            outcome = apply_parsed_action(
-                item.env, seat, parsed, self.action, item.rng, self.counters, counter_name
-            )
-            turn.format_error = None if outcome.format_error is None else str(outcome.format_error)
-            turn.reward -= outcome.penalty
-            self._credit(item, outcome.step.rewards)
-            made.append(turn)
-        return made
+            if spec.uses_llm:
+                if item.llm_turns >= self.config.max_turns:
+                    item.truncated = True
+                    return False
+                return True
+            move = item.opponents[seat].choose(item.env, seat)
+            self._credit(item, item.env.step(move).rewards)
+        return False
+
+    def _request(self, item: _Live, index: int, seed: int
+                 ) -> tuple[tuple[int, RenderedPrompt, list[int]], GenerationRequest]:
+        """The acting seat's turn as a request: ((seat, prompt, prompt ids), request)."""
+        env = item.env
+        # A seed per (rollout, episode, turn): the same turn samples the same tokens whatever
+        # else shares the batch, so runs (and resumed runs) are reproducible.
+        turn_seed = (seed * 1_000_003 + index * 10_007 + item.llm_turns) % 2**31
+        seat = env.current_seat()
+        prompt = self.render(env, seat)
+        prompt_ids = self._prompt_ids(env, prompt.text)
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            adapter=self._slot(item.seating[seat]),
+            sampling=replace(self.sampling, seed=turn_seed),
+            allowed_completions=self._completions(env, seat),
+        )
+        return (seat, prompt, prompt_ids), request
+
+    def _finish_turn(self, item: _Live, index: int, seen: tuple, request: GenerationRequest,
+                     output: GenerationOutput) -> Turn:
+        """Parse the answer, play it (or the fallback), credit rewards; the turn."""
+        seat, prompt, prompt_ids = seen
+        spec = item.seating[seat]
+        parsed = parse_action(
+            output.text,
+            item.env.legal_actions(seat),
+            self.action,
+            numbered_moves=prompt.numbered_moves,
+        )
+        counter_name = spec.agent_name if spec.is_trained else spec.raw
+        turn = Turn(
+            env_index=index,
+            seat=seat,
+            slot=request.adapter,
+            trained_agent=spec.agent_name if spec.is_trained else None,
+            turn_index=item.turns_per_seat.get(seat, 0),
+            prompt_ids=prompt_ids,
+            response_ids=list(output.token_ids),
+            logprobs=list(output.logprobs),
+            reward=item.carry.pop(seat, 0.0),
+            truncated=output.finish_reason == "length" and parsed.answer is None,
+        )
+        item.turns_per_seat[seat] = turn.turn_index + 1
+        item.last_turn[seat] = turn
+        item.llm_turns += 1
+        outcome = apply_parsed_action(
+            item.env, seat, parsed, self.action, item.rng, self.counters, counter_name
+        )
+        turn.format_error = None if outcome.format_error is None else str(outcome.format_error)
+        turn.reward -= outcome.penalty
+        self._credit(item, outcome.step.rewards)
+        return turn
 
     @staticmethod
     def _credit(item: _Live, rewards: Sequence[float]) -> None:
@@ -338,13 +367,23 @@ class RolloutScheduler:
             else:
                 item.carry[seat] = item.carry.get(seat, 0.0) + float(reward)
 
-    def _expected_versions(self, requests: list[GenerationRequest]) -> dict[str, int]:
-        """The trainer's version of every trained agent in this batch (none without
-        ``expected_version``)."""
+    def _check_engine_versions(self, live: list[_Live]) -> None:
+        """Before any generation: the engine holds the trainer's version of every trained
+        agent that sits in this rollout."""
         if self.expected_version is None:
-            return {}
-        agents = {r.adapter for r in requests if r.adapter in self.agent_names}
-        return {agent: self.expected_version(agent) for agent in sorted(agents)}
+            return
+        seated = {spec.agent_name for item in live for spec in item.seating.seats
+                  if spec.is_trained}
+        for agent in sorted(seated):
+            self._check_version(agent, self.engine.adapter_version(agent),
+                                self.expected_version(agent), "holds")
+
+    def _check_output_version(self, request: GenerationRequest, output: GenerationOutput
+                              ) -> None:
+        """After each generation: the output came from the trainer's version."""
+        if self.expected_version is not None and request.adapter in self.agent_names:
+            self._check_version(request.adapter, output.adapter_version,
+                                self.expected_version(request.adapter), "generated with")
 
     @staticmethod
     def _check_version(agent: str, engine_version: int | None, trainer_version: int,
@@ -467,4 +506,5 @@ class RolloutScheduler:
         metrics["rollout/episodes"] = float(len(episodes))
         metrics["rollout/truncated"] = float(sum(ep.truncated for ep in episodes))
         metrics["rollout/llm_turns"] = float(len(turns))
+        metrics["rollout/generated_tokens"] = float(sum(len(t.response_ids) for t in turns))
         return metrics

@@ -1,0 +1,159 @@
+"""Real pipeline steps on the GPU: where a step's time goes, and generated tok/s inside it.
+
+    python benchmarks/pipeline_step.py                  # GPU: Qwen3-0.6B shape, random bf16
+    python benchmarks/pipeline_step.py --tiny --steps 2 # CPU smoke check
+
+For each setting (the Hanabi and Kuhn poker examples with 2 and 4 agents; with 4 agents two
+seatings of two), each rollout mode (continuous turn batching, and lock-step rounds for
+comparison) runs ``--steps`` training steps of the real ``AgenticPipeline`` (no evaluation, no
+checkpoints) on a Qwen3-0.6B-shaped model with random bf16 weights and the tiny offline
+tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3's). Reported per
+step: the time split (rollout / reference / train / sync), generated tokens and tok/s inside
+the rollout, decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak
+GPU memory and, as the engine-only reference at the same concurrency, the same engine serving
+``lanes`` requests of the run's prompt length and token budget with nothing else to do.
+The first step includes warm-up (graph capture); the summary averages the later steps.
+Prints JSON lines, then one summary object; writes $OUT/pipeline_step.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPE_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+EXAMPLES = {"hanabi": ("examples/hanabi", "multi_agent_hanabi"),
+            "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker")}
+
+
+def seating(agents: int) -> str:
+    if agents == 2:
+        return "env.seat_to_agent=[agent_0,agent_1]"
+    pairs = ",".join(f"[agent_{i},agent_{i + 1}]" for i in range(0, agents, 2))
+    return f"env.seat_to_agent=[{pairs}]"
+
+
+def engine_only(pipeline, lanes: int, prompt_len: int, max_new: int) -> dict:
+    """The pipeline's own engine serving ``lanes`` fixed-length requests, nothing else."""
+    from roll.inference import GenerationRequest, SamplingParams, serve
+
+    agents = pipeline.agent_names
+    requests = [GenerationRequest([7 + (i % 50)] * prompt_len, agents[i % len(agents)],
+                                  SamplingParams(temperature=1.0, max_new_tokens=max_new,
+                                                 ignore_eos=True, seed=i))
+                for i in range(lanes)]
+    with pipeline.engine_awake():
+        pipeline.sync_adapters()
+        serve(pipeline.engine, requests, lambda key, output: [],
+              context_len=prompt_len + max_new)  # warm-up (capture)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        serve(pipeline.engine, requests, lambda key, output: [],
+              context_len=prompt_len + max_new)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    return {"lanes": lanes, "prompt_tokens": prompt_len, "new_tokens": max_new,
+            "seconds": round(seconds, 3), "tokens_per_s": round(lanes * max_new / seconds)}
+
+
+def run_setting(args, model_path: Path, example: str, agents: int, continuous: bool) -> dict:
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+
+    folder, name = EXAMPLES[example]
+    out = Path(tempfile.mkdtemp(prefix=f"pipeline_{example}_{agents}_"))
+    device = "cpu" if args.tiny else "cuda"
+    overrides = [
+        f"model.path={model_path}", f"model.dtype={'float32' if args.tiny else 'bfloat16'}",
+        f"model.device={device}", f"team.num_agents={agents}", seating(agents),
+        f"max_steps={args.steps}", "save_steps=0", "eval.eval_steps=0",
+        "tracking.backends=[jsonl]", f"output_dir={out}", f"rollout.continuous={continuous}",
+        "team.lora.rank=32", "team.lora.alpha=32",
+    ]
+    if args.tiny:
+        overrides += ["rollout.num_groups=2", "rollout.sampling.max_new_tokens=16"]
+    cfg = load_config(str(ROOT / folder), name, overrides)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    pipeline = AgenticPipeline(cfg)
+    pipeline.run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = []
+    for row in rows:
+        step = {key: round(value, 3) for key, value in row.items()
+                if key.startswith("time/") or key in (
+                    "rollout/generated_tokens", "rollout/tokens_per_s", "rollout/lanes",
+                    "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
+                    "rollout/episodes")}
+        step["step"] = row["step"]
+        steps.append(step)
+        print(json.dumps({"example": example, "agents": agents, "continuous": continuous,
+                          **step}), flush=True)
+    later = steps[1:] or steps
+    summary = {
+        "example": example, "agents": agents, "continuous": continuous, "steps": steps,
+        "mean_after_first": {key: round(statistics.mean(s[key] for s in later), 3)
+                             for key in later[0] if key != "step"},
+    }
+    if torch.cuda.is_available():
+        summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    if continuous:
+        lanes = int(later[-1].get("rollout/lanes", 0))
+        if lanes:
+            prompt_len = 200 if example == "hanabi" else 120
+            summary["engine_only"] = engine_only(pipeline, lanes, prompt_len,
+                                                 cfg.rollout.sampling.max_new_tokens)
+    close = getattr(pipeline.engine, "close", None)
+    if close:
+        close()
+    del pipeline
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--settings", nargs="+", default=["hanabi:2", "hanabi:4", "kuhn:2",
+                                                          "kuhn:4"])
+    parser.add_argument("--modes", nargs="+", default=["continuous", "rounds"],
+                        choices=["continuous", "rounds"])
+    args = parser.parse_args()
+    from roll.models.tiny import TinyModelSpec, build_tiny_model, default_cache_dir
+
+    spec = TinyModelSpec() if args.tiny else TinyModelSpec(**SHAPE_06B)
+    model_path = build_tiny_model(
+        default_cache_dir().parent / ("tiny-qwen3" if args.tiny else "qwen3-0.6b-shape"), spec)
+    results = []
+    for setting in args.settings:
+        example, agents = setting.split(":")
+        for mode in args.modes:
+            results.append(run_setting(args, model_path, example, int(agents),
+                                       mode == "continuous"))
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    summary = {"device": name, "torch": torch.__version__, "steps": args.steps,
+               "results": results}
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "pipeline_step.json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""Continuous batching for the hf engine: rows join and leave a running decode batch.
+
+A fixed number of decode *lanes* runs one token per step each. When a lane's request finishes
+(EOS, stop string, allowed completion done, max_new_tokens) its output goes to the caller's
+``follow`` callback at once, and whatever requests that callback returns (e.g. the episode's
+next turn, any agent) are prefilled into free lanes before the next step. No row waits for the
+slowest row of a round; finished rows stop costing compute.
+
+The KV cache is a RING of ``capacity`` columns per lane (``RingCache``). Every decode step
+writes column ``c`` of every lane and then moves to ``c + 1`` (mod capacity). A lane that joins
+before step ``c`` gets its prompt's keys/values written to columns ``c - L … c - 1`` (mod
+capacity) from a separate prefill forward. Which columns a lane may attend to is a per-lane
+mask, passed to the model as a ready 4D additive mask; rotary position ids are per lane too.
+Attention does not care where a key sits, only whether it is masked (keys carry their rotary
+phase from the moment they were computed), so ring storage is exact. A lane's span (prompt +
+generated) must stay below the capacity, so the ring never overwrites a live key: a request
+that needs more makes the ring grow (unrolled into a ring twice as large). Decode attention
+is grouped-query over the ring without copying keys per query head (``ring_decode_attention``).
+
+Decode shapes never change (lanes × 1 token, lanes × capacity cache), so on CUDA the decode
+forward is captured once as a CUDA graph (``graphs``) and replayed every step; it is captured
+again only when the fused-LoRA layout changes (a new slot that grows the stacks). Prefills run
+eagerly (their shapes vary).
+
+Sampling and log-probs follow the lock-step path exactly (same per-row seeded Gumbel noise by
+the row's own token index, log-probs at the row's temperature, constraint masks on sampling
+only), so a request's tokens do not depend on when it joined or what ran beside it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from roll.inference.base import Follow, GenerationOutput, GenerationRequest
+from roll.inference.constrained import CompletionTrie
+from roll.inference.decoding import cut_at_stop
+from roll.inference.sampling import (
+    _VOCAB_SALT,
+    filter_top_k_top_p,
+    gumbel_noise,
+    mix32,
+    seed_key,
+)
+
+if TYPE_CHECKING:
+    from roll.inference.hf_engine import HFEngine
+
+_STOP_WINDOW_EXTRA = 8
+
+
+class RingCache:
+    """The ``past_key_values`` of a decode step: per layer (lanes, kv heads, capacity, head
+    dim) keys and values; ``update`` writes the step's one token at ``column`` for every lane
+    and returns the whole ring (the mask says which columns each lane sees)."""
+
+    is_compileable = False
+
+    def __init__(self, layers: int, lanes: int, heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, lanes, heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)  # (1,) write column
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        self.keys[layer_idx].index_copy_(2, self.column, key_states)  # (lanes, H, 1, D)
+        self.values[layer_idx].index_copy_(2, self.column, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # never read: the engine passes positions and a ready 4D mask
+
+
+RING_ATTENTION = "roll_ring_decode"
+"""Name under which ``ring_decode_attention`` is registered with transformers."""
+
+
+def ring_decode_attention(module, query: Tensor, key: Tensor, value: Tensor,
+                          attention_mask: Tensor, dropout: float = 0.0,
+                          scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """Attention of one new token per lane over the whole ring, grouped-query without copying
+    keys/values per query head (transformers' sdpa path repeats them when a mask is given,
+    which at decode costs more than the attention itself).
+
+    query (B, Hq, 1, D); key/value (B, Hkv, C, D); attention_mask (B, 1, 1, C) additive.
+    Query head h reads kv head h // (Hq / Hkv), as transformers' ``repeat_kv`` arranges them.
+    Returns (B, 1, Hq, D), the layout the attention modules expect.
+    """
+    batch, query_heads, length, head_dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, query_heads // kv_heads * length, head_dim)
+    scale = scaling if scaling is not None else head_dim ** -0.5
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scale  # (B, Hkv, G, C)
+    scores = scores + attention_mask  # (B, 1, 1, C) broadcasts over kv heads and groups
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # (B, Hkv, G, D)
+    return out.reshape(batch, query_heads, length, head_dim).transpose(1, 2), None
+
+
+def _register_ring_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(RING_ATTENTION, ring_decode_attention)
+
+
+class CaptureCache:
+    """The ``past_key_values`` of a prefill: no past; records each layer's keys and values
+    (rows, kv heads, width, head dim) for copying into the ring."""
+
+    is_compileable = False
+
+    def __init__(self) -> None:
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+@dataclass
+class _Lane:
+    """Host-side state of the request a lane is running."""
+
+    key: int
+    request: GenerationRequest
+    trie: CompletionTrie | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    node: int = 0
+    """Trie node (constrained requests)."""
+    stop_matched: bool = False
+
+
+class ContinuousDecoder:
+    """Serves requests (and the requests their outputs lead to) on ``lanes`` decode rows."""
+
+    def __init__(self, engine: HFEngine, lanes: int, capacity: int, graphs: bool = False
+                 ) -> None:
+        _register_ring_attention()
+        self.engine = engine
+        self.lanes = lanes
+        self.capacity = capacity
+        self.limit: int | None = None
+        """Longest prompt + max_new_tokens a request may need (``serve``'s context_len)."""
+        model, device = engine.model, engine.device
+        config = engine.config
+        heads = config.num_key_value_heads
+        head_dim = (getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads)
+        dtype = model.get_input_embeddings().weight.dtype
+        self.ring = RingCache(config.num_hidden_layers, lanes, heads, capacity, head_dim, dtype,
+                              device)
+        self.dtype, self.device = dtype, device
+        self.visible = torch.zeros(lanes, capacity, dtype=torch.bool, device=device)
+        self.position = torch.zeros(lanes, dtype=torch.long, device=device)
+        self.last_token = torch.full((lanes,), engine.pad_id, dtype=torch.long, device=device)
+        self.steps = torch.zeros(lanes, dtype=torch.long, device=device)
+        """Tokens generated so far per lane: the index of the next one (its noise stream)."""
+        self.temperature = torch.ones(lanes, device=device)
+        self.greedy = torch.ones(lanes, dtype=torch.bool, device=device)
+        self.top_k = torch.zeros(lanes, dtype=torch.long, device=device)
+        self.top_p = torch.ones(lanes, device=device)
+        self.row_keys = torch.zeros(lanes, dtype=torch.long, device=device)
+        self.vocab_keys = mix32(torch.arange(engine.vocab_size, device=device) + _VOCAB_SALT)
+        self.mask = torch.zeros(lanes, 1, 1, capacity, dtype=dtype, device=device)
+        """The decode step's additive attention mask (a static buffer, refilled each step)."""
+        self.graphs = graphs and device.type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_logits: Tensor | None = None
+        self.graph_layout: int | None = None
+        self.captures = 0
+        self.capture_failures = 0
+        self.grows = 0
+        self.running: list[_Lane | None] = [None] * lanes
+        self.rows_stale = True
+        """Whether the fused LoRA's per-row slots must be set again before the next step."""
+        self.column = 0
+        self.decode_steps = 0
+        self.prefills = 0
+
+    def reset(self) -> None:
+        """Forget every lane (a new ``serve``); buffers and the captured graph are kept."""
+        self.running = [None] * self.lanes
+        self.visible.zero_()
+        self.rows_stale = True
+        self.decode_steps = self.prefills = 0
+
+    # ------------------------------------------------------------------ the loop
+    def serve(self, first: list[GenerationRequest], follow: Follow,
+              limit: int | None = None) -> int:
+        """Run until no request is left; returns how many requests were served. The ring
+        grows as requests need (up to ``limit`` tokens of prompt + max_new_tokens each)."""
+        self.limit = limit
+        queue: deque[tuple[int, GenerationRequest]] = deque()
+        submitted = 0
+
+        def submit(requests: list[GenerationRequest]) -> None:
+            nonlocal submitted
+            for request in requests:
+                self.engine.check_request(request, f"requests[{submitted}]")
+                need = len(request.prompt_ids) + request.sampling.max_new_tokens
+                if self.limit is not None and need > self.limit:
+                    raise ValueError(
+                        f"requests[{submitted}]: prompt ({len(request.prompt_ids)}) + "
+                        f"max_new_tokens ({request.sampling.max_new_tokens}) = {need} tokens "
+                        f"exceed context_len={self.limit}"
+                    )
+                if need >= self.capacity:
+                    self._grow(need + 1)
+                queue.append((submitted, request))
+                submitted += 1
+
+        submit(first)
+        while queue or any(lane is not None for lane in self.running):
+            free = [i for i, lane in enumerate(self.running) if lane is None]
+            if queue and free:
+                admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
+                submit(self._admit(admitted, follow))
+            if any(lane is not None for lane in self.running):
+                submit(self._decode_step(follow))
+        return submitted
+
+    def _grow(self, need: int) -> None:
+        """A ring of at least ``need`` columns (doubling): the old ring is unrolled so that
+        the last written column ends at the old capacity and the new columns follow; lanes in
+        flight keep their keys. The decode graph is captured again for the new shape."""
+        old = self.capacity
+        capacity = max(need, 2 * old)
+        order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
+        for name in ("keys", "values"):
+            ring = getattr(self.ring, name)
+            grown = ring.new_zeros(*ring.shape[:3], capacity, ring.shape[-1])
+            grown[:, :, :, :old] = ring.index_select(3, order)
+            setattr(self.ring, name, grown)
+        visible = self.visible.new_zeros(self.lanes, capacity)
+        visible[:, :old] = self.visible.index_select(1, order)
+        self.visible = visible
+        self.mask = self.mask.new_zeros(self.lanes, 1, 1, capacity)
+        self.capacity, self.column = capacity, old
+        self.graph = self.graph_logits = None
+        self.grows += 1
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, admitted: list[tuple[int, int, GenerationRequest]], follow: Follow
+               ) -> list[GenerationRequest]:
+        """Prefill these requests into their lanes, sample each one's first token."""
+        engine = self.engine
+        prompts = [request.prompt_ids for _, _, request in admitted]
+        width = max(len(p) for p in prompts)
+        rows = len(prompts)
+        input_ids = torch.full((rows, width), engine.pad_id, dtype=torch.long)
+        real = torch.zeros(rows, width, dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            real[row, width - len(prompt):] = True
+        input_ids, real = input_ids.to(self.device), real.to(self.device)
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (rows, width)
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        allowed = causal[None] & real[:, None, :]  # (rows, width, width)
+        capture = CaptureCache()
+        engine.fused.set_rows([request.adapter for _, _, request in admitted])
+        self.rows_stale = True
+        self.prefills += 1
+        logits = engine.forward_last(input_ids, self._additive(allowed[:, None]), positions,
+                                     capture)  # (rows, V)
+        lanes = torch.tensor([lane for lane, _, _ in admitted], device=self.device)
+        layers = range(self.ring.keys.shape[0])
+        keys = torch.stack([capture.keys[layer] for layer in layers])  # (layers, rows, H, W, D)
+        values = torch.stack([capture.values[layer] for layer in layers])
+        for row, (lane, key, request) in enumerate(admitted):
+            length = len(request.prompt_ids)
+            columns = (torch.arange(self.column - length, self.column, device=self.device)
+                       % self.capacity)  # (L,)
+            self.ring.keys[:, lane][:, :, columns] = keys[:, row, :, width - length:]
+            self.ring.values[:, lane][:, :, columns] = values[:, row, :, width - length:]
+            self.visible[lane] = False
+            self.visible[lane, columns] = True
+            sampling = request.sampling
+            self.temperature[lane] = 1.0 if sampling.greedy else sampling.temperature
+            self.greedy[lane] = sampling.greedy
+            self.top_k[lane] = sampling.top_k
+            self.top_p[lane] = sampling.top_p
+            seed = sampling.seed if sampling.seed is not None else engine.next_seed()
+            self.row_keys[lane] = seed_key(seed)
+            completions = request.allowed_completions
+            trie = CompletionTrie(completions, engine.vocab_size) if completions else None
+            self.running[lane] = _Lane(key, request, trie)
+        self.position[lanes] = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.steps[lanes] = 0
+        return self._sample(lanes, logits, follow)
+
+    # ------------------------------------------------------------------ decoding
+    def _decode_step(self, follow: Follow) -> list[GenerationRequest]:
+        """One token for every running lane."""
+        engine = self.engine
+        active = torch.tensor([lane is not None for lane in self.running], device=self.device)
+        self.visible[:, self.column] = active
+        self.ring.column.fill_(self.column)
+        if self.rows_stale or engine.fused.row_mask.shape[-1] != engine.fused.columns:
+            engine.fused.set_rows([None if lane is None else lane.request.adapter
+                                   for lane in self.running])
+            self.rows_stale = False
+        self.decode_steps += 1
+        self.mask.copy_(self._additive(self.visible[:, None, None, :]))
+        logits = self._decode_forward()  # (lanes, V)
+        self.column = (self.column + 1) % self.capacity
+        self.position += 1
+        lanes = active.nonzero().squeeze(-1)
+        return self._sample(lanes, logits[lanes], follow)
+
+    def _decode_forward(self) -> Tensor:
+        """One decode forward of every lane from the static buffers; on CUDA (``graphs``) a
+        captured CUDA graph replayed, captured again only if the fused-LoRA layout changed."""
+        engine = self.engine
+
+        def forward() -> Tensor:
+            config = engine.model.config
+            usual, config._attn_implementation = config._attn_implementation, RING_ATTENTION
+            try:
+                return engine.forward_last(self.last_token[:, None], self.mask,
+                                           self.position[:, None], self.ring)
+            finally:
+                config._attn_implementation = usual
+
+        if not self.graphs:
+            return forward()
+        if self.graph is None or self.graph_layout != engine.fused.layout_key:
+            try:
+                self._capture(forward)
+            except RuntimeError as error:  # said loudly, counted, and decoding goes on eagerly
+                print(f"continuous decoding: CUDA graph capture failed, decoding eagerly: "
+                      f"{error}", flush=True)
+                self.graphs = False
+                self.capture_failures += 1
+                return forward()
+        self.graph.replay()
+        return self.graph_logits
+
+    def _capture(self, forward: Callable[[], Tensor]) -> None:
+        """Warm up on a side stream (lazy initialisations, allocator), then capture. Both
+        write this step's ring column with this step's inputs, as the replay does."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.graph_logits = forward()
+        self.graph_layout = self.engine.fused.layout_key
+        self.captures += 1
+
+    def _additive(self, allowed: Tensor) -> Tensor:
+        """Boolean 'may attend' (…, q, k) → the additive float mask the model adds to scores
+        (a large negative, not -inf, so an idle lane's all-masked row stays finite)."""
+        blocked = torch.finfo(self.dtype).min
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
+            ~allowed, blocked)
+
+    def _sample(self, lanes: Tensor, logits: Tensor, follow: Follow) -> list[GenerationRequest]:
+        """Choose the next token of these lanes (logits (n, V)), record it, finish lanes that
+        are done and hand their outputs to ``follow``; the requests it returns."""
+        logits = logits.float()
+        lane_list = lanes.tolist()
+        states = [self.running[lane] for lane in lane_list]
+        masked = self._constrain(logits, states)
+        temperature = self.temperature[lanes][:, None]  # (n, 1)
+        tokens = masked.argmax(-1)  # greedy first
+        sampled = ~self.greedy[lanes]
+        if bool(sampled.any()):
+            scaled = masked / temperature
+            top_k, top_p = self.top_k[lanes], self.top_p[lanes]
+            if bool(((top_k > 0) | (top_p < 1.0)).any()):
+                scaled = filter_top_k_top_p(scaled, top_k, top_p)
+            noisy = scaled + gumbel_noise(self.row_keys[lanes], self.steps[lanes], self.vocab_keys)
+            tokens = torch.where(sampled, noisy.argmax(-1), tokens)
+        logprobs = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None])[:, 0]
+        self.last_token[lanes] = tokens
+        self.steps[lanes] += 1
+        new: list[GenerationRequest] = []
+        for lane, state, token, logprob in zip(lane_list, states, tokens.tolist(),
+                                               logprobs.tolist(), strict=True):
+            state.tokens.append(token)
+            state.logprobs.append(logprob)
+            reason = self._finished(state, token)
+            if reason is None:
+                continue
+            self.running[lane] = None
+            self.visible[lane] = False
+            self.rows_stale = True
+            new += follow(state.key, self._output(state, reason))
+        return new
+
+    def _constrain(self, logits: Tensor, states: list[_Lane]) -> Tensor:
+        """Logits (n, V) with every token a constrained lane may not emit next at -inf."""
+        rows, allowed = [], []
+        for row, state in enumerate(states):
+            if state.trie is not None:
+                options = state.trie.allowed(state.node)
+                rows += [row] * len(options)
+                allowed += options
+        if not rows:
+            return logits
+        bias = torch.zeros_like(logits)
+        bias[sorted(set(rows))] = float("-inf")
+        bias[torch.tensor(rows, device=logits.device),
+             torch.tensor(allowed, device=logits.device)] = 0.0
+        return logits + bias
+
+    def _finished(self, state: _Lane, token: int) -> str | None:
+        """Why the lane ends at this token (None: it goes on). Priority: EOS, stop string,
+        completed allowed sequence, max_new_tokens (as decoding.py)."""
+        sampling = state.request.sampling
+        if token in self.engine.eos_ids and not sampling.ignore_eos:
+            return "eos"
+        if sampling.stop:
+            window = max(len(s) for s in sampling.stop) + _STOP_WINDOW_EXTRA
+            tail = self.engine.decode_text(state.tokens[-window:])
+            if any(stop in tail for stop in sampling.stop):
+                state.stop_matched = True
+                return "stop"
+        if state.trie is not None:
+            state.node = state.trie.advance(state.node, token)
+            if state.trie.is_complete(state.node):
+                return "stop"
+        if len(state.tokens) >= sampling.max_new_tokens:
+            return "length"
+        return None
+
+    def _output(self, state: _Lane, reason: str) -> GenerationOutput:
+        request = state.request
+        text = self.engine.decode_text(state.tokens)
+        if state.stop_matched:
+            text = cut_at_stop(text, request.sampling.stop)
+        slot = request.adapter
+        return GenerationOutput(
+            token_ids=list(state.tokens),
+            logprobs=list(state.logprobs),
+            text=text,
+            finish_reason=reason,
+            adapter=slot,
+            adapter_version=self.engine.adapter_version(slot) if slot is not None else None,
+        )

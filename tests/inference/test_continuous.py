@@ -1,0 +1,157 @@
+"""Continuous batching (roll/inference/continuous.py): rows join and leave a running batch over a
+ring KV cache, and every request gets exactly what the lock-step ``generate`` gives it."""
+
+from __future__ import annotations
+
+import pytest
+
+from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters, serve
+from roll.models import load_tokenizer
+
+from .helpers import chat_prompts, perturbed_team
+
+
+@pytest.fixture(scope="module")
+def team(tiny_model_path):
+    return perturbed_team(tiny_model_path, 3)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path, team):
+    engine = HFEngine(team, load_tokenizer(tiny_model_path), max_batch_size=3)
+    push_adapters(engine, team, version=1)
+    return engine
+
+
+def _requests(team, prompts, tokenizer) -> list[GenerationRequest]:
+    """Every slot and the base model; greedy, sampled, top-k/top-p, stop strings, constrained
+    answers (with and without EOS), EOS honoured or ignored; lengths 1 to 14 tokens."""
+    slots = [*team.agent_names, None]
+    moves = ["Pass", "Bet", "x(1,1)"]
+    with_eos = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
+                + [tokenizer.eos_token_id] for m in moves]
+    requests = []
+    for i in range(14):
+        sampling = SamplingParams(
+            temperature=(0.0, 0.8, 1.3)[i % 3], top_k=5 if i % 5 == 1 else 0,
+            top_p=0.9 if i % 7 == 2 else 1.0, max_new_tokens=1 + i, seed=1000 + i,
+            ignore_eos=i % 4 == 3, stop=["e"] if i % 6 == 5 else [])
+        allowed = with_eos if i % 4 == 1 else ([s[:-1] for s in with_eos] if i == 6 else None)
+        if allowed is not None:
+            sampling = SamplingParams(temperature=sampling.temperature, max_new_tokens=32,
+                                      seed=sampling.seed)
+        requests.append(GenerationRequest(prompts[i % len(prompts)], slots[i % len(slots)],
+                                          sampling, allowed))
+    return requests
+
+
+def _chain(requests, ahead: int):
+    """A follow that keeps ``ahead`` requests in flight, submitting the next one each time one
+    finishes (as the rollout does with an episode's next turn); returns (first, follow,
+    outputs by request index)."""
+    order = list(range(ahead))
+    outputs = {}
+
+    def follow(key, output):
+        outputs[order[key]] = output
+        if len(order) < len(requests):
+            order.append(len(order))
+            return [requests[order[-1]]]
+        return []
+
+    return requests[:ahead], follow, outputs
+
+
+def test_continuous_equals_lockstep_request_by_request(tiny_model_path, team, engine):
+    """3 lanes for 112 requests: rows join as others finish and the ring wraps around
+    times. Tokens, log-probs, text and finish reasons must equal the lock-step path's (the
+    per-row seeded sampler makes them independent of batching)."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer) * 8
+    expected = engine.generate(requests)
+    first, follow, outputs = _chain(requests, 3)
+    assert engine.serve(first, follow) == len(requests)
+    stats = engine.last_serve
+    assert stats["lanes"] == 3 and stats["served"] == 112
+    assert stats["decode_steps"] > stats["capacity"], stats  # the ring wrapped around
+    reasons = set()
+    for index, want in enumerate(expected):
+        got = outputs[index]
+        assert got.token_ids == want.token_ids, index
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5), index
+        assert (got.text, got.finish_reason) == (want.text, want.finish_reason), index
+        assert (got.adapter, got.adapter_version) == (want.adapter, want.adapter_version)
+        reasons.add(got.finish_reason)
+    assert reasons == {"eos", "length", "stop"}  # every way to finish was exercised
+
+
+def test_a_finished_row_leaves_at_once_and_the_next_joins(tiny_model_path, team, engine):
+    """One 30-token request beside a chain of six 4-token requests on 2 lanes: in lock-step
+    rounds that takes 30 + 5 x 4 steps; continuously the short ones run beside the long one."""
+    prompts = chat_prompts(tiny_model_path)
+    long = GenerationRequest(prompts[0], team.agent_names[0],
+                             SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True))
+    short = [GenerationRequest(prompts[i % 5], team.agent_names[i % 3],
+                               SamplingParams(temperature=0.0, max_new_tokens=4,
+                                              ignore_eos=True)) for i in range(6)]
+    served = []
+
+    def follow(key, output):
+        served.append(key)
+        return [short[len(served)]] if key != 0 and len(served) < 6 else []
+
+    engine.serve([long, short[0]], follow)
+    # Each token of a row is produced by its prefill or a decode step; 30 tokens of the long row
+    # need 29 decode steps, and the six short ones fit beside it (6 x 3 = 18 decode steps).
+    assert engine.last_serve["decode_steps"] == 29
+    assert served[-1] == 0  # the long row finished last
+    assert len(served) == 7
+
+
+def test_serve_in_rounds_numbers_requests_like_the_engine(tiny_model_path, team, engine):
+    """An engine without its own serve (vLLM today) plays rounds; keys and results match."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)[:8]
+
+    class RoundsOnly:
+        def generate(self, batch):
+            return engine.generate(batch)
+
+    first, follow, rounds = _chain(requests, 2)
+    assert serve(RoundsOnly(), first, follow) == 8
+    first, follow, continuous = _chain(requests, 2)
+    assert serve(engine, first, follow) == 8
+    for index in range(8):
+        assert rounds[index].token_ids == continuous[index].token_ids
+
+
+def test_a_request_longer_than_the_cache_is_refused(tiny_model_path, team, engine):
+    prompt = chat_prompts(tiny_model_path)[0]
+    request = GenerationRequest(prompt, None, SamplingParams(max_new_tokens=40))
+    with pytest.raises(ValueError, match="exceed context_len"):
+        engine.serve([request], lambda key, output: [], context_len=len(prompt) + 10)
+
+
+def test_the_ring_grows_under_rows_in_flight(tiny_model_path, team):
+    """Two short requests size the ring; a long one arrives while the other row is mid-answer:
+    the ring is unrolled into a larger one and both rows go on exactly as in lock-step."""
+    engine = HFEngine(team, load_tokenizer(tiny_model_path))
+    push_adapters(engine, team, version=1)
+    prompt = chat_prompts(tiny_model_path)[2]
+    def request(max_new, seed):
+        return GenerationRequest(prompt, team.agent_names[seed % 3], SamplingParams(
+            temperature=1.0, max_new_tokens=max_new, ignore_eos=True, seed=seed))
+    requests = [request(6, 0), request(20, 1), request(4 * len(prompt), 2)]
+    expected = engine.generate(requests)
+    outputs = {}
+
+    def follow(key, output):
+        outputs[key] = output
+        return [requests[2]] if key == 0 else []
+
+    engine.serve(requests[:2], follow)
+    assert engine.last_serve["grows"] >= 1
+    assert engine.last_serve["capacity"] > len(prompt) + requests[2].sampling.max_new_tokens
+    for key, want in enumerate(expected):
+        assert outputs[key].token_ids == want.token_ids, key
+        assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
