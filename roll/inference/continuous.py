@@ -14,7 +14,7 @@ mask, passed to the model as a ready 4D additive mask; rotary position ids are p
 Attention does not care where a key sits, only whether it is masked (keys carry their rotary
 phase from the moment they were computed), so ring storage is exact. A lane's span (prompt +
 generated) must stay below the capacity, so the ring never overwrites a live key: a request
-that needs more makes the ring grow (unrolled into a ring twice as large). Decode attention
+that needs more makes the ring grow (unrolled into a ring half as large again). Decode attention
 is grouped-query over the ring without copying keys per query head (``ring_decode_attention``).
 
 Decode shapes never change (lanes × 1 token, lanes × capacity cache), so on CUDA the decode
@@ -233,11 +233,11 @@ class ContinuousDecoder:
         return submitted
 
     def _grow(self, need: int) -> None:
-        """A ring of at least ``need`` columns (doubling): the old ring is unrolled so that
+        """A ring of at least ``need`` columns (x 1.5 at least): the old ring is unrolled so that
         the last written column ends at the old capacity and the new columns follow; lanes in
         flight keep their keys. The decode graph is captured again for the new shape."""
         old = self.capacity
-        capacity = max(need, 2 * old)
+        capacity = max(need, old + old // 2)
         order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
         for name in ("keys", "values"):
             ring = getattr(self.ring, name)

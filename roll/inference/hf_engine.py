@@ -235,8 +235,8 @@ class HFEngine:
               context_len: int | None = None) -> int:
         """Continuous batching (continuous.py): generate for ``first`` and for every request
         ``follow(key, output)`` returns as outputs finish, on at most ``max_batch_size`` lanes
-        over a ring KV cache that starts at twice the longest prompt + max_new_tokens of
-        ``first`` and grows as requests need; a request needing more than ``context_len``
+        over a ring KV cache that starts a quarter above the longest prompt + max_new_tokens
+        of ``first`` and grows as requests need; a request needing more than ``context_len``
         tokens is refused. Returns how many requests were served."""
         if not first:
             return 0
@@ -247,7 +247,9 @@ class HFEngine:
         decoder = self._decoder
         if decoder is None or decoder.lanes != lanes:
             self._decoder = None  # free the old ring first
-            decoder = self._decoder = ContinuousDecoder(self, lanes, 2 * longest + 1,
+            # Decode attention reads every ring column each step, so start tight (a quarter
+            # more than the longest request so far) and let the ring grow when needed.
+            decoder = self._decoder = ContinuousDecoder(self, lanes, longest + longest // 4 + 1,
                                                         self.cuda_graphs)
         else:
             decoder.reset()
