@@ -211,9 +211,9 @@ class TrainerConfig:
     ppo_epochs: int = 1
     """Passes over each agent's rows per train step."""
     fused: bool = True
-    """One forward/backward per micro-batch of MIXED agents, each row through its own adapter
-    (the k-th micro-batch of every agent together); false: one agent at a time (the
-    reference path the tests compare to, slower)."""
+    """Pack micro-batches of several agents into one forward/backward of at most
+    micro_batch_size rows, each row through its own adapter (fewer forwards when agents have
+    few rows each); false: one agent's micro-batch per forward (the reference path)."""
     ppo_mini_batch_size: int | None = None
     """Rows of one agent per optimizer step: each pass shuffles the agent's rows (its own
     generator) and takes one optimizer step per mini-batch of this many rows (the last may be

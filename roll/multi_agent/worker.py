@@ -8,9 +8,10 @@ no scheduler step — so its weights and optimizer state stay bitwise equal (DES
 One train step, per agent: ``ppo_epochs`` passes over its rows; each pass shuffles them with the
 agent's own generator and cuts them into mini-batches of ``ppo_mini_batch_size`` rows; each
 mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
-by the mini-batch). Fused (the default), the k-th micro-batch of every agent goes through ONE
-forward/backward in which each row uses its own agent's adapter; each agent's gradient reaches
-only its own A/B because each agent's loss reads only its own rows. The agents advance in
+by the mini-batch). Fused (the default), micro-batches of several agents are packed into ONE
+forward/backward of at most micro_batch_size rows in which each row uses its own agent's
+adapter; each agent's gradient reaches only its own A/B because each agent's loss reads only its
+own rows. The agents advance in
 ROUNDS: round k computes every agent's k-th mini-batch gradient, then checks every agent's loss
 and gradient norm, then steps all of them. A NaN/inf anywhere refuses the whole step: nothing
 is stepped in that round, and adapters, optimizers and schedulers are restored to the start of
@@ -184,16 +185,29 @@ class MultiAgentTrainer:
         return minis
 
     def _micro_groups(self, minis: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:
-        """Which rows share a forward/backward: fused, the k-th micro-batch of every agent
-        together (each agent's micro-batches are what they would be alone, so its dropout
-        masks are too); sequential, one agent's micro-batch at a time."""
+        """Which rows share a forward/backward. Each agent's micro-batches are what they would
+        be alone (so are its dropout masks and its gradient sums); sequential, one agent's
+        micro-batch per forward; fused, micro-batches of several agents (at most one of each,
+        in each agent's own order) are packed into one forward of at most ``micro_batch_size``
+        rows, so memory per forward does not grow with the number of agents."""
         size = self.config.micro_batch_size
         split = {name: rows.split(size) for name, rows in minis.items()}
         if not self.config.fused:
             return [[(name, micro)] for name, micros in split.items() for micro in micros]
         count = max(len(micros) for micros in split.values())
-        return [[(name, micros[k]) for name, micros in split.items() if k < len(micros)]
-                for k in range(count)]
+        queue = [(name, micros[k]) for k in range(count) for name, micros in split.items()
+                 if k < len(micros)]
+        groups: list[list[tuple[str, Tensor]]] = []
+        current: list[tuple[str, Tensor]] = []
+        for name, micro in queue:
+            rows = sum(len(m) for _, m in current)
+            if current and (rows + len(micro) > size or any(n == name for n, _ in current)):
+                groups.append(current)
+                current = []
+            current.append((name, micro))
+        if current:
+            groups.append(current)
+        return groups
 
     # ------------------------------------------------------------------ one round
     def _backward(

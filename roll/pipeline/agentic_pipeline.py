@@ -30,13 +30,8 @@ import torch
 
 from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.seating import Seating, SeatSpec
-from roll.agentic.rollout.scheduler import (
-    EnvFactory,
-    Renderer,
-    RolloutConfig,
-    RolloutResult,
-    RolloutScheduler,
-)
+from roll.agentic.rollout.results import RolloutResult
+from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.inference.base import SamplingParams, push_adapters
@@ -45,14 +40,14 @@ from roll.models.aliases import resolve_model_path
 from roll.models.peft_io import ADAPTER_WEIGHTS
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
-from roll.pipeline.config import (
-    PipelineConfig,
+from roll.pipeline.config import PipelineConfig
+from roll.pipeline.evaluation import summarize_episodes
+from roll.pipeline.validation import (
     eval_seatings,
     game_is_cooperative,
     game_num_seats,
     seatings_of,
 )
-from roll.pipeline.evaluation import summarize_episodes
 from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,

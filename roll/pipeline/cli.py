@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from roll.pipeline.config import PipelineConfig, advantage_error, validate_config
+from roll.pipeline.config import PipelineConfig
+from roll.pipeline.validation import advantage_error, validate_config
 
 # Short flags users know from launch scripts, and the config key each one sets.
 FLAG_KEYS = {

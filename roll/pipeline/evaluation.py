@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from roll.agentic.rollout.scheduler import EpisodeResult
+from roll.agentic.rollout.results import EpisodeResult
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
 

@@ -285,7 +285,7 @@ def test_chat_template_gets_enable_thinking(tiny_model_path):
 
 
 def test_one_win_definition_for_training_metrics_and_evaluation(tiny_model_path):
-    from roll.agentic.rollout.scheduler import EpisodeResult
+    from roll.agentic.rollout.results import EpisodeResult
     from roll.pipeline.evaluation import summarize_episodes
 
     seating = build_seating(AGENTS, 2, AGENTS)

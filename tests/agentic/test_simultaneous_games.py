@@ -28,8 +28,8 @@ from roll.pipeline.config import (
     RolloutSchema,
     SamplingSchema,
     TrackingSchema,
-    validate_config,
 )
+from roll.pipeline.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOFSPIEL_PARAMS = [

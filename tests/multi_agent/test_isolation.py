@@ -214,18 +214,21 @@ def test_fused_gradients_equal_the_sequential_path_with_uneven_rows(tiny_model_p
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
-def test_fused_micro_batch_is_one_forward_for_all_agents(tiny_model_path):
+def test_fused_packs_agents_into_forwards_of_at_most_micro_batch_size_rows(tiny_model_path):
     agents = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
     seen = []
     for fused in (True, False):
         model, resolved = make_team(tiny_model_path, agents)
         handle = model.base_model.lm_head.register_forward_hook(
-            lambda module, args, out, fused=fused: seen.append((fused, torch.is_grad_enabled()))
+            lambda module, args, out, fused=fused: seen.append(
+                (fused, torch.is_grad_enabled(), args[0].shape[0]))
         )
         MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=2, fused=fused)
                           ).train_step(make_rows([0, 1, 2, 0, 1, 0], seed=3))
         handle.remove()
-    # alice 3 rows -> 2 micro-batches, bob 2 -> 1, carol 1 -> 1: fused 2 grad forwards,
-    # sequential 4.
-    assert sum(1 for f, grad in seen if f and grad) == 2
-    assert sum(1 for f, grad in seen if not f and grad) == 4
+    # alice 3 rows -> micro-batches of 2 and 1, bob 2 -> 2, carol 1 -> 1. Fused packs them in
+    # order into forwards of <= 2 rows: [alice 2], [bob 2], [carol 1 + alice 1] = 3 forwards;
+    # sequential 4. No forward ever holds more than micro_batch_size rows.
+    grad_forwards = [(f, rows) for f, grad, rows in seen if grad]
+    assert [rows for f, rows in grad_forwards if f] == [2, 2, 2]
+    assert [rows for f, rows in grad_forwards if not f] == [2, 1, 2, 1]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from roll.agentic.env.seating import build_seating
-from roll.agentic.rollout.scheduler import EpisodeResult
+from roll.agentic.rollout.results import EpisodeResult
 from roll.pipeline.evaluation import mean_interval, summarize_episodes, wilson_interval
 
 

@@ -22,8 +22,8 @@ from roll.pipeline.config import (
     RolloutSchema,
     SamplingSchema,
     TrackingSchema,
-    validate_config,
 )
+from roll.pipeline.validation import validate_config
 
 PAID = {0: "left", 1: "right"}
 PROMPT = "Pick a side. Legal moves: left, right. Answer inside <answer>...</answer>."

