@@ -113,6 +113,11 @@ def before_after(
     lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
     rows = [(agent, f"eval/{agent}/{metric}", metric)
             for agent in agents for metric in ("win_rate", "mean_return")]
+    for agent in agents:
+        key = f"eval/{agent}/exploitability"
+        if key in before and key in after:
+            lines.append(f"  {agent:<12} {'exploitability':<12} {before[key]:.4f}  ->  "
+                         f"{after[key]:.4f} (exact)")
     rows.append(("team", "eval/team/score", "score"))
     for who, key, metric in rows:
         if key not in before or key not in after:
@@ -435,7 +440,28 @@ class AgenticPipeline:
             split = split_agent_key(key, self.agent_names)
             if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
                 metrics[f"eval/{key}"] = value
+        if self.cfg.eval.exploitability:
+            metrics.update(self.exploitability())
         metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    def exploitability(self) -> dict[str, float]:
+        """``eval/<agent>/exploitability`` of each agent playing every seat (exact, tabular;
+        roll/pipeline/exploitability.py)."""
+        from roll.agentic.env.renderers import render_prompt
+        from roll.pipeline.exploitability import exploitability, llm_policy
+
+        cfg = self.cfg
+        metrics = {}
+        for agent in self.agent_names:
+            policy = llm_policy(
+                cfg.env.game, dict(cfg.env.params), self.model, self.tokenizer,
+                lambda seat, agent=agent: agent, self.render or render_prompt,
+                cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking,
+                micro_batch_size=cfg.trainer.forward_rows,
+            )
+            metrics[f"eval/{agent}/exploitability"] = exploitability(
+                cfg.env.game, dict(cfg.env.params), policy)
         return metrics
 
     def _team_metrics(self, result: RolloutResult) -> dict[str, float]:

@@ -155,6 +155,11 @@ class EvalSchema:
     'snapshot:<agent>@<step|latest>' (not a trained agent: use seat_to_agent for that)."""
     temperature: float = 0.0
     """Decoding temperature for evaluation (0 = greedy)."""
+    exploitability: bool = False
+    """Also report ``eval/<agent>/exploitability``: the exact exploitability (NashConv / 2) of
+    the agent's constrained-answer policy playing every seat, at ``temperature``, over all
+    information states (two-player zero-sum OpenSpiel games small enough to enumerate: Kuhn,
+    Leduc, …; see roll/pipeline/exploitability.py)."""
 
 
 @dataclass

@@ -69,6 +69,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     train = seatings_of(cfg.env.seat_to_agent, num_seats, agents, "env.seat_to_agent")
     _check_training_seats(cfg, train, agents)
     eval_seatings(cfg, train, num_seats, agents)
+    _check_exploitability(cfg)
     _check_output_dir(cfg.output_dir)
     if check_paths:
         _check_resume(cfg, agents)
@@ -202,6 +203,26 @@ def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: lis
             raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
                               f"agent {agent!r} sits in no seat, so it would never train "
                               f"(team.num_agents={len(agents)}); seat it or drop it")
+
+
+def _check_exploitability(cfg: PipelineConfig) -> None:
+    """Exact exploitability needs a two-player zero-sum sequential game with information
+    states (OpenSpiel enumerates them)."""
+    if not cfg.eval.exploitability:
+        return
+    import pyspiel
+
+    from roll.agentic.env.openspiel_env import load_game
+
+    game_type = load_game(cfg.env.game, dict(cfg.env.params)).get_type()
+    kinds = pyspiel.GameType
+    if (game_type.utility != kinds.Utility.ZERO_SUM
+            or game_num_seats(cfg.env.game, cfg.env.params) != 2
+            or game_type.dynamics != kinds.Dynamics.SEQUENTIAL
+            or not game_type.provides_information_state_string):
+        raise ConfigError("eval.exploitability", True,
+                          f"needs a two-player zero-sum sequential game with information states; "
+                          f"env.game={cfg.env.game!r} is not one")
 
 
 def _check_output_dir(output_dir: str) -> None:

@@ -348,6 +348,14 @@ class OpenSpielEnv:
             raise RuntimeError(f"{self.name}: call reset(seed) before using the env")
         return self._state
 
+    def set_state(self, state: pyspiel.State) -> None:
+        """Put the env at a copy of ``state`` (a state of this game), e.g. to render the prompt
+        of any decision node when scoring a whole policy (exploitability)."""
+        if state.get_game().get_type().short_name != self.game.get_type().short_name:
+            raise ValueError(f"{self.name}: state of another game given")
+        self._state = state.clone()
+        self._legal, self._forfeit = None, None
+
     def information_state(self, seat: int) -> str | None:
         """``information_state_string(seat)`` if the game provides one (full history view)."""
         self._check_seat(seat)
