@@ -56,7 +56,8 @@ class EnvConfig:
     params: dict[str, Any] = field(default_factory=dict)
     """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens)."""
     seat_to_agent: list[Any] = field(default_factory=list)
-    """Per seat: an agent name, 'random', 'mcts[:N]' or 'snapshot:<agent>@<step|latest>'.
+    """Per seat: an agent name, 'random', 'mcts[:N]', 'cfr[:N]' or
+    'snapshot:<agent>@<step|latest>'.
     A list of such lists gives several seatings, used by groups in turn (e.g.
     [[agent_0, random], [random, agent_1]]). Empty: seat i is agent i."""
     action: ActionSchema = field(default_factory=ActionSchema)
@@ -151,7 +152,7 @@ class EvalSchema:
     """Seating(s) for evaluation, as env.seat_to_agent. Empty: each agent keeps its training
     seats and every other seat is played by ``opponent``."""
     opponent: str = "random"
-    """Who sits in the other seats when seat_to_agent is empty: 'random', 'mcts[:N]',
+    """Who sits in the other seats when seat_to_agent is empty: 'random', 'mcts[:N]', 'cfr[:N]',
     'snapshot:<agent>@<step|latest>' (not a trained agent: use seat_to_agent for that)."""
     temperature: float = 0.0
     """Decoding temperature for evaluation (0 = greedy)."""

@@ -68,8 +68,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     agents = cfg.team.agent_names
     train = seatings_of(cfg.env.seat_to_agent, num_seats, agents, "env.seat_to_agent")
     _check_training_seats(cfg, train, agents)
-    eval_seatings(cfg, train, num_seats, agents)
-    _check_exploitability(cfg)
+    _check_solvable(cfg, train + eval_seatings(cfg, train, num_seats, agents))
     _check_output_dir(cfg.output_dir)
     if check_paths:
         _check_resume(cfg, agents)
@@ -205,11 +204,18 @@ def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: lis
                               f"(team.num_agents={len(agents)}); seat it or drop it")
 
 
-def _check_exploitability(cfg: PipelineConfig) -> None:
-    """Exact exploitability needs a two-player zero-sum sequential game with information
-    states (OpenSpiel enumerates them)."""
-    if not cfg.eval.exploitability:
-        return
+def _check_solvable(cfg: PipelineConfig, seatings: list[Seating]) -> None:
+    """Exact exploitability and CFR opponents need a two-player zero-sum sequential game with
+    information states (OpenSpiel enumerates them)."""
+    if cfg.eval.exploitability:
+        _check_game_solvable(cfg, "eval.exploitability", True)
+    for seating in seatings:
+        for spec in seating.seats:
+            if spec.kind == "cfr":
+                _check_game_solvable(cfg, "seat_to_agent", spec.raw)
+
+
+def _check_game_solvable(cfg: PipelineConfig, key: str, value: Any) -> None:
     import pyspiel
 
     from roll.agentic.env.openspiel_env import load_game
@@ -220,7 +226,7 @@ def _check_exploitability(cfg: PipelineConfig) -> None:
             or game_num_seats(cfg.env.game, cfg.env.params) != 2
             or game_type.dynamics != kinds.Dynamics.SEQUENTIAL
             or not game_type.provides_information_state_string):
-        raise ConfigError("eval.exploitability", True,
+        raise ConfigError(key, value,
                           f"needs a two-player zero-sum sequential game with information states; "
                           f"env.game={cfg.env.game!r} is not one")
 
@@ -297,7 +303,8 @@ def eval_seatings(
     if cfg.eval.opponent in agents:
         raise ConfigError("eval.opponent", cfg.eval.opponent,
                           "is a trained agent; the opponent must be fixed ('random', "
-                          "'mcts[:N]', 'snapshot:<agent>@<step|latest>'); seat agents against "
+                          "'mcts[:N]', 'cfr[:N]', 'snapshot:<agent>@<step|latest>'); seat agents "
+                          "against "
                           "each other with eval.seat_to_agent")
     specs: list[list[str]] = []
     for agent in agents:

@@ -1,4 +1,4 @@
-"""Built-in (non-learning) opponents: uniform random and OpenSpiel MCTS.
+"""Built-in (non-learning) opponents: uniform random, OpenSpiel MCTS, and a CFR+ policy.
 
 An opponent answers ``choose(env, seat) -> action string`` for the seat that acts now, so the
 rollout treats it like an agent whose answer never has a format error.
@@ -6,6 +6,7 @@ rollout treats it like an agent whose answer never has a format error.
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import numpy as np
@@ -81,11 +82,53 @@ class MCTSOpponent:
         return self._bot
 
 
+@functools.lru_cache(maxsize=8)
+def solved_policy(game_string: str, iterations: int):
+    """The average policy of OpenSpiel's CFR+ after ``iterations`` iterations on the game
+    ``game_string`` (``str(game)``), solved once per process and game."""
+    import pyspiel
+    from open_spiel.python.algorithms import cfr
+
+    solver = cfr.CFRPlusSolver(pyspiel.load_game(game_string))
+    for _ in range(iterations):
+        solver.evaluate_and_update_policy()
+    return solver.average_policy()
+
+
+class CFROpponent:
+    """Plays the CFR+ average policy (``solved_policy``): at each information state one
+    ``rng.choice`` over the legal moves with the policy's probabilities.
+
+    Args:
+        iterations: CFR+ iterations (the policy's exploitability falls roughly as 1/iterations).
+        seed: seeds ``np.random.default_rng``.
+    """
+
+    def __init__(self, iterations: int, seed: int) -> None:
+        if iterations < 1:
+            raise ValueError(f"iterations: must be >= 1, got {iterations}")
+        self.iterations = iterations
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, env: OpenSpielEnv, seat: int) -> str:
+        if seat != env.current_seat():
+            raise ValueError(f"CFR asked to move for seat {seat}, but seat "
+                             f"{env.current_seat()} acts now")
+        policy = solved_policy(str(env.game), self.iterations)
+        probabilities = policy.action_probabilities(env.state, seat)
+        action_ids = env.legal_action_ids(seat)
+        weights = np.array([probabilities.get(a, 0.0) for a in action_ids])
+        action_id = action_ids[int(self.rng.choice(len(action_ids), p=weights / weights.sum()))]
+        return env.action_string(action_id)
+
+
 def build_opponent(spec: SeatSpec, seed: int) -> Opponent:
-    """The built-in opponent a ``random`` / ``mcts[:N]`` seat spec describes."""
+    """The built-in opponent a ``random`` / ``mcts[:N]`` / ``cfr[:N]`` seat spec describes."""
     if spec.kind == "random":
         return RandomOpponent(seed)
     if spec.kind == "mcts":
         return MCTSOpponent(simulations=spec.mcts_simulations, seed=seed)
+    if spec.kind == "cfr":
+        return CFROpponent(iterations=spec.cfr_iterations, seed=seed)
     raise ValueError(f"seat_to_agent: {spec.raw!r} is not a built-in opponent "
                      "(agents and snapshots are played by the LLM)")

@@ -6,6 +6,9 @@ Accepted specs for one seat:
 - ``"random"`` — built-in uniform random opponent;
 - ``"mcts"`` or ``"mcts:<simulations>"`` — built-in OpenSpiel MCTS opponent
   (``DEFAULT_MCTS_SIMULATIONS`` when not given);
+- ``"cfr"`` or ``"cfr:<iterations>"`` — the average policy of OpenSpiel's CFR+ after that many
+  iterations (``DEFAULT_CFR_ITERATIONS`` when not given), for two-player zero-sum games with
+  information states (Kuhn, Leduc, …): near a Nash equilibrium, the strongest fair opponent;
 - ``"snapshot:<agent_name>@<step>"`` or ``"snapshot:<agent_name>@latest"`` — a frozen copy of an
   agent's adapter from a past checkpoint, played by the LLM but never trained.
 
@@ -20,10 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_MCTS_SIMULATIONS = 100
-BUILTIN_OPPONENTS = ("random", "mcts")
+DEFAULT_CFR_ITERATIONS = 300
+BUILTIN_OPPONENTS = ("random", "mcts", "cfr")
 _MCTS = re.compile(r"mcts(?::(\d+))?")
+_CFR = re.compile(r"cfr(?::(\d+))?")
 _SNAPSHOT = re.compile(r"snapshot:([^@\s]+)@(latest|\d+)")
-_SPEC_HELP = ("expected an agent name, 'random', 'mcts', 'mcts:<simulations>', "
+_SPEC_HELP = ("expected an agent name, 'random', 'mcts', 'mcts:<simulations>', 'cfr', "
+              "'cfr:<iterations>', "
               "'snapshot:<agent>@<step>' or 'snapshot:<agent>@latest'")
 
 
@@ -34,11 +40,13 @@ class SeatSpec:
     raw: str
     """The spec as written in the config."""
     kind: str
-    """"agent", "random", "mcts" or "snapshot"."""
+    """"agent", "random", "mcts", "cfr" or "snapshot"."""
     agent_name: str | None = None
     """The trained agent ("agent") or the agent whose old adapter plays ("snapshot")."""
     mcts_simulations: int | None = None
     """Simulations per move for "mcts"."""
+    cfr_iterations: int | None = None
+    """CFR+ iterations for "cfr"."""
     snapshot_step: int | None = None
     """Checkpoint step of a "snapshot"; None means the latest checkpoint."""
 
@@ -85,6 +93,11 @@ def parse_seat_spec(value: object, agent_names: Sequence[str], where: str) -> Se
         if simulations < 1:
             raise ValueError(f"{where}: {value!r} needs at least 1 MCTS simulation")
         return SeatSpec(raw=value, kind="mcts", mcts_simulations=simulations)
+    if (solved := _CFR.fullmatch(value)) is not None:
+        iterations = int(solved.group(1)) if solved.group(1) else DEFAULT_CFR_ITERATIONS
+        if iterations < 1:
+            raise ValueError(f"{where}: {value!r} needs at least 1 CFR iteration")
+        return SeatSpec(raw=value, kind="cfr", cfr_iterations=iterations)
     if value.startswith("snapshot:"):
         snapshot = _SNAPSHOT.fullmatch(value)
         if snapshot is None:
@@ -130,7 +143,8 @@ def build_seating(seat_to_agent: object, num_seats: int,
             unknown agent, a malformed spec, or an agent name that clashes with a built-in spec.
     """
     for name in agent_names:
-        if name in BUILTIN_OPPONENTS or _MCTS.fullmatch(name) or name.startswith("snapshot:"):
+        if (name in BUILTIN_OPPONENTS or _MCTS.fullmatch(name) or _CFR.fullmatch(name)
+                or name.startswith("snapshot:")):
             raise ValueError(f"seat_to_agent: agent name {name!r} clashes with a built-in "
                              "opponent spec; rename the agent")
     specs = _specs_by_seat(seat_to_agent, num_seats)
