@@ -5,11 +5,12 @@
 
 Each recipe trains two agents (LoRA r 16) by self-play in both seats (seatings
 [agent_0, agent_1] and [agent_1, agent_0], so each agent learns each seat), constrained answers,
-sampling at temperature 1, and evaluates every ``--eval_every`` steps: the exact exploitability
-of each agent's policy in every seat at temperature 1 (roll/pipeline/exploitability.py; uniform
-play is 0.458 in Kuhn) and the win rate against a random player. Writes the curves as JSON
-(``$OUT/learning.json`` when OUT is set, and printed) and a PNG per recipe when matplotlib is
-available.
+sampling at temperature 1, and evaluates every ``--eval_every`` steps: for Kuhn and Leduc the
+exact exploitability of each agent's policy in every seat at temperature 1
+(roll/pipeline/exploitability.py; uniform play is 0.458 in Kuhn) and the win rate against a
+random player; for TicTacToe wins / non-losses against random with each agent in both seats.
+Writes the curves as JSON (``$OUT/learning.json`` when OUT is set, and printed) and a PNG per
+recipe when matplotlib is available.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ sys.path.insert(0, str(ROOT))
 RECIPES = {
     "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker", ["rollout.max_turns=4"]),
     "leduc": ("examples/leduc_poker", "multi_agent_leduc_poker", []),
+    # Too many information states to enumerate each evaluation: W/D/L against random instead,
+    # each agent in both seats.
+    "tictactoe": ("examples/tictactoe", "multi_agent_tictactoe", [
+        "eval.exploitability=false",
+        "eval.seat_to_agent=[[agent_0,random],[random,agent_0],[agent_1,random],"
+        "[random,agent_1]]"]),
 }
+METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
+           "loss_rate", "seat0/win_rate", "seat1/win_rate")
 COMMON = [
     "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0]]",
     "rollout.constrained_decoding=true", "rollout.sampling.temperature=1.0",
@@ -63,11 +72,11 @@ def run_recipe(args, name: str) -> dict:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = []
     for row in rows:
-        if not any(key.endswith("/exploitability") for key in row):
+        if not any(key.endswith("/win_rate") and key.startswith("eval/") for key in row):
             continue
         point = {"step": row["step"]}
         for agent in ("agent_0", "agent_1"):
-            for metric in ("exploitability", "win_rate", "win_rate_low", "win_rate_high"):
+            for metric in METRICS:
                 key = f"eval/{agent}/{metric}"
                 if key in row:
                     point[f"{agent}/{metric}"] = round(row[key], 4)
@@ -91,12 +100,15 @@ def _plot(result: dict, folder: Path) -> None:
         return
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [p["step"] for p in result["curve"]]
+    exact = any("agent_0/exploitability" in p for p in result["curve"])
+    left = "exploitability" if exact else "non_loss_rate"
     for agent in ("agent_0", "agent_1"):
-        axes[0].plot(steps, [p.get(f"{agent}/exploitability") for p in result["curve"]],
+        axes[0].plot(steps, [p.get(f"{agent}/{left}") for p in result["curve"]],
                      marker="o", label=agent)
         axes[1].plot(steps, [p.get(f"{agent}/win_rate") for p in result["curve"]],
                      marker="o", label=agent)
-    axes[0].set(title=f"{result['recipe']}: exploitability (exact)", xlabel="step")
+    title = "exploitability (exact)" if exact else "non-loss rate vs random, both seats"
+    axes[0].set(title=f"{result['recipe']}: {title}", xlabel="step")
     axes[1].set(title="win rate vs random", xlabel="step", ylim=(0, 1))
     for axis in axes:
         axis.legend()
@@ -112,7 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--recipes", nargs="+", default=["kuhn", "leduc"], choices=RECIPES)
+    parser.add_argument("--recipes", nargs="+", default=["kuhn", "leduc", "tictactoe"],
+                        choices=RECIPES)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval_every", type=int, default=20)
     args = parser.parse_args()

@@ -41,9 +41,11 @@ def summarize_episodes(
     cooperative: bool = False,
     prefix: str = "eval/",
 ) -> dict[str, float]:
-    """Metrics ``{prefix}<agent>/{win_rate,mean_return}{,_low,_high}``, ``draw_rate`` and
-    ``episodes`` over the seats each agent plays; a win or draw is ``EpisodeResult.outcome``
-    (the definition the training metrics use too).
+    """Metrics ``{prefix}<agent>/{win_rate,non_loss_rate,mean_return}{,_low,_high}``,
+    ``draw_rate``, ``loss_rate`` and ``episodes`` over the seats each agent plays, and the same
+    rates per seat (``{prefix}<agent>/seat<s>/{win_rate,non_loss_rate}{,_low,_high}``); a win,
+    draw or loss is ``EpisodeResult.outcome`` (the definition the training metrics use too).
+    The non-loss rate (wins + draws) is the figure for games whose perfect play is a draw.
 
     ``cooperative`` (every seat gets the same return, e.g. Hanabi): no win or draw rate, and
     ``{prefix}team/score{,_low,_high}`` is the shared score over all episodes.
@@ -57,17 +59,28 @@ def summarize_episodes(
         returns = [episode.returns[seat] for episode, seat in seats]
         outcomes = [episode.outcome(seat) for episode, seat in seats]
         key = f"{prefix}{agent}"
-        figures = [("mean_return", mean_interval(returns))]
+        figures = [(key, "mean_return", mean_interval(returns))]
         if not cooperative:
-            figures.insert(0, ("win_rate", wilson_interval(outcomes.count("win"), len(seats))))
+            figures += _outcome_rates(key, outcomes)
             metrics[f"{key}/draw_rate"] = outcomes.count("draw") / len(seats)
-        for name, (value, low, high) in figures:
-            metrics[f"{key}/{name}"] = value
-            metrics[f"{key}/{name}_low"] = low
-            metrics[f"{key}/{name}_high"] = high
+            metrics[f"{key}/loss_rate"] = outcomes.count("loss") / len(seats)
+            for seat in sorted({seat for _, seat in seats}):
+                figures += _outcome_rates(f"{key}/seat{seat}", [
+                    episode.outcome(s) for episode, s in seats if s == seat])
+        for where, name, (value, low, high) in figures:
+            metrics[f"{where}/{name}"] = value
+            metrics[f"{where}/{name}_low"] = low
+            metrics[f"{where}/{name}_high"] = high
         metrics[f"{key}/episodes"] = float(len(seats))
     if cooperative and episodes:
         score, low, high = mean_interval([episode.returns[0] for episode in episodes])
         metrics.update({f"{prefix}team/score": score, f"{prefix}team/score_low": low,
                         f"{prefix}team/score_high": high})
     return metrics
+
+
+def _outcome_rates(where: str, outcomes: list[str]) -> list[tuple[str, str, tuple]]:
+    """Win and non-loss rates with Wilson intervals, as (key prefix, name, figures)."""
+    wins, draws = outcomes.count("win"), outcomes.count("draw")
+    return [(where, "win_rate", wilson_interval(wins, len(outcomes))),
+            (where, "non_loss_rate", wilson_interval(wins + draws, len(outcomes)))]

@@ -49,3 +49,14 @@ def test_summary_counts_each_agent_in_its_own_seats():
     assert metrics["eval/bob/draw_rate"] == 0.5
     assert metrics["eval/bob/mean_return"] == 0.5
     assert metrics["eval/alice/episodes"] == 2.0
+    # Losses and non-losses (wins + draws): alice 1 win 1 loss, bob 1 win 1 draw.
+    assert metrics["eval/alice/loss_rate"] == 0.5 and metrics["eval/bob/loss_rate"] == 0.0
+    assert metrics["eval/alice/non_loss_rate"] == 0.5
+    assert metrics["eval/bob/non_loss_rate"] == 1.0
+    # 2 of 2: Wilson low = 1 / (1 + z^2/2) = 0.3424 (z = 1.96), high = 1.
+    assert metrics["eval/bob/non_loss_rate_low"] == pytest.approx(0.3424, abs=1e-4)
+    assert metrics["eval/bob/non_loss_rate_high"] == pytest.approx(1.0)
+    # Per seat: alice played only seat 0 (won once, lost once), bob only seat 1.
+    assert metrics["eval/alice/seat0/win_rate"] == 0.5
+    assert metrics["eval/bob/seat1/non_loss_rate"] == 1.0
+    assert "eval/alice/seat1/win_rate" not in metrics
