@@ -39,7 +39,7 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
-from roll.inference.decoding import cut_at_stop
+from roll.inference.decoding import cut_at_stop, hits_stop
 from roll.inference.ring import RING_ATTENTION, CaptureCache, RingCache, register_ring_attention
 from roll.inference.sampling import (
     _VOCAB_SALT,
@@ -51,9 +51,6 @@ from roll.inference.sampling import (
 
 if TYPE_CHECKING:
     from roll.inference.hf_engine import HFEngine
-
-_STOP_WINDOW_EXTRA = 8
-
 
 @dataclass
 class _Lane:
@@ -352,12 +349,9 @@ class ContinuousDecoder:
         sampling = state.request.sampling
         if token in self.engine.eos_ids and not sampling.ignore_eos:
             return "eos"
-        if sampling.stop:
-            window = max(len(s) for s in sampling.stop) + _STOP_WINDOW_EXTRA
-            tail = self.engine.decode_text(state.tokens[-window:])
-            if any(stop in tail for stop in sampling.stop):
-                state.stop_matched = True
-                return "stop"
+        if sampling.stop and hits_stop(state.tokens, sampling.stop, self.engine.decode_text):
+            state.stop_matched = True
+            return "stop"
         if state.trie is not None:
             state.node = state.trie.advance(state.node, token)
             if state.trie.is_complete(state.node):

@@ -118,10 +118,15 @@ class HostChecks:
         return stopped
 
     def _hits_stop(self, row: int) -> bool:
-        stops = self.params[row].stop
-        window = max(len(s) for s in stops) + _STOP_WINDOW_EXTRA
-        tail = self.decode(self.tokens[row][-window:])
-        return any(stop in tail for stop in stops)
+        return hits_stop(self.tokens[row], self.params[row].stop, self.decode)
+
+
+def hits_stop(tokens: list[int], stops: list[str], decode: Callable[[list[int]], str]) -> bool:
+    """Whether a stop string appears in the text of the row's last tokens (enough of them to
+    hold the longest stop string)."""
+    window = max(len(s) for s in stops) + _STOP_WINDOW_EXTRA
+    tail = decode(tokens[-window:])
+    return any(stop in tail for stop in stops)
 
 
 def cut_at_stop(text: str, stops: list[str]) -> str:

@@ -240,8 +240,6 @@ class HFEngine:
         tokens is refused. Returns how many requests were served."""
         if not first:
             return 0
-        for index, request in enumerate(first):
-            self.check_request(request, f"requests[{index}]")
         longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in first)
         lanes = min(self.max_batch_size, len(first))
         decoder = self._decoder

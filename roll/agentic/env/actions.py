@@ -270,3 +270,11 @@ def apply_parsed_action(env: MultiAgentEnv, seat: int, parsed: ParsedAction,
         counters.record(agent_id or f"seat{seat}", parsed.format_error, fallback)
     penalty = config.format_penalty if parsed.format_error is not None else 0.0
     return TurnOutcome(step, action, parsed.format_error, fallback, penalty)
+
+
+def answer_token_ids(tokenizer, moves: list[str]) -> list[list[int]]:
+    """Token ids of ``<answer>MOVE</answer>`` + EOS for each move: the answers constrained
+    decoding allows (and that exploitability scores)."""
+    eos = tokenizer.eos_token_id
+    return [tokenizer.encode(f"<answer>{move}</answer>", add_special_tokens=False) + [eos]
+            for move in moves]

@@ -30,6 +30,7 @@ import torch
 from roll.agentic.env.actions import (
     ActionConfig,
     FormatCounters,
+    answer_token_ids,
     apply_parsed_action,
     parse_action,
 )
@@ -358,11 +359,7 @@ class RolloutScheduler:
         legal = env.legal_actions(seat)
         if not legal:
             return None
-        eos = self.tokenizer.eos_token_id
-        completions = [
-            self.tokenizer.encode(f"<answer>{move}</answer>", add_special_tokens=False) + [eos]
-            for move in legal
-        ]
+        completions = answer_token_ids(self.tokenizer, legal)
         longest = max(completions, key=len)
         if len(longest) > self.sampling.max_new_tokens:
             # Cut off, it could never be parsed: every such turn would be a format error.
