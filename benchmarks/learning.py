@@ -8,7 +8,9 @@ Each recipe trains two agents (LoRA r 16) by self-play in both seats (seatings
 sampling at temperature 1, and evaluates every ``--eval_every`` steps: for Kuhn and Leduc the
 exact exploitability of each agent's policy in every seat at temperature 1
 (roll/pipeline/exploitability.py; uniform play is 0.458 in Kuhn) and the win rate against a
-random player; for TicTacToe wins / non-losses against random with each agent in both seats.
+random player; for TicTacToe wins / non-losses against random with each agent in both seats,
+and against MCTS with ``--vs_mcts`` simulations (OpenSpiel's MCTS bot) before and after training;
+for the small Hanabi (2 colours, 3 ranks, max score 6) the team score of the two agents together.
 Writes the curves as JSON (``$OUT/learning.json`` when OUT is set, and printed) and a PNG per
 recipe when matplotlib is available.
 """
@@ -37,9 +39,16 @@ RECIPES = {
         "eval.exploitability=false",
         "eval.seat_to_agent=[[agent_0,random],[random,agent_0],[agent_1,random],"
         "[random,agent_1]]"]),
+    # Cooperative: the two agents play together; the team score is the figure (max 6).
+    "hanabi": ("examples/hanabi", "multi_agent_hanabi", [
+        "eval.exploitability=false", "eval.seat_to_agent=[agent_0,agent_1]",
+        "rollout.sampling.max_new_tokens=32", "rollout.max_turns=40"]),
 }
+VERSUS = {"tictactoe": "mcts"}
+"""Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
+training."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
-           "loss_rate", "seat0/win_rate", "seat1/win_rate")
+           "loss_rate", "seat0/win_rate", "seat1/win_rate", "mean_return")
 COMMON = [
     "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0]]",
     "rollout.constrained_decoding=true", "rollout.sampling.temperature=1.0",
@@ -56,7 +65,9 @@ def run_recipe(args, name: str) -> dict:
     from roll.pipeline.cli import load_config
 
     folder, config_name, extra = RECIPES[name]
-    out = Path(tempfile.mkdtemp(prefix=f"learning_{name}_"))
+    # Under $OUT when set, so the metrics of a run cut off by a time limit still come back.
+    out = (Path(os.environ["OUT"], f"run_{name}") if os.environ.get("OUT")
+           else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     overrides = COMMON + extra + [
         f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
@@ -67,14 +78,23 @@ def run_recipe(args, name: str) -> dict:
         overrides += ["rollout.num_groups=2", "eval.num_episodes=4"]
     cfg = load_config(str(ROOT / folder), config_name, overrides)
     start = time.perf_counter()
-    AgenticPipeline(cfg).run()
+    pipeline = AgenticPipeline(cfg)
+    versus = {}
+    if name in VERSUS and args.vs_mcts:
+        versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
+    pipeline.run()
+    if versus:
+        versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
     seconds = time.perf_counter() - start
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = []
     for row in rows:
-        if not any(key.endswith("/win_rate") and key.startswith("eval/") for key in row):
+        if "time/eval" not in row:  # not an evaluation step
             continue
         point = {"step": row["step"]}
+        for key in ("team/score", "team/score_low", "team/score_high"):
+            if f"eval/{key}" in row:
+                point[key] = round(row[f"eval/{key}"], 4)
         for agent in ("agent_0", "agent_1"):
             for metric in METRICS:
                 key = f"eval/{agent}/{metric}"
@@ -85,8 +105,31 @@ def run_recipe(args, name: str) -> dict:
     result = {"recipe": name, "model": "tiny" if args.tiny else args.model, "steps": args.steps,
               "seconds": round(seconds, 1), "seconds_per_step": round(seconds / args.steps, 2),
               "curve": curve}
+    if versus:
+        result[f"vs_mcts{args.vs_mcts}"] = versus
+        print(json.dumps({"recipe": name, f"vs_mcts{args.vs_mcts}": versus}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
+
+
+def _versus(pipeline, opponent: str, out: Path) -> dict:
+    """Each agent in both seats against ``opponent``, with the pipeline's current adapters:
+    ``{agent: {win_rate, non_loss_rate, loss_rate (+ _low/_high), seat0/.., seat1/..}}``."""
+    from roll.pipeline.validation import seatings_of
+    from roll.utils.tracking import Tracker, TrackingConfig
+
+    names = pipeline.agent_names
+    raw = [seat for agent in names for seat in ([agent, opponent], [opponent, agent])]
+    seatings = seatings_of(raw, 2, names, f"versus {opponent}")
+    scheduler = pipeline.scheduler(seatings, evaluation=True)
+    with Tracker(TrackingConfig(backends=["console"], log_dir=str(out))) as tracker:
+        metrics = pipeline.evaluate(scheduler, tracker)
+    keep = ("win_rate", "non_loss_rate", "loss_rate", "seat0/non_loss_rate",
+            "seat1/non_loss_rate")
+    return {agent: {f"{key}{end}": round(metrics[f"eval/{agent}/{key}{end}"], 4)
+                    for key in keep for end in ("", "_low", "_high")
+                    if f"eval/{agent}/{key}{end}" in metrics}
+            for agent in names}
 
 
 def _plot(result: dict, folder: Path) -> None:
@@ -101,15 +144,26 @@ def _plot(result: dict, folder: Path) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [p["step"] for p in result["curve"]]
     exact = any("agent_0/exploitability" in p for p in result["curve"])
-    left = "exploitability" if exact else "non_loss_rate"
+    team = any("team/score" in p for p in result["curve"])
+    left = "exploitability" if exact else "mean_return" if team else "non_loss_rate"
     for agent in ("agent_0", "agent_1"):
         axes[0].plot(steps, [p.get(f"{agent}/{left}") for p in result["curve"]],
                      marker="o", label=agent)
-        axes[1].plot(steps, [p.get(f"{agent}/win_rate") for p in result["curve"]],
-                     marker="o", label=agent)
+        if not team:
+            axes[1].plot(steps, [p.get(f"{agent}/win_rate") for p in result["curve"]],
+                         marker="o", label=agent)
+    if team:  # cooperative: the shared score with its 95% interval
+        axes[1].errorbar(steps, [p["team/score"] for p in result["curve"]], yerr=[
+            [p["team/score"] - p["team/score_low"] for p in result["curve"]],
+            [p["team/score_high"] - p["team/score"] for p in result["curve"]]],
+            marker="o", capsize=3, label="agent_0 + agent_1")
     title = "exploitability (exact)" if exact else "non-loss rate vs random, both seats"
     axes[0].set(title=f"{result['recipe']}: {title}", xlabel="step")
-    axes[1].set(title="win rate vs random", xlabel="step", ylim=(0, 1))
+    if team:
+        axes[0].set(title=f"{result['recipe']}: mean return per agent")
+        axes[1].set(title="team score [95%]", xlabel="step")
+    else:
+        axes[1].set(title="win rate vs random", xlabel="step", ylim=(0, 1))
     for axis in axes:
         axis.legend()
         axis.grid(alpha=0.3)
@@ -124,10 +178,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--recipes", nargs="+", default=["kuhn", "leduc", "tictactoe"],
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES),
                         choices=RECIPES)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--eval_every", type=int, default=20)
+    parser.add_argument("--vs_mcts", type=int, default=100,
+                        help="MCTS simulations of the opponent evaluated before/after (0: off)")
     args = parser.parse_args()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": device, "torch": torch.__version__, "results": []}
