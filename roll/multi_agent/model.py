@@ -208,9 +208,11 @@ class MultiAgentLoRAModel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     @contextmanager
-    def training_forward(self, optimizer_steps: dict[str, int]) -> Iterator[None]:
+    def training_forward(self, optimizer_steps: dict[str, int],
+                         stream: str = "dropout") -> Iterator[None]:
         """Forwards with these agents' LoRA dropout on, each agent's masks drawn from its own
-        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``).
+        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``,
+        ``stream``: data-parallel ranks name their own, so they draw different masks).
 
         Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
         ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active
@@ -218,7 +220,7 @@ class MultiAgentLoRAModel(nn.Module):
         """
         self._all_trainable()
         for name, step in optimizer_steps.items():
-            seed = agent_stream_seed(self.seed, name, step, "dropout")
+            seed = agent_stream_seed(self.seed, name, step, stream)
             device = next(self.named_agent_tensors(name))[1].device
             self._dropout_generators[name][device] = torch.Generator(device=device).manual_seed(
                 seed

@@ -16,6 +16,14 @@ ROUNDS: round k computes every agent's k-th mini-batch gradient, then checks eve
 and gradient norm, then steps all of them. A NaN/inf anywhere refuses the whole step: nothing
 is stepped in that round, and adapters, optimizers and schedulers are restored to the start of
 the step if an earlier round had already stepped (invariant 5: no agent half-updated).
+
+Data parallel (``grad_sync``, see roll/distributed/data_parallel.py): every rank holds the same
+adapters and optimizers and gets the whole batch, so every rank makes the same plan (mini-batches,
+normalisers). Each rank forwards only its share of each agent's mini-batch (rows rank, rank + k,
+...), then the gradients, losses and metric sums of the round are summed over ranks in one
+all-reduce, so clipping, the NaN check and the optimizer steps see the gradient of the whole
+mini-batch and stay identical on every rank. Equal to one process up to the order of the sums
+(exactly so without LoRA dropout: each rank draws its own dropout masks).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -33,6 +42,18 @@ from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel, agent_stream_seed
 
 METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "clip_frac", "approx_kl", "grad_norm")
+_SUMMED_PARTS = METRIC_PARTS[:-1]  # summed over ranks; grad_norm is taken after the sum
+
+
+class GradSync(Protocol):
+    """How data-parallel ranks share a round's gradients (roll/distributed implements it)."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, flat: Tensor) -> Tensor:
+        """The element-wise sum of ``flat`` over all ranks (same shape, same device)."""
+        ...
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -65,6 +86,7 @@ class MultiAgentTrainer:
         config: loss and batching settings shared by the team.
         temperature: the rollouts' sampling temperature (> 0; use 1 for greedy rollouts):
             every log-prob, ratio, KL and entropy is taken at it, as the engines report them.
+        grad_sync: data-parallel ranks (module docstring); None: this process alone.
     """
 
     def __init__(
@@ -73,6 +95,7 @@ class MultiAgentTrainer:
         agents: Sequence[AgentConfig],
         config: TrainerConfig,
         temperature: float = 1.0,
+        grad_sync: GradSync | None = None,
     ) -> None:
         if [a.name for a in agents] != model.agent_names:
             raise ValueError(
@@ -102,6 +125,9 @@ class MultiAgentTrainer:
             )
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
         self.global_step = 0
+        self.grad_sync = grad_sync
+        self.rows_forwarded = 0
+        """Rows this process ran forward/backward on in its last train step (its share)."""
 
     # ------------------------------------------------------------------ public
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
@@ -116,6 +142,7 @@ class MultiAgentTrainer:
         plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
                 for name, rows in own.items()}
         rounds = max((len(minis) for minis in plan.values()), default=0)
+        self.rows_forwarded = 0
         snapshot = self._snapshot(list(own)) if rounds > 1 else None
         sums = {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in own}
         try:
@@ -228,11 +255,17 @@ class MultiAgentTrainer:
                 normalisers[name] = mask[rows].sum().clamp(min=1.0)
             else:
                 normalisers[name] = (mask[rows].sum(-1) > 0).sum().float().clamp(min=1.0)
-        losses = {name: torch.zeros((), device=mask.device) for name in minis}
+        parts_of = {name: dict.fromkeys(_SUMMED_PARTS, 0.0) for name in minis}  # this round
         steps = {name: self.schedulers[name].last_epoch for name in minis}
-        with self.model.training_forward(steps):
-            for group in self._micro_groups(minis):
+        sync, mine, stream = self.grad_sync, minis, "dropout"
+        if sync is not None and sync.world_size > 1:  # this rank's share of each mini-batch
+            mine = {name: rows[sync.rank::sync.world_size] for name, rows in minis.items()}
+            mine = {name: rows for name, rows in mine.items() if len(rows)}
+            stream = f"dropout/rank{sync.rank}"
+        with self.model.training_forward(steps, stream):
+            for group in self._micro_groups(mine) if mine else []:
                 micro = batch.select(torch.cat([rows for _, rows in group]))
+                self.rows_forwarded += len(micro)
                 logprobs, entropy = self.model(
                     micro.input_ids, micro.attention_mask, micro.agent_id,
                     positions=micro.response_mask.bool(), temperature=self.temperature,
@@ -246,16 +279,45 @@ class MultiAgentTrainer:
                     parts = self._loss(micro.select(part), logprobs[part], entropy[part],
                                        normalisers[name])
                     total = total + parts["loss"]
-                    losses[name] = losses[name] + parts["loss"].detach()
                     for key, value in parts.items():
-                        sums[name][key] = sums[name][key] + value.detach()
+                        parts_of[name][key] = parts_of[name][key] + value.detach()
                 total.backward()
+        if sync is not None and sync.world_size > 1:
+            self._sum_over_ranks(list(minis), parts_of, mask.device)
         checks = {}
         for name in minis:
+            for key, value in parts_of[name].items():
+                sums[name][key] = sums[name][key] + value
             grad_norm = self._clip(name)
             sums[name]["grad_norm"] = sums[name]["grad_norm"] + grad_norm
-            checks[name] = (losses[name], grad_norm)
+            checks[name] = (torch.as_tensor(parts_of[name]["loss"], device=mask.device),
+                            grad_norm)
         return checks
+
+    def _sum_over_ranks(self, names: list[str], parts_of: dict, device: torch.device) -> None:
+        """One all-reduce of these agents' gradients and loss parts of the round. A parameter
+        keeps ``grad=None`` only if it has none on every rank (AdamW skips such a parameter;
+        a zero gradient would still decay it and move its moments)."""
+        pieces = []
+        for name in names:
+            for param in self.optimizers[name].param_groups[0]["params"]:
+                grad = param.grad if param.grad is not None else torch.zeros_like(param)
+                pieces += [grad.reshape(-1).float(),
+                           torch.ones(1, device=param.device) * (param.grad is not None)]
+            pieces.append(torch.stack([torch.as_tensor(parts_of[name][key], device=device)
+                                       .float() for key in _SUMMED_PARTS]))
+        summed = self.grad_sync.all_reduce(torch.cat([p.to(device) for p in pieces]))
+        offset = 0
+        for name in names:
+            for param in self.optimizers[name].param_groups[0]["params"]:
+                size = param.numel()
+                values, has = summed[offset:offset + size], summed[offset + size]
+                offset += size + 1
+                param.grad = (values.view_as(param).to(param.device, param.dtype)
+                              if has > 0 else None)
+            parts = summed[offset:offset + len(_SUMMED_PARTS)]
+            offset += len(_SUMMED_PARTS)
+            parts_of[name] = dict(zip(_SUMMED_PARTS, parts, strict=True))
 
     def _loss(
         self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor

@@ -1,0 +1,10 @@
+"""Where the trainer runs: in this process (``local``) or as data-parallel Ray actors (``ray``).
+
+The pipeline drives one small interface, ``TrainGroup`` (train_group.py), whichever backend
+holds the ranks; ``build_train_group`` picks the backend from ``cluster.backend``. Ray is
+imported only by the Ray backend.
+"""
+
+from roll.distributed.train_group import LocalTrainGroup, TrainGroup, TrainSpec
+
+__all__ = ["LocalTrainGroup", "TrainGroup", "TrainSpec"]

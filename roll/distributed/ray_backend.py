@@ -1,0 +1,153 @@
+"""Data-parallel trainer ranks as Ray actors in one placement group.
+
+Each rank (``TrainRank``) builds the same team from the same ``TrainSpec`` (same base, same
+seeded adapter init), joins a torch.distributed group and runs ``MultiAgentTrainer`` with a
+``TorchDistributedSync``: every rank gets the whole batch (one ``ray.put``), forwards its share
+of each agent's mini-batch, and the ranks sum their gradients, so all replicas stay equal
+(roll/multi_agent/worker.py). After a step the driver copies the trained agents' adapter tensors
+from rank 0 into its own model (MBs through the object store, never the base). A rank that dies
+stops the step with one line naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from roll.batch import TrajectoryBatch
+from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
+from roll.distributed.train_group import TrainSpec
+from roll.models import load_model
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.worker import MultiAgentTrainer
+
+
+class TrainRank:
+    """One data-parallel replica of the team and its trainer (runs inside a Ray actor)."""
+
+    def __init__(self, spec: TrainSpec, rank: int, world_size: int, address: str,
+                 cpu_threads: int) -> None:
+        if spec.device == "cpu":
+            torch.set_num_threads(max(1, cpu_threads))
+        self.device = spec.device
+        init_ranks(rank, world_size, address, spec.device)
+        torch.manual_seed(spec.seed)
+        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
+        self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
+        self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
+                                         temperature=spec.temperature,
+                                         grad_sync=TorchDistributedSync())
+
+    def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
+        """(metrics per agent, global step, rows this rank ran forward/backward)."""
+        metrics = self.trainer.train_step(batch.to(self.device))
+        return metrics, self.trainer.global_step, self.trainer.rows_forwarded
+
+    def export_adapters(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: self.model.export_adapter(name) for name in names}
+
+    def load(self, adapters: dict[str, dict[str, torch.Tensor]], state: dict | None) -> None:
+        for name, tensors in adapters.items():
+            self.model.import_adapter(name, tensors)
+        if state is not None:
+            self.trainer.load_state_dict(state)
+
+    def state_dict(self) -> dict:
+        return self.trainer.state_dict()
+
+    def digest(self) -> str:
+        """SHA-256 of every adapter tensor and optimizer state tensor (replicas must agree)."""
+        sha = hashlib.sha256()
+        for name in self.model.agent_names:
+            for key, tensor in self.model.named_agent_tensors(name):
+                sha.update(key.encode())
+                sha.update(tensor.detach().float().cpu().numpy().tobytes())
+            for slot in self.trainer.optimizers[name].state.values():
+                for key in sorted(slot):
+                    sha.update(torch.as_tensor(slot[key]).float().cpu().numpy().tobytes())
+        return sha.hexdigest()
+
+
+class RayTrainGroup:
+    """``world_size`` TrainRank actors, packed in one placement group (a ``TrainGroup``)."""
+
+    def __init__(self, spec: TrainSpec, model: MultiAgentLoRAModel, world_size: int,
+                 cpus_per_rank: float = 1.0, gpus_per_rank: float = 0.0) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError("cluster.backend=ray: call ray.init() (the pipeline does) before "
+                               "building the train group")
+        self.model = model
+        self.world_size = world_size
+        self.global_step = 0
+        self.rows_per_rank: list[int] = []
+        """Rows each rank ran forward/backward in the last step (their shares)."""
+        bundle = {"CPU": cpus_per_rank} | ({"GPU": gpus_per_rank} if gpus_per_rank else {})
+        self.group = placement_group([bundle] * world_size, strategy="PACK")
+        ray.get(self.group.ready(), timeout=120)
+        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
+        actor = ray.remote(TrainRank)
+        self.ranks = [
+            actor.options(
+                num_cpus=cpus_per_rank, num_gpus=gpus_per_rank,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=rank),
+            ).remote(spec, rank, world_size, address, max(1, int(cpus_per_rank)))
+            for rank in range(world_size)
+        ]
+        self._get([rank.digest.remote() for rank in self.ranks], "start")
+
+    def _get(self, refs: list, what: str) -> list:
+        """ray.get of one call per rank, failing fast: the first rank that dies or raises
+        stops the step with one line naming it (the others may be stuck waiting for it in a
+        collective, so the group is torn down)."""
+        index_of = {ref: index for index, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except (RayActorError, RayTaskError) as error:
+                self.close()
+                text = str(error).strip()
+                raise RuntimeError(
+                    f"actor_train rank {index_of[ready[0]]} of {self.world_size} failed during "
+                    f"{what}: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+                ) from error
+        return ray.get(refs)
+
+    def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
+        batch_ref = ray.put(batch.to("cpu"))
+        results = self._get([rank.train_step.remote(batch_ref) for rank in self.ranks],
+                            f"train step {self.global_step + 1}")
+        metrics, self.global_step, _ = results[0]
+        self.rows_per_rank = [rows for _, _, rows in results]
+        adapters = self._get([self.ranks[0].export_adapters.remote(list(metrics))],
+                             "adapter export")[0]
+        for name, tensors in adapters.items():
+            self.model.import_adapter(name, tensors)
+        return metrics
+
+    def state_dict(self) -> dict:
+        return self._get([self.ranks[0].state_dict.remote()], "state export")[0]
+
+    def load_state_dict(self, state: dict) -> None:
+        adapters = {name: self.model.export_adapter(name) for name in self.model.agent_names}
+        self._get([rank.load.remote(adapters, state) for rank in self.ranks], "resume")
+        self.global_step = state["global_step"]
+
+    def digests(self) -> list[str]:
+        """Each rank's digest of adapters + optimizer states (equal when in step)."""
+        return self._get([rank.digest.remote() for rank in self.ranks], "digest")
+
+    def close(self) -> None:
+        """Kill the ranks and free their placement group (idempotent)."""
+        for rank in self.ranks:
+            ray.kill(rank)
+        if self.ranks:
+            remove_placement_group(self.group)
+        self.ranks = []

@@ -1,0 +1,77 @@
+"""The trainer role as the pipeline sees it, whichever backend holds its ranks.
+
+A ``TrainGroup`` updates every agent's adapter from one mixed batch (``train_step``) and leaves
+the new adapters in the pipeline's own ``MultiAgentLoRAModel`` afterwards, which serves the
+rollout engine, the old/reference log-probs and the checkpoints. ``MultiAgentTrainer`` is the
+local group (it trains that very model in this process); ``RayTrainGroup`` (ray_backend.py) keeps
+``world_size`` data-parallel replicas in Ray actors and copies the updated adapter tensors back
+(through the object store) after each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from roll.batch import TrajectoryBatch
+from roll.multi_agent.config import AgentConfig, TrainerConfig
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.worker import MultiAgentTrainer
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything a rank needs to build the team and its trainer by itself."""
+
+    model_path: str
+    """Local folder (or hub id) of the frozen base."""
+    dtype: str
+    device: str
+    """Device kind of each rank ("cpu" or "cuda"; a Ray rank gets its own GPU as cuda:0)."""
+    agents: tuple[AgentConfig, ...]
+    trainer: TrainerConfig
+    seed: int
+    temperature: float
+    """The rollouts' sampling temperature (the trainer's log-probs are taken at it)."""
+
+
+class TrainGroup(Protocol):
+    """What the pipeline calls on its trainer."""
+
+    global_step: int
+
+    def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
+        """Update every agent that has rows; afterwards the pipeline's model holds the new
+        adapters. Returns metrics keyed by agent name."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Optimizers, schedulers, step counter (adapters are saved from the model)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the pipeline's model already holds the checkpoint's adapters."""
+        ...
+
+
+class LocalTrainGroup(MultiAgentTrainer):
+    """This process trains the pipeline's own model (``cluster.backend=local``)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
+                      world_size: int = 1, cpus_per_rank: float = 1.0,
+                      gpus_per_rank: float = 0.0) -> TrainGroup:
+    """The trainer for ``cluster.backend``: local (``world_size`` 1) or Ray actors."""
+    if backend == "local":
+        if world_size != 1:
+            raise ValueError(f"actor_train.world_size={world_size}: the local backend runs "
+                             f"one rank; use cluster.backend=ray")
+        return LocalTrainGroup(model, list(spec.agents), spec.trainer, spec.temperature)
+    if backend == "ray":
+        from roll.distributed.ray_backend import RayTrainGroup
+
+        return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank)
+    raise ValueError(f"cluster.backend={backend!r}: must be 'local' or 'ray'")

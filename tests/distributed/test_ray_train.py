@@ -1,0 +1,138 @@
+"""Data-parallel training in real Ray actors (gloo) equals one local process (invariant 6)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from roll.distributed.train_group import TrainSpec, build_train_group
+from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.worker import MultiAgentTrainer
+from tests.multi_agent.helpers import make_rows, make_team
+
+pytestmark = pytest.mark.slow
+
+AGENTS = ["a", "b", "idle"]
+TRAINER = TrainerConfig(micro_batch_size=2, ppo_mini_batch_size=4, ppo_epochs=2,
+                        kl_coef=0.0)
+
+
+def batches():
+    # Uneven rows (5 of a, 3 of b, none of idle): mini-batches of 4 split 3/2 and 2/1 over two
+    # ranks, and one rank gets no row of b in the second mini-batch.
+    return [make_rows([0, 1, 0, 0, 1, 0, 1, 0], seed=11),
+            make_rows([1, 1, 0, 1, 0, 0, 1, 1, 0], seed=12)]
+
+
+def adapters(model):
+    return {name: model.export_adapter(name) for name in model.agent_names}
+
+
+def max_gap(left, right):
+    return max(float((left[name][key] - right[name][key]).abs().max())
+               for name in left for key in left[name])
+
+
+@pytest.fixture
+def spec_and_team(tiny_model_path):
+    def build():
+        # eps 1e-3: Adam's first steps are ~lr * sign(g), so on a near-zero coordinate the
+        # 1e-10 noise of summing in another order (ranks) would flip a whole lr-sized step.
+        model, agents = make_team(tiny_model_path, [AgentConfig(name) for name in AGENTS],
+                                  optim=OptimConfig(lr=1e-2, eps=1e-3))
+        spec = TrainSpec(model_path=str(tiny_model_path), dtype="float32", device="cpu",
+                         agents=tuple(agents), trainer=TRAINER, seed=0, temperature=1.0)
+        return spec, model, agents
+    return build
+
+
+def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_thread):
+    spec, local_model, agents = spec_and_team()
+    start = adapters(local_model)
+    local = MultiAgentTrainer(local_model, agents, TRAINER)
+    local_metrics, local_rows = [], []
+    for batch in batches():
+        local_metrics.append(local.train_step(batch))
+        local_rows.append(local.rows_forwarded)
+
+    _, driver_model, _ = spec_and_team()
+    group = build_train_group(spec, driver_model, "ray", world_size=2)
+    try:
+        ray_metrics, ray_rows = [], []
+        for batch in batches():
+            ray_metrics.append(group.train_step(batch))
+            ray_rows.append(group.rows_per_rank)
+        digests = group.digests()
+        state = group.state_dict()
+    finally:
+        group.close()
+
+    assert group.global_step == local.global_step == 2
+    # Each rank forwarded its share only; together, the local run's rows.
+    for shares, alone in zip(ray_rows, local_rows, strict=True):
+        assert sum(shares) == alone and max(shares) < alone
+    # The driver's model holds the ranks' result, equal to the local run up to summation order.
+    assert max_gap(adapters(driver_model), adapters(local_model)) < 1e-6
+    assert max_gap(adapters(driver_model), start) > 1e-3  # and training moved it
+    # The idle agent: weights bitwise, no optimizer state on any rank.
+    for key, tensor in driver_model.export_adapter("idle").items():
+        assert torch.equal(tensor, start["idle"][key])
+    assert state["optimizers"]["idle"]["state"] == {}
+    assert digests[0] == digests[1]  # replicas in step: adapters and AdamW moments
+    for name in ("a", "b"):
+        local_state = local.optimizers[name].state_dict()["state"]
+        for index, slot in local_state.items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                gap = (state["optimizers"][name]["state"][index][key] - slot[key]).abs().max()
+                assert float(gap) < 1e-6
+    for step in range(2):  # metrics over the whole mini-batch, not one rank's share
+        for name in ("a", "b"):
+            for key in ("loss", "policy_loss", "grad_norm", "num_rows", "num_tokens"):
+                assert ray_metrics[step][name][key] == pytest.approx(
+                    local_metrics[step][name][key], abs=1e-5)
+    assert "idle" not in ray_metrics[0]
+
+
+def test_resume_pushes_the_drivers_adapters_and_state_to_every_rank(
+        ray_cluster, spec_and_team, one_thread):
+    spec, local_model, agents = spec_and_team()
+    local = MultiAgentTrainer(local_model, agents, TRAINER)
+    first, second = batches()
+    local.train_step(first)
+    # deepcopy: an optimizer's state_dict holds its live tensors
+    saved_adapters, saved_state = adapters(local_model), copy.deepcopy(local.state_dict())
+    local.train_step(second)
+
+    _, driver_model, _ = spec_and_team()
+    for name, tensors in saved_adapters.items():
+        driver_model.import_adapter(name, tensors)
+    group = build_train_group(spec, driver_model, "ray", world_size=2)
+    try:
+        group.load_state_dict(saved_state)
+        group.train_step(second)
+        digests = group.digests()
+    finally:
+        group.close()
+    assert digests[0] == digests[1]
+    assert max_gap(adapters(driver_model), adapters(local_model)) < 1e-6
+
+
+def test_a_dead_rank_stops_the_step_with_one_line_naming_it(ray_cluster, spec_and_team):
+    spec, driver_model, _ = spec_and_team()
+    group = build_train_group(spec, driver_model, "ray", world_size=2)
+    before = adapters(driver_model)
+    ray_cluster.kill(group.ranks[1])
+    with pytest.raises(RuntimeError, match=r"actor_train rank 1 of 2 failed during train step 1"):
+        group.train_step(batches()[0])
+    assert group.ranks == []  # torn down, the survivor is not left waiting
+    assert max_gap(adapters(driver_model), before) == 0.0  # nothing half-applied
+
+
+def test_bad_backend_and_world_size_are_refused(spec_and_team):
+    spec, model, _ = spec_and_team()
+    with pytest.raises(ValueError, match="cluster.backend='slurm'"):
+        build_train_group(spec, model, "slurm")
+    with pytest.raises(ValueError, match="actor_train.world_size=2"):
+        build_train_group(spec, model, "local", world_size=2)
