@@ -5,6 +5,6 @@ holds the ranks; ``build_train_group`` picks the backend from ``cluster.backend`
 imported only by the Ray backend.
 """
 
-from roll.distributed.train_group import LocalTrainGroup, TrainGroup, TrainSpec
+from roll.distributed.train_group import LocalTrainGroup, RoleFailed, TrainGroup, TrainSpec
 
-__all__ = ["LocalTrainGroup", "TrainGroup", "TrainSpec"]
+__all__ = ["LocalTrainGroup", "RoleFailed", "TrainGroup", "TrainSpec"]

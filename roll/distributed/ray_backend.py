@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
-from roll.distributed.train_group import TrainSpec
+from roll.distributed.train_group import RoleFailed, TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
@@ -114,7 +114,7 @@ class RayTrainGroup:
             except (RayActorError, RayTaskError) as error:
                 self.close()
                 text = str(error).strip()
-                raise RuntimeError(
+                raise RoleFailed(
                     f"actor_train rank {index_of[ready[0]]} of {self.world_size} failed during "
                     f"{what}: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
                 ) from error

@@ -19,6 +19,10 @@ from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
 
 
+class RoleFailed(RuntimeError):
+    """A role's actor died or raised; the message is one line naming the role and rank."""
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """Everything a rank needs to build the team and its trainer by itself."""

@@ -34,19 +34,21 @@ from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
+from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, build_train_group
 from roll.inference.base import SamplingParams, push_adapters
 from roll.models import load_model, load_tokenizer
 from roll.models.aliases import resolve_model_path
 from roll.models.peft_io import ADAPTER_WEIGHTS
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.worker import MultiAgentTrainer
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.evaluation import summarize_episodes
 from roll.pipeline.validation import (
+    check_ray_resources,
     eval_seatings,
     game_is_cooperative,
     game_num_seats,
     seatings_of,
+    train_gpus_per_rank,
 )
 from roll.utils.checkpoint import (
     agent_dir,
@@ -61,6 +63,17 @@ from roll.utils.checkpoint import (
 from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics, split_agent_key
 
 EVAL_SEED_OFFSET = 7_919
+
+
+def start_ray(cfg: PipelineConfig) -> None:
+    """Join (cluster.address) or start a Ray instance, then check that it has what the
+    trainer's ranks ask for (one line naming the key otherwise)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                 include_dashboard=False, log_to_driver=False)
+    check_ray_resources(cfg, ray.cluster_resources())
 
 
 def model_path(cfg: PipelineConfig) -> Path | str:
@@ -192,6 +205,8 @@ class AgenticPipeline:
         self.env_factory = env_factory
         self.render = render
         self.output_dir = Path(cfg.output_dir)
+        if cfg.cluster.backend == "ray":
+            start_ray(cfg)  # and check its resources, before any model loads
         torch.manual_seed(cfg.seed)
         path = model_path(cfg)
         self.tokenizer = load_tokenizer(path)
@@ -210,9 +225,18 @@ class AgenticPipeline:
         )
         """Whether the engine reports the trainer's log-probs: a vLLM engine at temperature
         != 1 reports filtered ones under top-k/top-p or a constraint (vllm_engine.py)."""
-        self.trainer = MultiAgentTrainer(
-            self.model, agents, cfg.trainer, temperature=self.policy_temperature
+        spec = TrainSpec(
+            model_path=str(path), dtype=cfg.model.dtype,
+            device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
+            agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
+            temperature=self.policy_temperature,
         )
+        self.trainer: TrainGroup = build_train_group(
+            spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,
+            cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg),
+        )
+        """In this process, or data-parallel Ray ranks that copy the new adapters into
+        ``self.model`` after each step (roll/distributed)."""
         self.cooperative = game_is_cooperative(cfg.env.game, cfg.env.params)
         num_seats = game_num_seats(cfg.env.game, cfg.env.params)
         self.train_seatings = seatings_of(
@@ -333,6 +357,16 @@ class AgenticPipeline:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, float]:
+        """Train ``max_steps`` steps (resuming first if asked); the last step's metrics. A
+        dead or failed role stops the run with one line naming it and the last checkpoint."""
+        try:
+            return self._run()
+        except RoleFailed as error:
+            last_good = resolve_resume("latest", self.output_dir)
+            raise RoleFailed(f"{error} -- last good checkpoint: {last_good or 'none yet'} "
+                             f"(continue with resume=latest)") from error
+
+    def _run(self) -> dict[str, float]:
         cfg = self.cfg
         self._maybe_resume()
         if self.step == 0:
@@ -371,6 +405,7 @@ class AgenticPipeline:
                     self.step == cfg.max_steps
                 ):
                     self.save()
+        self.trainer.close()  # Ray: the ranks are done; local: nothing to release
         if first_eval and last_eval:
             print(before_after(first_eval, last_eval, self.agent_names, self.step), flush=True)
         return last

@@ -134,5 +134,11 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
         return 0
-    main(cfg)
+    from roll.multi_agent.config import ConfigError
+
+    try:
+        main(cfg)
+    except ConfigError as error:  # found once the cluster is up (e.g. too few GPUs in Ray)
+        print(str(error), file=sys.stderr)
+        return 2
     return 0

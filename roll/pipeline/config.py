@@ -180,6 +180,35 @@ class TrackingSchema:
 
 
 @dataclass
+class ClusterSchema:
+    """Where the roles run (roll/distributed)."""
+
+    backend: str = "local"
+    """'local': everything in this process (the default); 'ray': the trainer's ranks run as Ray
+    actors (data parallel), the rollout engine stays with the pipeline."""
+    address: str | None = None
+    """Ray cluster address to join (e.g. 'auto'); null: start a Ray instance on this machine."""
+    num_cpus: int | None = None
+    """CPUs of the Ray instance started here (null: Ray's own count)."""
+
+
+@dataclass
+class ActorTrainSchema:
+    """The trainer role (cluster.backend=ray for more than one rank)."""
+
+    world_size: int = 1
+    """Data-parallel ranks; each holds the base and every adapter, trains its share of each
+    agent's rows, and the ranks sum their gradients (equal to one rank up to summation order)."""
+    strategy: str = "torch"
+    """'torch': torch.distributed all-reduce of the adapters' gradients (gloo on CPU, NCCL on
+    GPUs)."""
+    cpus_per_rank: float = 1.0
+    """CPUs reserved per rank (and its torch threads on CPU)."""
+    gpus_per_rank: float | None = None
+    """GPUs per rank; null: 1 when model.device is cuda, else 0."""
+
+
+@dataclass
 class PipelineConfig:
     """A whole training run."""
 
@@ -191,6 +220,8 @@ class PipelineConfig:
     rollout: RolloutSchema = field(default_factory=RolloutSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
+    cluster: ClusterSchema = field(default_factory=ClusterSchema)
+    actor_train: ActorTrainSchema = field(default_factory=ActorTrainSchema)
     output_dir: str = "runs/default"
     """Run folder: checkpoints, metrics, TensorBoard and WandB files."""
     max_steps: int = 100

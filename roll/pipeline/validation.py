@@ -53,6 +53,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     _positive("eval.num_episodes", cfg.eval.num_episodes)
     _check_model(cfg.model, check_paths)
     _check_rollout(cfg.rollout, cfg.model.device)
+    _check_cluster(cfg)
     if cfg.eval.temperature < 0:
         raise ConfigError("eval.temperature", cfg.eval.temperature, "must be >= 0")
     _check_tracking(cfg, check_paths)
@@ -90,6 +91,49 @@ def _check_model(model: ModelConfig, check_paths: bool) -> None:
                               f"this machine sees {count} CUDA device(s)")
     if check_paths:
         _check_model_path(model.path)
+
+
+def _check_cluster(cfg: PipelineConfig) -> None:
+    cluster, train = cfg.cluster, cfg.actor_train
+    if cluster.backend not in ("local", "ray"):
+        raise ConfigError("cluster.backend", cluster.backend, "must be 'local' or 'ray'")
+    if cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("cluster.backend", "ray", "ray is not installed (pip install "
+                          "'roll[ray]')")
+    _positive("actor_train.world_size", train.world_size)
+    if train.world_size > 1 and cluster.backend != "ray":
+        raise ConfigError("actor_train.world_size", train.world_size,
+                          "more than one rank needs cluster.backend=ray")
+    if train.strategy != "torch":
+        raise ConfigError("actor_train.strategy", train.strategy, "must be 'torch' (data "
+                          "parallel over torch.distributed)")
+    if not train.cpus_per_rank > 0:
+        raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
+    if train.gpus_per_rank is not None and train.gpus_per_rank < 0:
+        raise ConfigError("actor_train.gpus_per_rank", train.gpus_per_rank, "must be >= 0")
+    if cluster.num_cpus is not None:
+        _positive("cluster.num_cpus", cluster.num_cpus)
+
+
+def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> None:
+    """More CPUs or GPUs asked for the trainer's ranks than the Ray cluster has: one line
+    (called once Ray is up, before any model loads)."""
+    train = cfg.actor_train
+    gpus = train_gpus_per_rank(cfg)
+    for kind, per_rank, key in (("CPU", train.cpus_per_rank, "actor_train.cpus_per_rank"),
+                                ("GPU", gpus, "actor_train.gpus_per_rank")):
+        asked = per_rank * train.world_size
+        if asked > available.get(kind, 0.0):
+            raise ConfigError(key, per_rank, f"actor_train.world_size={train.world_size} ranks "
+                              f"ask for {asked:g} {kind}s but the Ray cluster has "
+                              f"{available.get(kind, 0.0):g}")
+
+
+def train_gpus_per_rank(cfg: PipelineConfig) -> float:
+    """actor_train.gpus_per_rank, defaulting to 1 on CUDA and 0 on CPU."""
+    if cfg.actor_train.gpus_per_rank is not None:
+        return cfg.actor_train.gpus_per_rank
+    return 1.0 if cfg.model.device.startswith("cuda") else 0.0
 
 
 def _check_rollout(rollout: RolloutSchema, device: str) -> None:

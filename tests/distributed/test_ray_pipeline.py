@@ -1,0 +1,95 @@
+"""The pipeline with cluster.backend=ray: same result as local, one-line stops, clean resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from roll.distributed import RoleFailed
+from roll.multi_agent.config import ConfigError
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import CLIError, load_config
+from roll.pipeline.validation import check_ray_resources
+from roll.utils.checkpoint import latest_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+OVERRIDES = [
+    "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
+    "rollout.constrained_decoding=true", "team.optim.lr=1e-2", "eval.eval_steps=0",
+    "tracking.backends=[jsonl]", "save_steps=1", "keep_last=5",
+    # Adam's first steps are ~lr * sign(g): eps 1e-3 keeps the 1e-10 noise of summing in
+    # another order (over ranks) on near-zero coordinates from flipping lr-sized steps.
+    "team.optim.eps=1e-3",
+]
+
+
+def config(out: Path, *extra: str):
+    return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker",
+                       [*OVERRIDES, f"output_dir={out}", *extra])
+
+
+def adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return {f"{agent.name}/{key}": value
+            for agent in sorted((checkpoint / "agents").iterdir())
+            for key, value in load_file(agent / "adapter_model.safetensors").items()}
+
+
+def test_ray_ranks_train_what_the_local_run_trains(ray_cluster, tmp_path, one_thread):
+    AgenticPipeline(config(tmp_path / "local", "max_steps=2")).run()
+    ray_pipeline = AgenticPipeline(config(tmp_path / "ray", "max_steps=2",
+                                          "cluster.backend=ray", "actor_train.world_size=2"))
+    ray_pipeline.run()
+    assert ray_pipeline.trainer.rows_per_rank and len(ray_pipeline.trainer.rows_per_rank) == 2
+    local = adapters(latest_checkpoint(tmp_path / "local"))
+    remote = adapters(latest_checkpoint(tmp_path / "ray"))
+    assert local.keys() == remote.keys()
+    gap = max(float((local[key] - remote[key]).abs().max()) for key in local)
+    assert gap < 1e-6
+    start = AgenticPipeline(config(tmp_path / "fresh", "max_steps=1")).model
+    moved = max(float((start.export_adapter(key.split("/")[0])[key.split("/", 1)[1]]
+                       - local[key]).abs().max()) for key in local)
+    assert moved > 1e-4  # the comparison is between trained adapters
+
+
+def test_a_dead_rank_stops_with_the_last_checkpoint_and_resume_continues(
+        ray_cluster, tmp_path, one_thread):
+    out = tmp_path / "run"
+    ray_args = ("cluster.backend=ray", "actor_train.world_size=2")
+    AgenticPipeline(config(out, "max_steps=1", *ray_args)).run()
+    before = adapters(latest_checkpoint(out))
+    pipeline = AgenticPipeline(config(out, "max_steps=2", "resume=latest", *ray_args))
+    ray_cluster.kill(pipeline.trainer.ranks[1])
+    with pytest.raises(RoleFailed) as caught:
+        pipeline.run()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "actor_train rank 1 of 2 failed during resume: ActorDiedError" in message
+    assert "last good checkpoint:" in message and "step_00000001" in message
+    assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
+    after = adapters(latest_checkpoint(out))
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    AgenticPipeline(config(out, "max_steps=2", "resume=latest", *ray_args)).run()
+    assert latest_checkpoint(out).name == "step_00000002"
+
+
+def test_cluster_settings_are_checked_before_any_model_loads(tmp_path):
+    with pytest.raises(CLIError, match=r"actor_train.world_size=2: more than one rank needs "
+                                          r"cluster.backend=ray"):
+        config(tmp_path, "actor_train.world_size=2")
+    with pytest.raises(CLIError, match=r"cluster.backend='slurm'"):
+        config(tmp_path, "cluster.backend=slurm")
+    with pytest.raises(CLIError, match=r"actor_train.strategy='deepspeed'"):
+        config(tmp_path, "actor_train.strategy=deepspeed")
+    cfg = config(tmp_path, "cluster.backend=ray", "actor_train.world_size=4",
+                 "model.device=cpu")
+    with pytest.raises(ConfigError, match=r"actor_train.cpus_per_rank=1.0: actor_train."
+                                          r"world_size=4 ranks ask for 4 CPUs but the Ray "
+                                          r"cluster has 2"):
+        check_ray_resources(cfg, {"CPU": 2.0})
+    cfg.actor_train.gpus_per_rank = 1.0
+    with pytest.raises(ConfigError, match=r"ask for 4 GPUs but the Ray cluster has 0"):
+        check_ray_resources(cfg, {"CPU": 8.0})
