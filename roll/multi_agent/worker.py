@@ -298,23 +298,23 @@ class MultiAgentTrainer:
         """One all-reduce of these agents' gradients and loss parts of the round. A parameter
         keeps ``grad=None`` only if it has none on every rank (AdamW skips such a parameter;
         a zero gradient would still decay it and move its moments)."""
-        pieces = []
+        params = [param for name in names
+                  for param in self.optimizers[name].param_groups[0]["params"]]
+        has_grad = [param.grad is not None for param in params]
+        flat = torch.cat(
+            [(param.grad if param.grad is not None else torch.zeros_like(param))
+             .reshape(-1).float().to(device) for param in params]
+            + [torch.tensor(has_grad, dtype=torch.float32, device=device)]
+            + [torch.stack([torch.as_tensor(parts_of[name][key], device=device).float()
+                            for key in _SUMMED_PARTS]) for name in names])
+        summed = self.grad_sync.all_reduce(flat)
+        sizes = [param.numel() for param in params]
+        grads = summed[:sum(sizes)].split(sizes)
+        any_grad = summed[sum(sizes):sum(sizes) + len(params)].tolist()  # one host sync
+        for param, grad, has in zip(params, grads, any_grad, strict=True):
+            param.grad = grad.view_as(param).to(param.dtype) if has > 0 else None
+        offset = sum(sizes) + len(params)
         for name in names:
-            for param in self.optimizers[name].param_groups[0]["params"]:
-                grad = param.grad if param.grad is not None else torch.zeros_like(param)
-                pieces += [grad.reshape(-1).float(),
-                           torch.ones(1, device=param.device) * (param.grad is not None)]
-            pieces.append(torch.stack([torch.as_tensor(parts_of[name][key], device=device)
-                                       .float() for key in _SUMMED_PARTS]))
-        summed = self.grad_sync.all_reduce(torch.cat([p.to(device) for p in pieces]))
-        offset = 0
-        for name in names:
-            for param in self.optimizers[name].param_groups[0]["params"]:
-                size = param.numel()
-                values, has = summed[offset:offset + size], summed[offset + size]
-                offset += size + 1
-                param.grad = (values.view_as(param).to(param.device, param.dtype)
-                              if has > 0 else None)
             parts = summed[offset:offset + len(_SUMMED_PARTS)]
             offset += len(_SUMMED_PARTS)
             parts_of[name] = dict(zip(_SUMMED_PARTS, parts, strict=True))

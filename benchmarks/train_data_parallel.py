@@ -1,0 +1,138 @@
+"""Data-parallel training throughput: k ranks vs one, at the same rows per rank.
+
+    python benchmarks/train_data_parallel.py --world_sizes 1 2     # GPUs: one rank per GPU, NCCL
+    python benchmarks/train_data_parallel.py --tiny                # CPU smoke check (gloo)
+
+Each rank is a process (torch.multiprocessing) running roll's MultiAgentTrainer with the
+TorchDistributedSync that ``cluster.backend=ray`` ranks use (roll/distributed/data_parallel.py):
+every rank holds the Qwen3-0.6B-shaped base (random bf16) with 4 agents (LoRA r 32 on all 7
+projections), gets the whole batch of ``--rows`` x world_size rows (``--tokens`` each, agents
+round-robin), forwards its share and sums gradients with the others. Timed: one train_step after
+an untimed warm-up (median of ``--repeats``). Reported per world size: seconds, tokens/s over
+all ranks, and the speed-up over one rank (goal: >= 1.8x on 2 GPUs). Prints one JSON object;
+writes $OUT/train_data_parallel.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
+    import torch.distributed as dist
+    from logprob_memory import QWEN3_06B, TINY
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from roll.batch import TrajectoryBatch
+    from roll.distributed.data_parallel import TorchDistributedSync, init_ranks
+    from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
+    from roll.multi_agent.model import MultiAgentLoRAModel
+    from roll.multi_agent.worker import MultiAgentTrainer
+
+    device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    init_ranks(rank, world_size, address, "cpu" if args.tiny else "cuda")
+    torch.manual_seed(0)
+    with device:
+        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if args.tiny else QWEN3_06B)))
+    base = base.to(torch.float32 if args.tiny else torch.bfloat16).eval()
+    agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
+                          optim=OptimConfig(lr=1e-5)) for i in range(args.agents)]
+    model = MultiAgentLoRAModel(base, agents, seed=0)
+    sync = TorchDistributedSync() if world_size > 1 else None
+    trainer = MultiAgentTrainer(model, agents, TrainerConfig(micro_batch_size=args.micro),
+                                grad_sync=sync)
+    rows, tokens = args.rows * world_size, args.tokens
+    gen = torch.Generator().manual_seed(0)
+    response_mask = torch.zeros(rows, tokens)
+    for row in range(rows):
+        response_mask[row, args.prompt + int(torch.randint(-20, 21, (1,), generator=gen)):] = 1
+    batch = TrajectoryBatch(
+        input_ids=torch.randint(0, base.config.vocab_size, (rows, tokens), generator=gen),
+        attention_mask=torch.ones(rows, tokens, dtype=torch.long),
+        response_mask=response_mask,
+        agent_id=torch.arange(rows) % args.agents,
+        advantages=torch.randn(rows, tokens, generator=gen) * response_mask,
+    ).to(device)
+    batch = batch.with_fields(old_logprobs=model.logprobs(
+        batch.input_ids, batch.attention_mask, batch.agent_id,
+        positions=batch.response_mask.bool()))
+
+    def step() -> float:
+        if world_size > 1:
+            dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        trainer.train_step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    step()  # warm-up
+    times = [step() for _ in range(args.repeats)]
+    if rank == 0:
+        seconds = statistics.median(times)
+        results.put({"world_size": world_size, "rows_per_rank": args.rows,
+                     "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
+                     "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
+                     "tokens_per_s": round(rows * tokens / seconds),
+                     "peak_gb_rank0": round(torch.cuda.max_memory_allocated() / 1e9, 2)
+                     if device.type == "cuda" else None})
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--world_sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rows", type=int, default=64, help="rows per rank")
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if args.tiny:
+        args.rows, args.tokens, args.prompt = 8, 64, 32
+    from roll.distributed.data_parallel import free_port
+
+    context = mp.get_context("spawn")
+    entries = []
+    for world_size in args.world_sizes:
+        results = context.Queue()
+        address = f"127.0.0.1:{free_port()}"
+        mp.start_processes(rank_main, args=(world_size, address, args, results),
+                           nprocs=world_size, join=True, start_method="spawn")
+        entry = results.get(timeout=60)
+        entries.append(entry)
+        print(json.dumps(entry), file=sys.stderr, flush=True)
+    for entry in entries:
+        entry["speedup_vs_1"] = round(entry["tokens_per_s"] / entries[0]["tokens_per_s"], 3)
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.tiny else "cpu"
+    summary = {"device": name, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
+               "agents": args.agents, "tokens": args.tokens, "micro_batch_size": args.micro,
+               "results": entries}
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "train_data_parallel.json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
