@@ -32,6 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 RECIPES = {
     "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker", ["rollout.max_turns=4"]),
+    # Self-play mixed with frozen snapshots of the other agent (refreshed at every checkpoint,
+    # every 10 steps): a deterministic policy that self-play stops moving (Kuhn agent_0 froze at
+    # exploitability 1/3 in pure self-play) still meets an older opponent that punishes it.
+    "kuhn_pool": ("examples/kuhn_poker", "multi_agent_kuhn_poker", [
+        "rollout.max_turns=4", "save_steps=10", "keep_last=2", "rollout.num_groups=18",
+        "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0],"
+        "[agent_0,snapshot:agent_1@latest],[snapshot:agent_1@latest,agent_0],"
+        "[agent_1,snapshot:agent_0@latest],[snapshot:agent_0@latest,agent_1]]"]),
     "leduc": ("examples/leduc_poker", "multi_agent_leduc_poker", []),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
     # each agent in both seats.
@@ -75,7 +83,7 @@ def run_recipe(args, name: str) -> dict:
         f"output_dir={out}",
     ]
     if args.tiny:
-        overrides += ["rollout.num_groups=2", "eval.num_episodes=4"]
+        overrides += ["rollout.num_groups=6", "eval.num_episodes=4"]
     cfg = load_config(str(ROOT / folder), config_name, overrides)
     start = time.perf_counter()
     pipeline = AgenticPipeline(cfg)
