@@ -50,7 +50,13 @@ from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-from roll.inference.base import FinishReason, GenerationOutput, GenerationRequest, SamplingParams
+from roll.inference.base import (
+    FinishReason,
+    Follow,
+    GenerationOutput,
+    GenerationRequest,
+    SamplingParams,
+)
 from roll.inference.constrained import CompletionTrie
 from roll.inference.decoding import cut_at_stop
 from roll.models.peft_io import write_peft_folder
@@ -199,6 +205,10 @@ class VLLMEngine:
         self._rng = random.Random(seed)
         self._sleeping = False
         self._warned_no_sleep = False
+        self._serves = 0
+        self.last_serve: dict[str, int] = {}
+        """Statistics of the last ``serve``: peak requests in flight ('lanes'), engine steps
+        ('decode_steps'), requests served."""
 
     # ------------------------------------------------------------------ adapter slots
     def load_adapter(
@@ -267,16 +277,8 @@ class VLLMEngine:
         loras: list[LoRARequest | None] = []
         params: list[VLLMSamplingParams] = []
         for index, request in enumerate(requests):
-            if not isinstance(request, GenerationRequest):
-                raise TypeError(f"requests[{index}] is a {type(request).__name__}, "
-                                f"not a GenerationRequest")
-            if request.adapter is not None and request.adapter not in self._slots:
-                raise KeyError(f"requests[{index}].adapter={request.adapter!r} is not a loaded "
-                               f"slot; slots are {self.slots}")
-            if max(request.prompt_ids) >= self.vocab_size:
-                raise ValueError(f"requests[{index}].prompt_ids has a token id >= the "
-                                 f"vocabulary size {self.vocab_size}")
-            loras.append(self._slots[request.adapter].request if request.adapter else None)
+            self._check_request(request, f"requests[{index}]")
+            loras.append(self._lora(request))
             params.append(self._vllm_params(request))
         results = self.llm.generate(
             [{"prompt_token_ids": list(r.prompt_ids)} for r in requests],
@@ -285,6 +287,64 @@ class VLLMEngine:
             use_tqdm=False,
         )
         return [self._output(r, res.outputs[0]) for r, res in zip(requests, results, strict=True)]
+
+    def serve(self, first: list[GenerationRequest], follow: Follow,
+              context_len: int | None = None) -> int:
+        """Continuous batching through vLLM's own scheduler: every request is added to the
+        engine at once, the engine is stepped, and each request that finishes goes to ``follow``
+        at once; what it returns joins the running batch in the same step loop (no rounds).
+        Keys number requests in submission order (base.Follow). Returns how many were served.
+        Same seeds + same follow → same outputs (vLLM's per-request seeded sampling)."""
+        if self._sleeping:
+            raise RuntimeError("VLLMEngine is asleep; call wake_up() before serve()")
+        core = self.llm.llm_engine
+        pending: dict[str, tuple[int, GenerationRequest]] = {}
+        served, steps, peak = 0, 0, 0
+        self._serves += 1
+
+        def submit(requests: list[GenerationRequest]) -> None:
+            for request in requests:
+                key = served + len(pending)
+                self._check_request(request, f"request {key}")
+                need = len(request.prompt_ids) + request.sampling.max_new_tokens
+                if context_len is not None and need > context_len:
+                    raise ValueError(f"request {key} needs {need} tokens (prompt + "
+                                     f"max_new_tokens) > context_len {context_len}")
+                request_id = f"roll-serve{self._serves}-{key}"
+                core.add_request(request_id, {"prompt_token_ids": list(request.prompt_ids)},
+                                 self._vllm_params(request), lora_request=self._lora(request))
+                pending[request_id] = (key, request)
+
+        try:
+            submit(list(first))
+            while pending:
+                peak = max(peak, len(pending))
+                steps += 1
+                for result in core.step():
+                    if not result.finished:
+                        continue
+                    key, request = pending.pop(result.request_id)
+                    served += 1
+                    submit(follow(key, self._output(request, result.outputs[0])))
+        finally:
+            if pending:  # a failure mid-way: leave the engine empty for the next call
+                core.abort_request(list(pending))
+        self.last_serve = {"lanes": peak, "decode_steps": steps, "served": served}
+        return served
+
+    def _check_request(self, request: GenerationRequest, where: str) -> None:
+        """Refuse what this engine cannot serve, naming ``where``."""
+        if not isinstance(request, GenerationRequest):
+            raise TypeError(f"{where} is a {type(request).__name__}, not a GenerationRequest")
+        if request.adapter is not None and request.adapter not in self._slots:
+            raise KeyError(f"{where}.adapter={request.adapter!r} is not a loaded slot; slots "
+                           f"are {self.slots}")
+        if max(request.prompt_ids) >= self.vocab_size:
+            raise ValueError(f"{where}.prompt_ids has a token id >= the vocabulary size "
+                             f"{self.vocab_size}")
+
+    def _lora(self, request: GenerationRequest) -> LoRARequest | None:
+        return self._slots[request.adapter].request if request.adapter else None
 
     def _vllm_params(self, request: GenerationRequest) -> VLLMSamplingParams:
         sampling: SamplingParams = request.sampling

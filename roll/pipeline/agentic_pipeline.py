@@ -424,7 +424,8 @@ class AgenticPipeline:
         served = getattr(self.engine, "last_serve", None)
         if served:  # continuous batching: decode lanes, steps and CUDA graph captures so far
             for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
-                metrics[f"rollout/{name}"] = float(served[name])
+                if name in served:  # vLLM reports no prefills or graph captures
+                    metrics[f"rollout/{name}"] = float(served[name])
         metrics.update(self._team_metrics(result))
         batch = result.batch
         if batch is None:

@@ -244,3 +244,79 @@ def test_sleep_is_a_noop_on_cpu_and_generation_goes_on(tiny_model_path, engine):
 def test_the_core_imports_without_vllm():
     code = "import sys, roll.inference, roll.pipeline.config; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_serve_batches_continuously_and_equals_generate(tiny_model_path, team, engine):
+    """A follow-up joins as soon as its parent finishes, while a long request is still
+    decoding (no rounds), and every output equals a plain generate of the same request."""
+    _sync_both(team, [engine])
+    prompts = chat_prompts(tiny_model_path)
+    short = SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True)
+    long = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    first = [GenerationRequest(prompts[0], "alice", short),
+             GenerationRequest(prompts[1], "bob", long),
+             GenerationRequest(prompts[2], None, short)]
+    made = list(first)
+    finished: list[int] = []
+    outputs = {}
+
+    def follow(key, output):
+        finished.append(key)
+        outputs[key] = output
+        if key in (0, 3):  # 0 -> 3 -> 4: a chain of short turns (another agent each time)
+            nxt = GenerationRequest(prompts[(key + 3) % len(prompts)],
+                                    "carol" if key == 0 else "dave", short)
+            made.append(nxt)
+            return [nxt]
+        return []
+
+    assert engine.serve(first, follow, context_len=512) == 5
+    assert sorted(finished) == [0, 1, 2, 3, 4]
+    # The chain 0 -> 3 -> 4 completed while request 1 (40 tokens) was still running.
+    assert finished.index(4) < finished.index(1)
+    assert engine.last_serve["served"] == 5 and engine.last_serve["lanes"] == 3
+    for key, request in enumerate(made):
+        alone = engine.generate([request])[0]
+        assert outputs[key].token_ids == alone.token_ids
+        assert outputs[key].adapter == request.adapter
+        assert max(abs(a - b) for a, b in zip(outputs[key].logprobs, alone.logprobs,
+                                              strict=True)) < 1e-4
+
+
+def test_serve_refuses_a_request_longer_than_the_context_and_leaves_the_engine_empty(
+        tiny_model_path, engine):
+    prompts = chat_prompts(tiny_model_path)
+    ok = GenerationRequest(prompts[0], None, SamplingParams(temperature=0.0, max_new_tokens=4))
+    too_long = GenerationRequest(prompts[1], None,
+                                 SamplingParams(temperature=0.0, max_new_tokens=400))
+    with pytest.raises(ValueError, match=r"request 1 needs \d+ tokens .* > context_len 300"):
+        engine.serve([ok], lambda key, output: [too_long], context_len=300)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert engine.generate([ok])[0].token_ids  # still serves
+
+
+@pytest.mark.parametrize(("game", "seatings"), [
+    ("tic_tac_toe", [["alice", "bob"]]),
+    ("leduc_poker", [["alice", "bob"], ["bob", "alice"]]),
+])
+def test_vllm_rollout_served_continuously_plays_the_same_episodes_as_rounds(
+        tiny_model_path, team, engine, game, seatings):
+    """The scheduler serves turns through VLLMEngine.serve (continuous) or in lock-step
+    rounds of generate calls; per-turn seeds make both play the same episodes."""
+    from dataclasses import replace
+
+    from tests.agentic.test_rollout import _scheduler
+
+    _sync_both(team, [engine])
+    tokenizer = load_tokenizer(tiny_model_path)
+    continuous = _scheduler(engine, tokenizer, game, seatings, True, groups=4, size=2,
+                            max_new_tokens=16)
+    rounds = _scheduler(engine, tokenizer, game, seatings, True, groups=4, size=2,
+                        max_new_tokens=16)
+    rounds.config = replace(rounds.config, continuous=False)
+    served = continuous.rollout(seed=5)
+    assert engine.last_serve["served"] == len(served.turns)
+    played = rounds.rollout(seed=5)
+    for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
+        assert torch.equal(getattr(served.batch, field), getattr(played.batch, field)), field
+    assert [e.returns for e in served.episodes] == [e.returns for e in played.episodes]

@@ -4,7 +4,7 @@
    (a trained agent or a frozen snapshot) must act, or the episode ends.
 2. The acting seat's prompt is rendered and chat-templated into a request naming its adapter
    slot; all such requests are served together (``roll.inference.serve``). With an engine that
-   batches continuously (hf) a request joins the running batch at once, and when its answer is
+   batches continuously (hf, vLLM) a request joins the running batch at once, and when its answer is
    done the env steps (3.) and the episode's next LLM turn joins, while other rows keep
    decoding; other engines play lock-step rounds of one ``generate`` call each.
 3. Each answer is parsed and played (or the fallback), and every seat's rewards are credited
