@@ -37,13 +37,12 @@ from roll.algorithms.losses import kl_per_token
 from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, build_train_group
 from roll.inference.base import SamplingParams, push_adapters
 from roll.models import load_model, load_tokenizer
-from roll.models.aliases import resolve_model_path
-from roll.models.peft_io import ADAPTER_WEIGHTS
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.builders import build_engine, model_path, start_ray
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.evaluation import summarize_episodes
+from roll.pipeline.evaluation import before_after, summarize_episodes
+from roll.pipeline.snapshot_pool import SnapshotPool
 from roll.pipeline.validation import (
-    check_ray_resources,
     eval_seatings,
     game_is_cooperative,
     game_num_seats,
@@ -58,136 +57,10 @@ from roll.utils.checkpoint import (
     resolve_resume,
     restore_rng_state,
     save_checkpoint,
-    step_dir_name,
 )
 from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics, split_agent_key
 
 EVAL_SEED_OFFSET = 7_919
-
-
-def start_ray(cfg: PipelineConfig) -> None:
-    """Join (cluster.address) or start a Ray instance, then check that it has what the
-    trainer's ranks ask for (one line naming the key otherwise)."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
-                 include_dashboard=False, log_to_driver=False)
-    check_ray_resources(cfg, ray.cluster_resources())
-
-
-def model_path(cfg: PipelineConfig) -> Path | str:
-    """The base model folder: an alias ('tiny', 'smollm2-135m') is built into the cache on
-    first use (roll/models/aliases.py); anything else is a folder or hub id."""
-    return resolve_model_path(cfg.model.path)
-
-
-def build_engine(
-    cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int
-):
-    """The rollout engine named by rollout.engine.
-
-    hf shares the trainer's base weights; vllm loads its own copy of the base from ``path``
-    and serves the agents (and ``snapshot_slots`` frozen snapshots) as LoRA adapters.
-    """
-    if cfg.rollout.engine == "vllm":
-        from roll.inference.vllm_engine import VLLMEngine
-
-        settings = cfg.rollout.vllm
-        return VLLMEngine(
-            str(path),
-            tokenizer,
-            max_loras=len(model.agent_names) + snapshot_slots,
-            max_lora_rank=max(model.lora_config(a).r for a in model.agent_names),
-            seed=cfg.seed,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            max_model_len=settings.max_model_len,
-            dtype=cfg.model.dtype,
-            enforce_eager=settings.enforce_eager,
-            tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
-        )
-    from roll.inference.hf_engine import HFEngine
-
-    return HFEngine(
-        model,
-        tokenizer,
-        device=cfg.model.device,
-        max_batch_size=cfg.rollout.hf.max_batch_size,
-        seed=cfg.seed,
-        compile=cfg.rollout.hf.compile,
-        cuda_graphs=cfg.rollout.hf.cuda_graphs,
-    )
-
-
-def before_after(
-    before: dict[str, float], after: dict[str, float], agents: list[str], step: int
-) -> str:
-    """The evaluation at step 0 next to the last one, per agent, with 95% intervals."""
-    lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
-    rows = [(agent, f"eval/{agent}/{metric}", metric)
-            for agent in agents for metric in ("win_rate", "mean_return")]
-    for agent in agents:
-        key = f"eval/{agent}/exploitability"
-        if key in before and key in after:
-            lines.append(f"  {agent:<12} {'exploitability':<12} {before[key]:.4f}  ->  "
-                         f"{after[key]:.4f} (exact)")
-    rows.append(("team", "eval/team/score", "score"))
-    for who, key, metric in rows:
-        if key not in before or key not in after:
-            continue
-        lines.append(
-            f"  {who:<12} {metric:<12} {before[key]:+.3f} [{before[key + '_low']:+.3f}, "
-            f"{before[key + '_high']:+.3f}]  ->  {after[key]:+.3f} "
-            f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
-        )
-    return "\n".join(lines)
-
-
-class SnapshotPool:
-    """Frozen copies of agents' adapters (opponent pool), served as extra engine slots.
-
-    A snapshot is taken at step 0 and at every checkpoint, and saved with the trainer state.
-    'snapshot:<agent>@latest' plays the newest one; '@N' the one of step N — from memory, or
-    from the run's checkpoint folder of step N on disk — and, before step N exists, the
-    newest one before it.
-    """
-
-    def __init__(self, model: MultiAgentLoRAModel, agents: set[str], checkpoints: Path) -> None:
-        self.model = model
-        self.agents = agents
-        self.checkpoints = checkpoints
-        self.snapshots: dict[str, dict[int, dict[str, torch.Tensor]]] = {a: {} for a in agents}
-
-    def take(self, step: int) -> None:
-        for agent in self.agents:
-            self.snapshots[agent][step] = self.model.export_adapter(agent)
-
-    def choose(self, spec: SeatSpec) -> tuple[str, int]:
-        """(agent, step) of the snapshot that plays this seat."""
-        agent, wanted = spec.agent_name, spec.snapshot_step
-        if wanted is not None and wanted not in self.snapshots[agent]:
-            self._load_from_disk(agent, wanted)
-        steps = sorted(self.snapshots[agent])
-        if wanted is not None:
-            steps = [s for s in steps if s <= wanted] or steps[:1]
-        if not steps:
-            raise ValueError(f"seat_to_agent: {spec.raw!r}: no snapshot of {agent!r} exists")
-        return agent, steps[-1]
-
-    def _load_from_disk(self, agent: str, step: int) -> None:
-        from safetensors.torch import load_file
-
-        weights = agent_dir(self.checkpoints / step_dir_name(step), agent) / ADAPTER_WEIGHTS
-        if weights.is_file():
-            self.snapshots[agent][step] = load_file(str(weights))
-
-    def state_dict(self) -> dict:
-        return {"snapshots": self.snapshots}
-
-    def load_state_dict(self, state: dict) -> None:
-        # The config decides which agents have snapshots; a checkpoint may have more or fewer.
-        saved = state["snapshots"]
-        self.snapshots = {agent: dict(saved.get(agent, {})) for agent in self.agents}
 
 
 class AgenticPipeline:
@@ -563,4 +436,4 @@ class AgenticPipeline:
         print(f"resumed from {path} at step {self.step}", flush=True)
 
 
-__all__ = ["AgenticPipeline", "SnapshotPool", "model_path"]
+__all__ = ["AgenticPipeline"]

@@ -84,3 +84,27 @@ def _outcome_rates(where: str, outcomes: list[str]) -> list[tuple[str, str, tupl
     wins, draws = outcomes.count("win"), outcomes.count("draw")
     return [(where, "win_rate", wilson_interval(wins, len(outcomes))),
             (where, "non_loss_rate", wilson_interval(wins + draws, len(outcomes)))]
+
+
+def before_after(
+    before: dict[str, float], after: dict[str, float], agents: list[str], step: int
+) -> str:
+    """The evaluation at step 0 next to the last one, per agent, with 95% intervals."""
+    lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
+    rows = [(agent, f"eval/{agent}/{metric}", metric)
+            for agent in agents for metric in ("win_rate", "mean_return")]
+    for agent in agents:
+        key = f"eval/{agent}/exploitability"
+        if key in before and key in after:
+            lines.append(f"  {agent:<12} {'exploitability':<12} {before[key]:.4f}  ->  "
+                         f"{after[key]:.4f} (exact)")
+    rows.append(("team", "eval/team/score", "score"))
+    for who, key, metric in rows:
+        if key not in before or key not in after:
+            continue
+        lines.append(
+            f"  {who:<12} {metric:<12} {before[key]:+.3f} [{before[key + '_low']:+.3f}, "
+            f"{before[key + '_high']:+.3f}]  ->  {after[key]:+.3f} "
+            f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
+        )
+    return "\n".join(lines)

@@ -157,7 +157,8 @@ def test_the_pipeline_runs_on_the_alias(smollm2_path, tmp_path):
     import json
     from pathlib import Path
 
-    from roll.pipeline.agentic_pipeline import AgenticPipeline, model_path
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.builders import model_path
     from roll.pipeline.cli import load_config
 
     root = Path(__file__).resolve().parents[2]

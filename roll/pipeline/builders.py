@@ -1,0 +1,65 @@
+"""What the pipeline builds from its config before the loop starts: the Ray connection, the
+base model's folder and the rollout engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll.models.aliases import resolve_model_path
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.config import PipelineConfig
+from roll.pipeline.validation import check_ray_resources
+
+
+def start_ray(cfg: PipelineConfig) -> None:
+    """Join (cluster.address) or start a Ray instance, then check that it has what the
+    trainer's ranks ask for (one line naming the key otherwise)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                 include_dashboard=False, log_to_driver=False)
+    check_ray_resources(cfg, ray.cluster_resources())
+
+
+def model_path(cfg: PipelineConfig) -> Path | str:
+    """The base model folder: an alias ('tiny', 'smollm2-135m') is built into the cache on
+    first use (roll/models/aliases.py); anything else is a folder or hub id."""
+    return resolve_model_path(cfg.model.path)
+
+
+def build_engine(
+    cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int
+):
+    """The rollout engine named by rollout.engine.
+
+    hf shares the trainer's base weights; vllm loads its own copy of the base from ``path``
+    and serves the agents (and ``snapshot_slots`` frozen snapshots) as LoRA adapters.
+    """
+    if cfg.rollout.engine == "vllm":
+        from roll.inference.vllm_engine import VLLMEngine
+
+        settings = cfg.rollout.vllm
+        return VLLMEngine(
+            str(path),
+            tokenizer,
+            max_loras=len(model.agent_names) + snapshot_slots,
+            max_lora_rank=max(model.lora_config(a).r for a in model.agent_names),
+            seed=cfg.seed,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_model_len=settings.max_model_len,
+            dtype=cfg.model.dtype,
+            enforce_eager=settings.enforce_eager,
+            tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
+        )
+    from roll.inference.hf_engine import HFEngine
+
+    return HFEngine(
+        model,
+        tokenizer,
+        device=cfg.model.device,
+        max_batch_size=cfg.rollout.hf.max_batch_size,
+        seed=cfg.seed,
+        compile=cfg.rollout.hf.compile,
+        cuda_graphs=cfg.rollout.hf.cuda_graphs,
+    )
