@@ -113,10 +113,13 @@ class RayTrainGroup:
                 ray.get(ready[0])
             except (RayActorError, RayTaskError) as error:
                 self.close()
-                text = str(error).strip()
+                # A task error's own text starts with Ray's call site; its cause is the rank's
+                # exception (e.g. NonFiniteLossError naming the agent).
+                cause = error.cause if isinstance(error, RayTaskError) else error
+                text = str(cause).strip()
                 raise RoleFailed(
                     f"actor_train rank {index_of[ready[0]]} of {self.world_size} failed during "
-                    f"{what}: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+                    f"{what}: {type(cause).__name__}: {text.splitlines()[0] if text else ''}"
                 ) from error
         return ray.get(refs)
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from roll.distributed.train_group import TrainSpec, build_train_group
+from roll.distributed.train_group import RoleFailed, TrainSpec, build_train_group
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.worker import MultiAgentTrainer
 from tests.multi_agent.helpers import make_rows, make_team
@@ -128,6 +128,18 @@ def test_a_dead_rank_stops_the_step_with_one_line_naming_it(ray_cluster, spec_an
         group.train_step(batches()[0])
     assert group.ranks == []  # torn down, the survivor is not left waiting
     assert max_gap(adapters(driver_model), before) == 0.0  # nothing half-applied
+
+
+def test_a_rank_refusing_a_nan_step_names_the_agent_in_one_line(ray_cluster, spec_and_team):
+    spec, driver_model, _ = spec_and_team()
+    group = build_train_group(spec, driver_model, "ray", world_size=2)
+    before = adapters(driver_model)
+    batch = batches()[0]
+    batch = batch.with_fields(advantages=batch.advantages * float("nan"))
+    with pytest.raises(RoleFailed, match=r"^actor_train rank [01] of 2 failed during train "
+                                         r"step 1: NonFiniteLossError: agent 'a': loss is nan"):
+        group.train_step(batch)
+    assert max_gap(adapters(driver_model), before) == 0.0
 
 
 def test_bad_backend_and_world_size_are_refused(spec_and_team):
