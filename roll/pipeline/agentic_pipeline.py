@@ -128,7 +128,8 @@ class AgenticPipeline:
         snapshot_specs = {spec.raw for spec in snapshot_seats}
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
-        self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs))
+        self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs),
+                                   spec)
         self.step = 0
         self.run_id: str | None = None
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""

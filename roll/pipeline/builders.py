@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from roll.distributed.train_group import TrainSpec
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.config import PipelineConfig
@@ -29,13 +30,23 @@ def model_path(cfg: PipelineConfig) -> Path | str:
 
 
 def build_engine(
-    cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int
+    cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int,
+    train_spec: TrainSpec,
 ):
-    """The rollout engine named by rollout.engine.
+    """The rollout engine named by rollout.engine, or hf engines as Ray actors
+    (actor_infer.num_engines, each building the team from ``train_spec``).
 
     hf shares the trainer's base weights; vllm loads its own copy of the base from ``path``
     and serves the agents (and ``snapshot_slots`` frozen snapshots) as LoRA adapters.
     """
+    if cfg.actor_infer.num_engines:
+        from roll.distributed.infer_group import RayInferGroup
+
+        infer = cfg.actor_infer
+        cuda = cfg.model.device.startswith("cuda")
+        gpus = infer.gpus_per_engine if infer.gpus_per_engine is not None else float(cuda)
+        return RayInferGroup(train_spec, infer.num_engines, cfg.rollout.hf.max_batch_size,
+                             infer.cpus_per_engine, gpus)
     if cfg.rollout.engine == "vllm":
         from roll.inference.vllm_engine import VLLMEngine
 

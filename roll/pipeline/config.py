@@ -209,6 +209,20 @@ class ActorTrainSchema:
 
 
 @dataclass
+class ActorInferSchema:
+    """Rollout engines as Ray actors (cluster.backend=ray)."""
+
+    num_engines: int = 0
+    """0: the rollout engine lives in the pipeline's process (shares the trainer's base on the
+    hf engine). k > 0: k hf engines as Ray actors, each with its own base copy; each generate
+    call is split over them, adapters reach them as tensors (lock-step rounds, no serve)."""
+    cpus_per_engine: float = 1.0
+    """CPUs reserved per engine (and its torch threads on CPU)."""
+    gpus_per_engine: float | None = None
+    """GPUs per engine; null: 1 when model.device is cuda, else 0."""
+
+
+@dataclass
 class PipelineConfig:
     """A whole training run."""
 
@@ -222,6 +236,7 @@ class PipelineConfig:
     tracking: TrackingSchema = field(default_factory=TrackingSchema)
     cluster: ClusterSchema = field(default_factory=ClusterSchema)
     actor_train: ActorTrainSchema = field(default_factory=ActorTrainSchema)
+    actor_infer: ActorInferSchema = field(default_factory=ActorInferSchema)
     output_dir: str = "runs/default"
     """Run folder: checkpoints, metrics, TensorBoard and WandB files."""
     max_steps: int = 100

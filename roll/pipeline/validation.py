@@ -113,20 +113,37 @@ def _check_cluster(cfg: PipelineConfig) -> None:
         raise ConfigError("actor_train.gpus_per_rank", train.gpus_per_rank, "must be >= 0")
     if cluster.num_cpus is not None:
         _positive("cluster.num_cpus", cluster.num_cpus)
+    infer = cfg.actor_infer
+    _positive("actor_infer.num_engines", infer.num_engines, 0)
+    if infer.num_engines and cluster.backend != "ray":
+        raise ConfigError("actor_infer.num_engines", infer.num_engines,
+                          "engines as actors need cluster.backend=ray")
+    if infer.num_engines and cfg.rollout.engine != "hf":
+        raise ConfigError("actor_infer.num_engines", infer.num_engines,
+                          f"runs hf engines; rollout.engine={cfg.rollout.engine!r} runs in the "
+                          f"pipeline's process (set actor_infer.num_engines=0)")
+    if not infer.cpus_per_engine > 0:
+        raise ConfigError("actor_infer.cpus_per_engine", infer.cpus_per_engine, "must be > 0")
+    if infer.gpus_per_engine is not None and infer.gpus_per_engine < 0:
+        raise ConfigError("actor_infer.gpus_per_engine", infer.gpus_per_engine, "must be >= 0")
 
 
 def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> None:
-    """More CPUs or GPUs asked for the trainer's ranks than the Ray cluster has: one line
-    (called once Ray is up, before any model loads)."""
-    train = cfg.actor_train
-    gpus = train_gpus_per_rank(cfg)
-    for kind, per_rank, key in (("CPU", train.cpus_per_rank, "actor_train.cpus_per_rank"),
-                                ("GPU", gpus, "actor_train.gpus_per_rank")):
-        asked = per_rank * train.world_size
+    """More CPUs or GPUs asked for the trainer's ranks and the inference engines than the Ray
+    cluster has: one line (called once Ray is up, before any model loads)."""
+    train, infer = cfg.actor_train, cfg.actor_infer
+    cuda = 1.0 if cfg.model.device.startswith("cuda") else 0.0
+    infer_gpus = infer.gpus_per_engine if infer.gpus_per_engine is not None else cuda
+    for kind, per_rank, per_engine, key in (
+            ("CPU", train.cpus_per_rank, infer.cpus_per_engine, "actor_train.cpus_per_rank"),
+            ("GPU", train_gpus_per_rank(cfg), infer_gpus, "actor_train.gpus_per_rank")):
+        asked = per_rank * train.world_size + per_engine * infer.num_engines
         if asked > available.get(kind, 0.0):
-            raise ConfigError(key, per_rank, f"actor_train.world_size={train.world_size} ranks "
-                              f"ask for {asked:g} {kind}s but the Ray cluster has "
-                              f"{available.get(kind, 0.0):g}")
+            engines = (f" and actor_infer.num_engines={infer.num_engines} engines"
+                       if infer.num_engines else "")
+            raise ConfigError(key, per_rank, f"actor_train.world_size={train.world_size} "
+                              f"ranks{engines} ask for {asked:g} {kind}s but the Ray cluster "
+                              f"has {available.get(kind, 0.0):g}")
 
 
 def train_gpus_per_rank(cfg: PipelineConfig) -> float:
