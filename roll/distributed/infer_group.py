@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from roll.distributed.train_group import RoleFailed, TrainSpec
+from roll.distributed.ray_actors import ActorGroup
+from roll.distributed.train_group import TrainSpec
 from roll.inference.base import GenerationOutput, GenerationRequest
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -56,35 +54,19 @@ class RayInferGroup:
     def __init__(self, spec: TrainSpec, num_engines: int, max_batch_size: int,
                  cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0) -> None:
         self.num_engines = num_engines
-        bundle = {"CPU": cpus_per_engine} | ({"GPU": gpus_per_engine} if gpus_per_engine else {})
-        self.group = placement_group([bundle] * num_engines, strategy="PACK")
-        ray.get(self.group.ready(), timeout=120)
-        actor = ray.remote(InferRank)
-        self.ranks = [
-            actor.options(
-                num_cpus=cpus_per_engine, num_gpus=gpus_per_engine,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=index),
-            ).remote(spec, max_batch_size, max(1, int(cpus_per_engine)))
-            for index in range(num_engines)
-        ]
+        self.actors = ActorGroup(
+            "actor_infer engine", InferRank, num_engines, cpus_per_engine, gpus_per_engine,
+            lambda index: (spec, max_batch_size, max(1, int(cpus_per_engine))))
         self._versions: dict[str, int] = {}
         self._get([rank.versions.remote() for rank in self.ranks], "start")
 
-    def _get(self, refs: list, what: str) -> list:
-        """ray.get of one call per rank; a dead or failing rank: one line naming it."""
-        for index, ref in enumerate(refs):
-            try:
-                ray.get(ref)
-            except (RayActorError, RayTaskError) as error:
-                cause = error.cause if isinstance(error, RayTaskError) else error
-                text = str(cause).strip()
-                self.close()
-                raise RoleFailed(
-                    f"actor_infer engine {index} of {self.num_engines} failed during {what}: "
-                    f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}"
-                ) from error
-        return ray.get(refs)
+    @property
+    def ranks(self) -> list:
+        """The engine actors (empty once closed)."""
+        return self.actors.actors
+
+    def _get(self, refs: list, what: str, indices: list[int] | None = None) -> list:
+        return self.actors.get(refs, what, indices)
 
     # ------------------------------------------------------------------ InferenceEngine
     def load_adapter(self, slot: str, tensors: dict, lora_config, version: int) -> None:
@@ -112,7 +94,7 @@ class RayInferGroup:
         shares = [requests[index::self.num_engines] for index in range(self.num_engines)]
         busy = [(index, share) for index, share in enumerate(shares) if share]
         results = self._get([self.ranks[index].generate.remote(share) for index, share in busy],
-                            "generate")
+                            "generate", [index for index, _ in busy])
         outputs: list[GenerationOutput | None] = [None] * len(requests)
         for (index, _), result in zip(busy, results, strict=True):
             outputs[index::self.num_engines] = result
@@ -123,9 +105,5 @@ class RayInferGroup:
         return self._get([rank.versions.remote() for rank in self.ranks], "version check")
 
     def close(self) -> None:
-        """Kill the ranks and free their placement group (idempotent)."""
-        for rank in self.ranks:
-            ray.kill(rank)
-        if self.ranks:
-            remove_placement_group(self.group)
-        self.ranks = []
+        """Kill the engines and free their placement group (idempotent)."""
+        self.actors.close()

@@ -15,13 +15,11 @@ import hashlib
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
-from roll.distributed.train_group import RoleFailed, TrainSpec
+from roll.distributed.ray_actors import ActorGroup
+from roll.distributed.train_group import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import MultiAgentTrainer
@@ -86,42 +84,19 @@ class RayTrainGroup:
         self.global_step = 0
         self.rows_per_rank: list[int] = []
         """Rows each rank ran forward/backward in the last step (their shares)."""
-        bundle = {"CPU": cpus_per_rank} | ({"GPU": gpus_per_rank} if gpus_per_rank else {})
-        self.group = placement_group([bundle] * world_size, strategy="PACK")
-        ray.get(self.group.ready(), timeout=120)
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        actor = ray.remote(TrainRank)
-        self.ranks = [
-            actor.options(
-                num_cpus=cpus_per_rank, num_gpus=gpus_per_rank,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=rank),
-            ).remote(spec, rank, world_size, address, max(1, int(cpus_per_rank)))
-            for rank in range(world_size)
-        ]
+        self.actors = ActorGroup(
+            "actor_train rank", TrainRank, world_size, cpus_per_rank, gpus_per_rank,
+            lambda rank: (spec, rank, world_size, address, max(1, int(cpus_per_rank))))
         self._get([rank.digest.remote() for rank in self.ranks], "start")
 
+    @property
+    def ranks(self) -> list:
+        """The rank actors (empty once closed)."""
+        return self.actors.actors
+
     def _get(self, refs: list, what: str) -> list:
-        """ray.get of one call per rank, failing fast: the first rank that dies or raises
-        stops the step with one line naming it (the others may be stuck waiting for it in a
-        collective, so the group is torn down)."""
-        index_of = {ref: index for index, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(ready[0])
-            except (RayActorError, RayTaskError) as error:
-                self.close()
-                # A task error's own text starts with Ray's call site; its cause is the rank's
-                # exception (e.g. NonFiniteLossError naming the agent).
-                cause = error.cause if isinstance(error, RayTaskError) else error
-                text = str(cause).strip()
-                raise RoleFailed(
-                    f"actor_train rank {index_of[ready[0]]} of {self.world_size} failed during "
-                    f"{what}: {type(cause).__name__}: {text.splitlines()[0] if text else ''}"
-                ) from error
-        return ray.get(refs)
+        return self.actors.get(refs, what)
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         batch_ref = ray.put(batch.to("cpu"))
@@ -149,8 +124,4 @@ class RayTrainGroup:
 
     def close(self) -> None:
         """Kill the ranks and free their placement group (idempotent)."""
-        for rank in self.ranks:
-            ray.kill(rank)
-        if self.ranks:
-            remove_placement_group(self.group)
-        self.ranks = []
+        self.actors.close()
