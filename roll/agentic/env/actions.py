@@ -212,12 +212,10 @@ class FormatCounters:
             self.fallbacks[agent_id, fallback] += 1
 
     def metrics(self) -> dict[str, float]:
-        """Flat metrics: ``{agent}/format/error_rate``, ``{agent}/format/<kind>`` (counts),
-        ``{agent}/format/fallback_<policy>`` (counts)."""
+        """Flat metrics: ``{agent}/format/<kind>`` (counts) and
+        ``{agent}/format/fallback_<policy>`` (counts). The error rate is the rollout's
+        ``{agent}/format_error_rate`` (scheduler.py), computed from the turns themselves."""
         out: dict[str, float] = {}
-        for agent_id, turns in self.turns.items():
-            errors = sum(n for (agent, _), n in self.errors.items() if agent == agent_id)
-            out[f"{agent_id}/format/error_rate"] = errors / turns
         for (agent_id, kind), count in self.errors.items():
             out[f"{agent_id}/format/{kind}"] = float(count)
         for (agent_id, policy), count in self.fallbacks.items():
