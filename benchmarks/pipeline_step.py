@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import emit  # noqa: E402
 
 SHAPE_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128)
@@ -158,10 +160,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": name, "torch": torch.__version__, "steps": args.steps,
                "results": results}
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "pipeline_step.json").write_text(text + "\n")
+    emit(summary, "pipeline_step.json")
 
 
 if __name__ == "__main__":

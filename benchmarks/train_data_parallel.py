@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,6 +28,8 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import emit  # noqa: E402
 
 
 def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
@@ -128,10 +129,7 @@ def main() -> None:
     summary = {"device": name, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
                "agents": args.agents, "tokens": args.tokens, "micro_batch_size": args.micro,
                "results": entries}
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "train_data_parallel.json").write_text(text + "\n")
+    emit(summary, "train_data_parallel.json")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from logprob_memory import QWEN3_06B, TINY, measure  # noqa: E402
+from report import emit  # noqa: E402
 
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12}
 """Dense bf16 peak (no sparsity) of the GPUs we run on."""
@@ -116,10 +116,7 @@ def main() -> None:
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
                "rows": rows, "tokens": tokens, "prompt": args.prompt,
                "micro_batch_size": args.micro, "results": results}
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "train_throughput.json").write_text(text + "\n")
+    emit(summary, "train_throughput.json")
 
 
 if __name__ == "__main__":

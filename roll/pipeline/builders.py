@@ -9,7 +9,7 @@ from roll.distributed.train_group import TrainSpec
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.validation import check_ray_resources
+from roll.pipeline.validation import check_ray_resources, infer_gpus_per_engine
 
 
 def start_ray(cfg: PipelineConfig) -> None:
@@ -43,10 +43,8 @@ def build_engine(
         from roll.distributed.infer_group import RayInferGroup
 
         infer = cfg.actor_infer
-        cuda = cfg.model.device.startswith("cuda")
-        gpus = infer.gpus_per_engine if infer.gpus_per_engine is not None else float(cuda)
         return RayInferGroup(train_spec, infer.num_engines, cfg.rollout.hf.max_batch_size,
-                             infer.cpus_per_engine, gpus)
+                             infer.cpus_per_engine, infer_gpus_per_engine(cfg))
     if cfg.rollout.engine == "vllm":
         from roll.inference.vllm_engine import VLLMEngine
 

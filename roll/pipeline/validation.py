@@ -132,8 +132,7 @@ def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> Non
     """More CPUs or GPUs asked for the trainer's ranks and the inference engines than the Ray
     cluster has: one line (called once Ray is up, before any model loads)."""
     train, infer = cfg.actor_train, cfg.actor_infer
-    cuda = 1.0 if cfg.model.device.startswith("cuda") else 0.0
-    infer_gpus = infer.gpus_per_engine if infer.gpus_per_engine is not None else cuda
+    infer_gpus = infer_gpus_per_engine(cfg)
     for kind, per_rank, per_engine, key in (
             ("CPU", train.cpus_per_rank, infer.cpus_per_engine, "actor_train.cpus_per_rank"),
             ("GPU", train_gpus_per_rank(cfg), infer_gpus, "actor_train.gpus_per_rank")):
@@ -148,8 +147,17 @@ def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> Non
 
 def train_gpus_per_rank(cfg: PipelineConfig) -> float:
     """actor_train.gpus_per_rank, defaulting to 1 on CUDA and 0 on CPU."""
-    if cfg.actor_train.gpus_per_rank is not None:
-        return cfg.actor_train.gpus_per_rank
+    return _gpus_or_default(cfg, cfg.actor_train.gpus_per_rank)
+
+
+def infer_gpus_per_engine(cfg: PipelineConfig) -> float:
+    """actor_infer.gpus_per_engine, defaulting to 1 on CUDA and 0 on CPU."""
+    return _gpus_or_default(cfg, cfg.actor_infer.gpus_per_engine)
+
+
+def _gpus_or_default(cfg: PipelineConfig, gpus: float | None) -> float:
+    if gpus is not None:
+        return gpus
     return 1.0 if cfg.model.device.startswith("cuda") else 0.0
 
 

@@ -1,0 +1,17 @@
+"""How every benchmark reports: the summary JSON on stdout, and in $OUT/<name> when OUT is set
+(the GPU machine's results folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def emit(summary: dict, name: str) -> str:
+    """Print ``summary`` as indented JSON and write it to ``$OUT/<name>``; return the text."""
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], name).write_text(text + "\n")
+    return text
