@@ -37,36 +37,50 @@ class TrainRank:
         torch.manual_seed(spec.seed)
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
-        self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
-                                         temperature=spec.temperature,
-                                         grad_sync=TorchDistributedSync())
+        self.rank = rank
+        if spec.strategy == "deepspeed":
+            from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+
+            self.trainer = DeepSpeedTrainer(self.model, list(spec.agents), spec.trainer,
+                                            spec.temperature, TorchDistributedSync(),
+                                            spec.zero_stage)
+        else:
+            self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
+                                             temperature=spec.temperature,
+                                             grad_sync=TorchDistributedSync())
 
     def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
         """(metrics per agent, global step, rows this rank ran forward/backward)."""
         metrics = self.trainer.train_step(batch.to(self.device))
         return metrics, self.trainer.global_step, self.trainer.rows_forwarded
 
-    def export_adapters(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: self.model.export_adapter(name) for name in names}
+    # Every method below is called on every rank (under ZeRO they are collectives); the
+    # group keeps rank 0's answer.
+    def export_adapters(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]] | None:
+        adapters = self.trainer.export_adapters(names)
+        return adapters if self.rank == 0 else None
 
     def load(self, adapters: dict[str, dict[str, torch.Tensor]], state: dict | None) -> None:
-        for name, tensors in adapters.items():
-            self.model.import_adapter(name, tensors)
+        self.trainer.load_adapters(adapters)
         if state is not None:
             self.trainer.load_state_dict(state)
 
-    def state_dict(self) -> dict:
-        return self.trainer.state_dict()
+    def state_dict(self) -> dict | None:
+        state = self.trainer.state_dict()
+        return state if self.rank == 0 else None
 
     def digest(self) -> str:
         """SHA-256 of every adapter tensor and optimizer state tensor (replicas must agree)."""
         sha = hashlib.sha256()
+        adapters = self.trainer.export_adapters(self.model.agent_names)
+        optimizers = self.trainer.state_dict()["optimizers"]
         for name in self.model.agent_names:
-            for key, tensor in self.model.named_agent_tensors(name):
+            for key, tensor in adapters[name].items():
                 sha.update(key.encode())
-                sha.update(tensor.detach().float().cpu().numpy().tobytes())
-            for slot in self.trainer.optimizers[name].state.values():
+                sha.update(tensor.float().numpy().tobytes())
+            for index, slot in sorted(optimizers[name]["state"].items()):
                 for key in sorted(slot):
+                    sha.update(f"{index}.{key}".encode())
                     sha.update(torch.as_tensor(slot[key]).float().cpu().numpy().tobytes())
         return sha.hexdigest()
 
@@ -104,14 +118,14 @@ class RayTrainGroup:
                             f"train step {self.global_step + 1}")
         metrics, self.global_step, _ = results[0]
         self.rows_per_rank = [rows for _, _, rows in results]
-        adapters = self._get([self.ranks[0].export_adapters.remote(list(metrics))],
+        adapters = self._get([rank.export_adapters.remote(list(metrics)) for rank in self.ranks],
                              "adapter export")[0]
         for name, tensors in adapters.items():
             self.model.import_adapter(name, tensors)
         return metrics
 
     def state_dict(self) -> dict:
-        return self._get([self.ranks[0].state_dict.remote()], "state export")[0]
+        return self._get([rank.state_dict.remote() for rank in self.ranks], "state export")[0]
 
     def load_state_dict(self, state: dict) -> None:
         adapters = {name: self.model.export_adapter(name) for name in self.model.agent_names}

@@ -37,6 +37,11 @@ class TrainSpec:
     seed: int
     temperature: float
     """The rollouts' sampling temperature (the trainer's log-probs are taken at it)."""
+    strategy: str = "torch"
+    """How the ranks train: 'torch' (gradient all-reduce, per-agent AdamW on every rank) or
+    'deepspeed' (the same gradients, the optimizer sharded by a ZeRO engine)."""
+    zero_stage: int = 2
+    """ZeRO stage of the 'deepspeed' strategy (2 or 3)."""
 
 
 class TrainGroup(Protocol):

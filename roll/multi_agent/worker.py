@@ -151,9 +151,7 @@ class MultiAgentTrainer:
                          if round_index < len(plan[name])}
                 checks = self._backward(batch, minis, sums)
                 self._refuse_non_finite(checks, round_index, rounds)
-                for name in minis:
-                    self.optimizers[name].step()
-                    self.schedulers[name].step()
+                self._step(list(minis))
         except NonFiniteLossError:
             if snapshot is not None:
                 self._restore(snapshot)
@@ -172,6 +170,15 @@ class MultiAgentTrainer:
             "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
             "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
         }
+
+    def export_adapters(self, names: Sequence[str]) -> dict[str, dict[str, Tensor]]:
+        """These agents' adapter tensors (PEFT keys), as the model holds them now."""
+        return {name: self.model.export_adapter(name) for name in names}
+
+    def load_adapters(self, adapters: dict[str, dict[str, Tensor]]) -> None:
+        """Overwrite agents' adapters (resume: the checkpoint's tensors)."""
+        for name, tensors in adapters.items():
+            self.model.import_adapter(name, tensors)
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step = state["global_step"]
@@ -281,7 +288,7 @@ class MultiAgentTrainer:
                     total = total + parts["loss"]
                     for key, value in parts.items():
                         parts_of[name][key] = parts_of[name][key] + value.detach()
-                total.backward()
+                self._local_backward(total, [name for name, _ in group])
         if sync is not None and sync.world_size > 1:
             self._sum_over_ranks(list(minis), parts_of, mask.device)
         checks = {}
@@ -318,6 +325,19 @@ class MultiAgentTrainer:
             parts = summed[offset:offset + len(_SUMMED_PARTS)]
             offset += len(_SUMMED_PARTS)
             parts_of[name] = dict(zip(_SUMMED_PARTS, parts, strict=True))
+
+    # ------------------------------------------------------------------ strategy seams
+    def _local_backward(self, total: Tensor, names: list[str]) -> None:
+        """Add the gradient of one forward's loss to the ``.grad`` of these agents' optimizer
+        parameters."""
+        total.backward()
+
+    def _step(self, names: list[str]) -> None:
+        """Apply these agents' (summed, clipped) gradients: one optimizer and scheduler step
+        each."""
+        for name in names:
+            self.optimizers[name].step()
+            self.schedulers[name].step()
 
     def _loss(
         self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor

@@ -103,6 +103,7 @@ class AgenticPipeline:
             device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
             agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
             temperature=self.policy_temperature,
+            strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
         )
         self.trainer: TrainGroup = build_train_group(
             spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,

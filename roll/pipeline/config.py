@@ -201,7 +201,10 @@ class ActorTrainSchema:
     agent's rows, and the ranks sum their gradients (equal to one rank up to summation order)."""
     strategy: str = "torch"
     """'torch': torch.distributed all-reduce of the adapters' gradients (gloo on CPU, NCCL on
-    GPUs)."""
+    GPUs), every rank holds every agent's AdamW. 'deepspeed': the same gradients, the agents'
+    optimizer (one param group per agent) sharded by a DeepSpeed ZeRO engine."""
+    zero_stage: int = 2
+    """ZeRO stage of strategy=deepspeed: 2 (optimizer state and fp32 masters sharded)."""
     cpus_per_rank: float = 1.0
     """CPUs reserved per rank (and its torch threads on CPU)."""
     gpus_per_rank: float | None = None

@@ -104,9 +104,19 @@ def _check_cluster(cfg: PipelineConfig) -> None:
     if train.world_size > 1 and cluster.backend != "ray":
         raise ConfigError("actor_train.world_size", train.world_size,
                           "more than one rank needs cluster.backend=ray")
-    if train.strategy != "torch":
-        raise ConfigError("actor_train.strategy", train.strategy, "must be 'torch' (data "
-                          "parallel over torch.distributed)")
+    if train.strategy not in ("torch", "deepspeed"):
+        raise ConfigError("actor_train.strategy", train.strategy, "must be 'torch' or "
+                          "'deepspeed'")
+    if train.strategy == "deepspeed":
+        if cluster.backend != "ray":
+            raise ConfigError("actor_train.strategy", "deepspeed", "runs in Ray train ranks: "
+                              "set cluster.backend=ray")
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError("actor_train.strategy", "deepspeed", "deepspeed is not installed "
+                              "(pip install 'roll[deepspeed]')")
+        if train.zero_stage != 2:
+            raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 (ZeRO-3 "
+                              "is not built yet)")
     if not train.cpus_per_rank > 0:
         raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
     if train.gpus_per_rank is not None and train.gpus_per_rank < 0:

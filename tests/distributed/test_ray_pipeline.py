@@ -40,15 +40,24 @@ def adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def test_ray_ranks_train_what_the_local_run_trains(ray_cluster, tmp_path, one_thread):
     AgenticPipeline(config(tmp_path / "local", "max_steps=2")).run()
-    ray_pipeline = AgenticPipeline(config(tmp_path / "ray", "max_steps=2",
-                                          "cluster.backend=ray", "actor_train.world_size=2"))
-    ray_pipeline.run()
-    assert ray_pipeline.trainer.rows_per_rank and len(ray_pipeline.trainer.rows_per_rank) == 2
     local = adapters(latest_checkpoint(tmp_path / "local"))
-    remote = adapters(latest_checkpoint(tmp_path / "ray"))
-    assert local.keys() == remote.keys()
-    gap = max(float((local[key] - remote[key]).abs().max()) for key in local)
-    assert gap < 1e-6
+    for strategy in ("torch", "deepspeed"):  # ZeRO-2 shards the agents' optimizer
+        ray_pipeline = AgenticPipeline(config(
+            tmp_path / strategy, "max_steps=2", "cluster.backend=ray",
+            "actor_train.world_size=2", f"actor_train.strategy={strategy}"))
+        ray_pipeline.run()
+        assert len(ray_pipeline.trainer.rows_per_rank) == 2
+        remote = adapters(latest_checkpoint(tmp_path / strategy))
+        assert local.keys() == remote.keys()
+        gap = max(float((local[key] - remote[key]).abs().max()) for key in local)
+        assert gap < 1e-6, strategy
+        # The checkpoint's trainer state is the torch strategy's format either way.
+        state = torch.load(latest_checkpoint(tmp_path / strategy) / "trainer_state.pt",
+                           weights_only=False)["trainer"]
+        optimizers = state["optimizers"]
+        assert set(optimizers) == {key.split("/")[0] for key in local}
+        for optimizer in optimizers.values():
+            assert {"step", "exp_avg", "exp_avg_sq"} <= set(optimizer["state"][0])
     start = AgenticPipeline(config(tmp_path / "fresh", "max_steps=1")).model
     moved = max(float((start.export_adapter(key.split("/")[0])[key.split("/", 1)[1]]
                        - local[key]).abs().max()) for key in local)
@@ -82,8 +91,15 @@ def test_cluster_settings_are_checked_before_any_model_loads(tmp_path):
         config(tmp_path, "actor_train.world_size=2")
     with pytest.raises(CLIError, match=r"cluster.backend='slurm'"):
         config(tmp_path, "cluster.backend=slurm")
-    with pytest.raises(CLIError, match=r"actor_train.strategy='deepspeed'"):
+    with pytest.raises(CLIError, match=r"actor_train.strategy='deepspeed': runs in Ray train "
+                                          r"ranks: set cluster.backend=ray"):
         config(tmp_path, "actor_train.strategy=deepspeed")
+    with pytest.raises(CLIError, match=r"actor_train.strategy='fsdp': must be 'torch' or "
+                                          r"'deepspeed'"):
+        config(tmp_path, "actor_train.strategy=fsdp")
+    with pytest.raises(CLIError, match=r"actor_train.zero_stage=3: must be 2"):
+        config(tmp_path, "cluster.backend=ray", "actor_train.strategy=deepspeed",
+               "actor_train.zero_stage=3")
     cfg = config(tmp_path, "cluster.backend=ray", "actor_train.world_size=4",
                  "model.device=cpu")
     with pytest.raises(ConfigError, match=r"actor_train.cpus_per_rank=1.0: actor_train."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import ray
 import torch
 
 from roll.distributed.train_group import RoleFailed, TrainSpec, build_train_group
@@ -35,21 +36,27 @@ def max_gap(left, right):
                for name in left for key in left[name])
 
 
+STRATEGIES = [pytest.param(("torch", 2), id="torch"),
+              pytest.param(("deepspeed", 2), id="zero2")]
+
+
 @pytest.fixture
 def spec_and_team(tiny_model_path):
-    def build():
+    def build(strategy=("torch", 2)):
         # eps 1e-3: Adam's first steps are ~lr * sign(g), so on a near-zero coordinate the
         # 1e-10 noise of summing in another order (ranks) would flip a whole lr-sized step.
         model, agents = make_team(tiny_model_path, [AgentConfig(name) for name in AGENTS],
                                   optim=OptimConfig(lr=1e-2, eps=1e-3))
         spec = TrainSpec(model_path=str(tiny_model_path), dtype="float32", device="cpu",
-                         agents=tuple(agents), trainer=TRAINER, seed=0, temperature=1.0)
+                         agents=tuple(agents), trainer=TRAINER, seed=0, temperature=1.0,
+                         strategy=strategy[0], zero_stage=strategy[1])
         return spec, model, agents
     return build
 
 
-def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_thread):
-    spec, local_model, agents = spec_and_team()
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_thread, strategy):
+    spec, local_model, agents = spec_and_team(strategy)
     start = adapters(local_model)
     local = MultiAgentTrainer(local_model, agents, TRAINER)
     local_metrics, local_rows = [], []
@@ -95,9 +102,10 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
     assert "idle" not in ray_metrics[0]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_resume_pushes_the_drivers_adapters_and_state_to_every_rank(
-        ray_cluster, spec_and_team, one_thread):
-    spec, local_model, agents = spec_and_team()
+        ray_cluster, spec_and_team, one_thread, strategy):
+    spec, local_model, agents = spec_and_team(strategy)
     local = MultiAgentTrainer(local_model, agents, TRAINER)
     first, second = batches()
     local.train_step(first)
@@ -148,3 +156,58 @@ def test_bad_backend_and_world_size_are_refused(spec_and_team):
         build_train_group(spec, model, "slurm")
     with pytest.raises(ValueError, match="actor_train.world_size=2"):
         build_train_group(spec, model, "local", world_size=2)
+
+
+def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moments(
+        ray_cluster, spec_and_team, one_thread):
+    """A NaN first met in mini-batch round 2 of 4: round 1 had stepped; the refusal puts back the
+    model's adapters, ZeRO's fp32 masters and moments, and the next step equals a run that never
+    saw the bad batch. (One rank in a Ray worker: DeepSpeed needs torch.distributed.)"""
+    spec, local_model, agents = spec_and_team(("deepspeed", 2))
+    good = batches()[0]
+    local = MultiAgentTrainer(local_model, agents, TRAINER)
+    local.train_step(good)
+    rows_a = (good.agent_id == 0).nonzero().squeeze(-1)
+    minis = local._mini_batches("a", len(rows_a))  # step 2's plan, as the rank will make it
+    later = [int(rows_a[position]) for position in minis[1] if position not in minis[0]]
+    advantages = good.advantages.clone()
+    advantages[later[0]] = float("nan")
+    bad = good.with_fields(advantages=advantages)
+
+    @ray.remote(num_cpus=1)
+    def deepspeed_rank(spec, bad, good):
+        import torch
+
+        from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
+        from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+        from roll.models import load_model
+        from roll.multi_agent.model import MultiAgentLoRAModel
+        from roll.multi_agent.worker import NonFiniteLossError
+
+        torch.set_num_threads(1)
+        init_ranks(0, 1, f"127.0.0.1:{free_port()}", "cpu")
+        model = MultiAgentLoRAModel(load_model(spec.model_path), list(spec.agents), seed=0)
+        trainer = DeepSpeedTrainer(model, list(spec.agents), spec.trainer, 1.0,
+                                   TorchDistributedSync(), 2)
+        trainer.train_step(good)  # every agent has moments and masters to lose
+        before = (trainer.export_adapters(model.agent_names), trainer.state_dict())
+        refused = ""
+        try:
+            trainer.train_step(bad)
+        except NonFiniteLossError as error:
+            refused = str(error)
+        after = (trainer.export_adapters(model.agent_names), trainer.state_dict())
+        trainer.train_step(good)
+        return refused, before, after, trainer.export_adapters(model.agent_names)
+
+    refused, before, after, final = ray.get(deepspeed_rank.remote(spec, bad, good))
+    assert "agent 'a': loss is nan" in refused and "round 2 of 4" in refused
+    for name in AGENTS:
+        for key, tensor in before[0][name].items():
+            assert torch.equal(tensor, after[0][name][key])
+        for index, slot in before[1]["optimizers"][name]["state"].items():
+            for key, value in slot.items():
+                assert torch.equal(value, after[1]["optimizers"][name]["state"][index][key])
+    assert after[1]["global_step"] == before[1]["global_step"] == 1
+    local.train_step(good)
+    assert max_gap(final, adapters(local_model)) < 1e-6

@@ -1,0 +1,245 @@
+"""``actor_train.strategy=deepspeed``: DeepSpeed ZeRO-2/3 holds the adapters' optimizer.
+
+The PEFT model with every agent's adapter is built first; ``deepspeed.initialize`` then wraps it
+with ONE optimizer that has one parameter group per agent (``AgentGroupAdamW``). ZeRO-2 shards
+that optimizer's state and its fp32 master weights over the ranks. ZeRO-3 (sharding the frozen
+base too) is not built yet: ``deepspeed_config`` refuses it.
+
+Why one engine with per-agent groups, not one engine per agent: a fused forward puts several
+agents' LoRA in one graph, and per-agent ZeRO engines each hook the same backward (measured on
+DeepSpeed 0.19.8: ZeRO-2 stops with "Gradient computed twice for this partition"); one engine
+reduces and steps every agent in one pass.
+
+Invariant 1 across ranks, and what DeepSpeed does or does not do:
+- each rank computes its share's gradients with ``torch.autograd.grad`` (DeepSpeed's gradient
+  hooks stay out of the uneven, agent-dependent graphs), then the trainer sums them over ranks,
+  clips each agent by its own max_grad_norm and refuses NaN/inf BEFORE anything steps — the very
+  code of the torch strategy (roll/multi_agent/worker.py);
+- the finished gradients reach DeepSpeed through one backward of ``sum(p * g)`` over every
+  adapter tensor, the same graph on every rank, so ZeRO's reduce-scatter lines up; every rank
+  feeds the same ``g``, so ZeRO's average is ``g`` exactly;
+- ``AgentGroupAdamW`` steps only the groups of agents that have a gradient this round: an idle
+  agent's weights and moments stay bitwise (AdamW on a zero gradient would still move both);
+- learning rates come from each agent's own LambdaLR, exactly as in the torch strategy;
+- checkpoints hold the same per-agent AdamW state dicts as the torch strategy (gathered from
+  the shards), so either strategy resumes the other's checkpoint at any number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from roll.multi_agent.config import AgentConfig, TrainerConfig
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.worker import GradSync, MultiAgentTrainer, lr_lambda
+
+ZERO_STAGES = (2,)
+
+
+class AgentGroupAdamW(torch.optim.AdamW):
+    """AdamW with one parameter group per agent (``group["agent"]``) that steps only the
+    groups of the agents in ``active``; another group only gets the zero state torch's AdamW
+    would create on a first step (DeepSpeed links its shards to the state after a first step).
+
+    ZeRO hands this optimizer its own flat fp32 shards as the groups' params and may call
+    ``step()`` once per group with ``param_groups`` cut to that group: groups are told apart by
+    their ``agent`` key, never by position.
+    """
+
+    def __init__(self, groups: list[dict]) -> None:
+        super().__init__(groups, foreach=False)
+        self.active: set[str] = set()
+        self.agent_groups = list(self.param_groups)
+        """Every agent's group dict (ZeRO swaps their params for its shards in place)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        every = self.param_groups
+        for group in self.agent_groups:
+            if group["agent"] not in self.active:
+                for param in group["params"]:
+                    if not self.state[param]:
+                        self.state[param].update(
+                            step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                            exp_avg_sq=torch.zeros_like(param))
+        self.param_groups = [group for group in every if group["agent"] in self.active]
+        try:
+            if self.param_groups:
+                super().step(closure)
+        finally:
+            self.param_groups = every
+
+
+def deepspeed_config(stage: int) -> dict:
+    """The engine's config: ZeRO ``stage``, no clipping or scaling of its own (the trainer
+    clips per agent), fp32 reduction."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"actor_train.zero_stage={stage!r}: must be 2 (ZeRO-3 is not built "
+                         f"yet)")
+    zero = {"stage": stage, "reduce_bucket_size": 50_000_000}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": zero,
+        "communication_data_type": "fp32",
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+class DeepSpeedTrainer(MultiAgentTrainer):
+    """``MultiAgentTrainer`` whose adapters' optimizer lives in a DeepSpeed ZeRO engine.
+
+    Needs ``torch.distributed`` initialised (the Ray train ranks do it); every public method
+    is a collective: call it on every rank.
+    """
+
+    def __init__(self, model: MultiAgentLoRAModel, agents: Sequence[AgentConfig],
+                 config: TrainerConfig, temperature: float, grad_sync: GradSync,
+                 zero_stage: int) -> None:
+        super().__init__(model, agents, config, temperature, grad_sync)
+        if model.peft_model.training:
+            raise ValueError("the team must be in eval mode (dropout only in training_forward)")
+        if str(next(model.parameters()).device) == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Each rank sees one device (a Ray actor gets its own GPU as cuda:0).
+        os.environ.setdefault("LOCAL_RANK", "0")
+        import deepspeed
+
+        self.zero_stage = zero_stage
+        model._all_trainable()
+        self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
+        self.inner = AgentGroupAdamW([
+            dict(params=self.params[agent.name], agent=agent.name, lr=agent.optim.lr,
+                 betas=tuple(agent.optim.betas), eps=agent.optim.eps,
+                 weight_decay=agent.optim.weight_decay)
+            for agent in agents])
+        deepspeed.init_distributed(dist_backend="gloo" if self._on_cpu() else "nccl")
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.inner,
+                                               config=deepspeed_config(zero_stage))
+        model.peft_model.eval()
+        self.adam_steps = dict.fromkeys(self.agent_names, 0)
+        # The trainer sums, clips and checks gradients on its per-agent AdamW's parameters;
+        # here those are stand-ins of each adapter tensor's shape (one element of memory each)
+        # that never step: they carry the gradients (the real tensors' .grad belongs to ZeRO's
+        # hooks), the hyperparameters and the LambdaLR schedules.
+        for agent in agents:
+            stand_ins = [torch.zeros((), dtype=torch.float32, device=self.engine.device)
+                         .expand(param.shape) for param in self.params[agent.name]]
+            optimizer = torch.optim.AdamW(stand_ins, lr=agent.optim.lr,
+                                          betas=tuple(agent.optim.betas), eps=agent.optim.eps,
+                                          weight_decay=agent.optim.weight_decay)
+            self.optimizers[agent.name] = optimizer
+            self.schedulers[agent.name] = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lr_lambda(agent.optim))
+        self._step([])  # no agent moves: ZeRO-2 links its shards to the state a 1st step makes
+
+    def _on_cpu(self) -> bool:
+        return str(next(iter(self.params.values()))[0].device) == "cpu"
+
+    # ------------------------------------------------------------------ seams
+    def _stand_ins(self, name: str) -> list[Tensor]:
+        return self.optimizers[name].param_groups[0]["params"]
+
+    def _local_backward(self, total: Tensor, names: list[str]) -> None:
+        params = [p for name in names for p in self.params[name]]
+        grads = torch.autograd.grad(total, params, allow_unused=True)
+        stand_ins = [s for name in names for s in self._stand_ins(name)]
+        for stand_in, grad in zip(stand_ins, grads, strict=True):
+            if grad is not None:
+                stand_in.grad = grad if stand_in.grad is None else stand_in.grad + grad
+
+    def _step(self, names: list[str]) -> None:
+        stepping = [name for name in names
+                    if any(s.grad is not None for s in self._stand_ins(name))]
+        grads = {name: [s.grad for s in self._stand_ins(name)] for name in self.agent_names}
+        for params in self.params.values():
+            for param in params:
+                param.grad = None
+        self.inner.active = set(stepping)
+        for name in stepping:
+            group = self.inner.param_groups[self.agent_names.index(name)]
+            group["lr"] = self.optimizers[name].param_groups[0]["lr"]
+        # What engine.forward() would do first (the surrogate stands in for a forward): reset
+        # ZeRO's per-backward hook counters.
+        self.engine.optimizer.clear_backward_seen_flag()
+        surrogate = torch.zeros((), device=self.engine.device)
+        for name, params in self.params.items():
+            for param, grad in zip(params, grads[name], strict=True):
+                if grad is None:
+                    grad = torch.zeros_like(param)
+                surrogate = surrogate + (param * grad.detach()).sum()
+        self.engine.backward(surrogate)
+        self.engine.step()
+        self.inner.active = set()
+        with warnings.catch_warnings():  # the per-agent AdamW never step: LambdaLR warns
+            warnings.simplefilter("ignore", UserWarning)
+            for name in names:
+                self.schedulers[name].step()
+        for name in stepping:
+            self.adam_steps[name] += 1
+
+    # ------------------------------------------------------------------ state
+    def export_adapters(self, names: Sequence[str]) -> dict[str, dict[str, Tensor]]:
+        return {name: self.model.export_adapter(name) for name in names}
+
+    def load_adapters(self, adapters: dict[str, dict[str, Tensor]]) -> None:
+        """The model's tensors AND ZeRO's fp32 master copies (which the next step updates)."""
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        super().load_adapters(adapters)
+        for name, tensors in adapters.items():
+            for key, param in self.model.named_agent_tensors(name):
+                safe_set_full_fp32_param(param, tensors[key].to(self.engine.device).float())
+
+    def state_dict(self) -> dict:
+        """The torch strategy's format: per-agent AdamW state dicts, gathered from ZeRO."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        state = super().state_dict()
+        for name, params in self.params.items():
+            if not self.adam_steps[name]:
+                continue
+            step = torch.tensor(float(self.adam_steps[name]))
+            state["optimizers"][name]["state"] = {
+                index: {"step": step.clone(),
+                        **{key: safe_get_full_optimizer_state(param, key).detach().cpu().clone()
+                           for key in ("exp_avg", "exp_avg_sq")}}
+                for index, param in enumerate(params)}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        super().load_state_dict(state)
+        for name, params in self.params.items():
+            saved = state["optimizers"][name]["state"]
+            self.optimizers[name].state.clear()
+            steps = int(saved[0]["step"]) if saved else 0
+            self.adam_steps[name] = steps
+            for index, param in enumerate(params):
+                for key in ("exp_avg", "exp_avg_sq"):
+                    value = saved[index][key] if saved else torch.zeros(param.shape)
+                    safe_set_full_optimizer_state(param, value.to(param.device).float(), key)
+            for flat in self._flat_params(self.agent_names.index(name)):
+                self.inner.state[flat]["step"] = torch.tensor(float(steps))
+
+    def _flat_params(self, group: int) -> list[Tensor]:
+        """ZeRO's fp32 partition(s) of one agent's group, the tensors the inner AdamW steps."""
+        return [self.engine.optimizer.single_partition_of_fp32_groups[group]]
+
+    def _snapshot(self, names: list[str]) -> dict:
+        return {"adapters": self.export_adapters(self.agent_names), "state": self.state_dict()}
+
+    def _restore(self, snapshot: dict) -> None:
+        self.load_adapters(snapshot["adapters"])
+        self.load_state_dict(snapshot["state"])
+
+
+__all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config"]
