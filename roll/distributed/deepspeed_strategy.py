@@ -112,7 +112,6 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         os.environ.setdefault("LOCAL_RANK", "0")
         import deepspeed
 
-        self.zero_stage = zero_stage
         model._all_trainable()
         self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
         self.inner = AgentGroupAdamW([
@@ -130,7 +129,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         # that never step: they carry the gradients (the real tensors' .grad belongs to ZeRO's
         # hooks), the hyperparameters and the LambdaLR schedules.
         for agent in agents:
-            stand_ins = [torch.zeros((), dtype=torch.float32, device=self.engine.device)
+            stand_ins = [torch.zeros((), dtype=param.dtype, device=param.device)
                          .expand(param.shape) for param in self.params[agent.name]]
             optimizer = torch.optim.AdamW(stand_ins, lr=agent.optim.lr,
                                           betas=tuple(agent.optim.betas), eps=agent.optim.eps,
