@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from batches import synthetic_batch  # noqa: E402
 from report import emit  # noqa: E402
 
 
@@ -37,7 +38,6 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from logprob_memory import QWEN3_06B, TINY
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from roll.batch import TrajectoryBatch
     from roll.distributed.data_parallel import TorchDistributedSync, init_ranks
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
@@ -58,17 +58,8 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     trainer = MultiAgentTrainer(model, agents, TrainerConfig(micro_batch_size=args.micro),
                                 grad_sync=sync)
     rows, tokens = args.rows * world_size, args.tokens
-    gen = torch.Generator().manual_seed(0)
-    response_mask = torch.zeros(rows, tokens)
-    for row in range(rows):
-        response_mask[row, args.prompt + int(torch.randint(-20, 21, (1,), generator=gen)):] = 1
-    batch = TrajectoryBatch(
-        input_ids=torch.randint(0, base.config.vocab_size, (rows, tokens), generator=gen),
-        attention_mask=torch.ones(rows, tokens, dtype=torch.long),
-        response_mask=response_mask,
-        agent_id=torch.arange(rows) % args.agents,
-        advantages=torch.randn(rows, tokens, generator=gen) * response_mask,
-    ).to(device)
+    batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,
+                            torch.arange(rows) % args.agents).to(device)
     batch = batch.with_fields(old_logprobs=model.logprobs(
         batch.input_ids, batch.attention_mask, batch.agent_id,
         positions=batch.response_mask.bool()))

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from batches import synthetic_batch  # noqa: E402
 from logprob_memory import QWEN3_06B, TINY, measure  # noqa: E402
 from report import emit  # noqa: E402
 
@@ -73,7 +74,6 @@ def main() -> None:
         args.rows, args.tokens, args.prompt = 16, 64, 32
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from roll.batch import TrajectoryBatch
 
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     torch.manual_seed(0)
@@ -83,18 +83,9 @@ def main() -> None:
     for param in base.parameters():
         param.requires_grad_(False)
     params = sum(p.numel() for p in base.parameters())
-    gen = torch.Generator().manual_seed(0)
     rows, tokens = args.rows, args.tokens
-    response_mask = torch.zeros(rows, tokens)
-    for row in range(rows):
-        response_mask[row, args.prompt + int(torch.randint(-20, 21, (1,), generator=gen)):] = 1
-    batch = TrajectoryBatch(
-        input_ids=torch.randint(0, base.config.vocab_size, (rows, tokens), generator=gen),
-        attention_mask=torch.ones(rows, tokens, dtype=torch.long),
-        response_mask=response_mask,
-        agent_id=torch.zeros(rows, dtype=torch.long),
-        advantages=torch.randn(rows, tokens, generator=gen) * response_mask,
-    ).to(device)
+    batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,
+                            torch.zeros(rows, dtype=torch.long)).to(device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     results = []
