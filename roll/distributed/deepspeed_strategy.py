@@ -27,6 +27,7 @@ Invariant 1 across ranks, and what DeepSpeed does or does not do:
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Sequence
@@ -226,19 +227,39 @@ class DeepSpeedTrainer(MultiAgentTrainer):
                 for key in ("exp_avg", "exp_avg_sq"):
                     value = saved[index][key] if saved else torch.zeros(param.shape)
                     safe_set_full_optimizer_state(param, value.to(param.device).float(), key)
-            for flat in self._flat_params(self.agent_names.index(name)):
-                self.inner.state[flat]["step"] = torch.tensor(float(steps))
+            flat = self._shards()[self.agent_names.index(name)]
+            self.inner.state[flat]["step"] = torch.tensor(float(steps))
 
-    def _flat_params(self, group: int) -> list[Tensor]:
-        """ZeRO's fp32 partition(s) of one agent's group, the tensors the inner AdamW steps."""
-        return [self.engine.optimizer.single_partition_of_fp32_groups[group]]
+    def _shards(self) -> list[Tensor]:
+        """This rank's ZeRO fp32 shard of each agent's group (what the inner AdamW steps)."""
+        return self.engine.optimizer.single_partition_of_fp32_groups
 
     def _snapshot(self, names: list[str]) -> dict:
-        return {"adapters": self.export_adapters(self.agent_names), "state": self.state_dict()}
+        """This rank's own copy of what a step changes: the model's adapter tensors, its fp32
+        shards and their AdamW state, the schedules. No collective: each rank restores its own."""
+        return {
+            "params": [p.detach().clone() for params in self.params.values() for p in params],
+            "shards": [shard.detach().clone() for shard in self._shards()],
+            "moments": [{key: value.clone() for key, value in self.inner.state[shard].items()}
+                        for shard in self._shards()],
+            "schedulers": {name: copy.deepcopy(s.state_dict())
+                           for name, s in self.schedulers.items()},
+            "adam_steps": dict(self.adam_steps),
+        }
 
+    @torch.no_grad()
     def _restore(self, snapshot: dict) -> None:
-        self.load_adapters(snapshot["adapters"])
-        self.load_state_dict(snapshot["state"])
+        params = [p for params in self.params.values() for p in params]
+        for param, saved in zip(params, snapshot["params"], strict=True):
+            param.copy_(saved)
+        for shard, saved, moments in zip(self._shards(), snapshot["shards"], snapshot["moments"],
+                                         strict=True):
+            shard.copy_(saved)
+            for key, value in moments.items():  # in place: ZeRO holds views of these tensors
+                self.inner.state[shard][key].copy_(value)
+        for name, state in snapshot["schedulers"].items():
+            self.schedulers[name].load_state_dict(state)
+        self.adam_steps = dict(snapshot["adam_steps"])
 
 
 __all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config"]
