@@ -92,6 +92,7 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
                       f"rollout.vllm.enforce_eager={args.vllm_eager}"]
     if args.tiny:
         overrides += ["rollout.num_groups=2", "rollout.sampling.max_new_tokens=16"]
+    overrides += args.override
     cfg = load_config(str(ROOT / folder), name, overrides)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -112,7 +113,7 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
     later = steps[1:] or steps
     summary = {
         "example": example, "agents": agents, "continuous": continuous, "steps": steps,
-        "engine": args.engine,
+        "engine": args.engine, "overrides": args.override,
         "mean_after_first": {key: round(statistics.mean(s[key] for s in later), 3)
                              for key in later[0] if key != "step"},
     }
@@ -145,6 +146,9 @@ def main() -> None:
                         help="rollout.engine (vllm: vLLM's own scheduling; --modes is moot)")
     parser.add_argument("--vllm_eager", action="store_true",
                         help="rollout.vllm.enforce_eager=true (no CUDA graphs / compile)")
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="more Hydra overrides for every setting, e.g. cluster.backend=ray "
+                             "actor_train.world_size=1 (a colocated Ray run)")
     args = parser.parse_args()
     from roll.models.tiny import TinyModelSpec, build_tiny_model, default_cache_dir
 
