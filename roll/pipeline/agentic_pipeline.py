@@ -38,7 +38,7 @@ from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, buil
 from roll.inference.base import SamplingParams, push_adapters
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.pipeline.builders import build_engine, model_path, start_ray
+from roll.pipeline.builders import build_engine, build_env_host, model_path, start_ray
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.evaluation import before_after, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
@@ -131,6 +131,9 @@ class AgenticPipeline:
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
         self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs),
                                    spec)
+        self.env_host = build_env_host(cfg)
+        """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
+        episodes in this process."""
         self.step = 0
         self.run_id: str | None = None
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
@@ -175,6 +178,7 @@ class AgenticPipeline:
             snapshot_slot=self._snapshot_slot,
             expected_version=lambda agent: self.trainer.global_step,
             cooperative=self.cooperative,
+            episodes=self.env_host,
         )
 
     def _snapshot_slot(self, spec: SeatSpec) -> str:
@@ -237,9 +241,19 @@ class AgenticPipeline:
         try:
             return self._run()
         except RoleFailed as error:
+            self.close_roles()  # the others may wait on the dead one (or hold its resources)
             last_good = resolve_resume("latest", self.output_dir)
             raise RoleFailed(f"{error} -- last good checkpoint: {last_good or 'none yet'} "
                              f"(continue with resume=latest)") from error
+
+    def close_roles(self) -> None:
+        """Release the roles' Ray actors (train ranks, env workers, engine actors); local
+        roles hold nothing to release. Idempotent."""
+        self.trainer.close()
+        if self.env_host is not None:
+            self.env_host.close()
+        if self.cfg.actor_infer.num_engines:
+            self.engine.close()
 
     def _run(self) -> dict[str, float]:
         cfg = self.cfg
@@ -280,7 +294,7 @@ class AgenticPipeline:
                     self.step == cfg.max_steps
                 ):
                     self.save()
-        self.trainer.close()  # Ray: the ranks are done; local: nothing to release
+        self.close_roles()  # Ray: the actors are done; local: nothing to release
         if first_eval and last_eval:
             print(before_after(first_eval, last_eval, self.agent_names, self.step), flush=True)
         return last

@@ -1,5 +1,5 @@
 """What the pipeline builds from its config before the loop starts: the Ray connection, the
-base model's folder and the rollout engine."""
+base model's folder, the rollout engine and the env workers."""
 
 from __future__ import annotations
 
@@ -72,3 +72,13 @@ def build_engine(
         compile=cfg.rollout.hf.compile,
         cuda_graphs=cfg.rollout.hf.cuda_graphs,
     )
+
+
+def build_env_host(cfg: PipelineConfig):
+    """Env worker actors (env_workers.num_workers > 0) that hold the rollouts' episodes, or
+    None: the episodes stay in the pipeline's process."""
+    if not cfg.env_workers.num_workers:
+        return None
+    from roll.distributed.env_workers import RayEpisodes
+
+    return RayEpisodes(cfg.env_workers.num_workers, cfg.env_workers.cpus_per_worker)

@@ -185,7 +185,8 @@ class ClusterSchema:
 
     backend: str = "local"
     """'local': everything in this process (the default); 'ray': the trainer's ranks run as Ray
-    actors (data parallel), the rollout engine stays with the pipeline."""
+    actors (data parallel), and so can the inference engines (actor_infer) and the env side of
+    rollouts (env_workers)."""
     address: str | None = None
     """Ray cluster address to join (e.g. 'auto'); null: start a Ray instance on this machine."""
     num_cpus: int | None = None
@@ -226,6 +227,18 @@ class ActorInferSchema:
 
 
 @dataclass
+class EnvWorkersSchema:
+    """The env side of rollouts in Ray actors (cluster.backend=ray)."""
+
+    num_workers: int = 0
+    """0: envs step in the pipeline's process. k > 0: k Ray actors hold the episodes (episode i
+    on worker i mod k): envs step, built-in opponents (random, MCTS) move and prompts are
+    rendered there; answers go out and prompts come back as text (same episodes either way)."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per env worker."""
+
+
+@dataclass
 class PipelineConfig:
     """A whole training run."""
 
@@ -240,6 +253,7 @@ class PipelineConfig:
     cluster: ClusterSchema = field(default_factory=ClusterSchema)
     actor_train: ActorTrainSchema = field(default_factory=ActorTrainSchema)
     actor_infer: ActorInferSchema = field(default_factory=ActorInferSchema)
+    env_workers: EnvWorkersSchema = field(default_factory=EnvWorkersSchema)
     output_dir: str = "runs/default"
     """Run folder: checkpoints, metrics, TensorBoard and WandB files."""
     max_steps: int = 100

@@ -136,20 +136,32 @@ def _check_cluster(cfg: PipelineConfig) -> None:
         raise ConfigError("actor_infer.cpus_per_engine", infer.cpus_per_engine, "must be > 0")
     if infer.gpus_per_engine is not None and infer.gpus_per_engine < 0:
         raise ConfigError("actor_infer.gpus_per_engine", infer.gpus_per_engine, "must be >= 0")
+    workers = cfg.env_workers
+    _positive("env_workers.num_workers", workers.num_workers, 0)
+    if workers.num_workers and cluster.backend != "ray":
+        raise ConfigError("env_workers.num_workers", workers.num_workers,
+                          "env workers are Ray actors: set cluster.backend=ray")
+    if not workers.cpus_per_worker > 0:
+        raise ConfigError("env_workers.cpus_per_worker", workers.cpus_per_worker, "must be > 0")
 
 
 def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> None:
-    """More CPUs or GPUs asked for the trainer's ranks and the inference engines than the Ray
-    cluster has: one line (called once Ray is up, before any model loads)."""
-    train, infer = cfg.actor_train, cfg.actor_infer
+    """More CPUs or GPUs asked for the trainer's ranks, the inference engines and the env
+    workers than the Ray cluster has: one line (called once Ray is up, before any model
+    loads)."""
+    train, infer, workers = cfg.actor_train, cfg.actor_infer, cfg.env_workers
     infer_gpus = infer_gpus_per_engine(cfg)
-    for kind, per_rank, per_engine, key in (
-            ("CPU", train.cpus_per_rank, infer.cpus_per_engine, "actor_train.cpus_per_rank"),
-            ("GPU", train_gpus_per_rank(cfg), infer_gpus, "actor_train.gpus_per_rank")):
-        asked = per_rank * train.world_size + per_engine * infer.num_engines
+    for kind, per_rank, per_engine, per_worker, key in (
+            ("CPU", train.cpus_per_rank, infer.cpus_per_engine, workers.cpus_per_worker,
+             "actor_train.cpus_per_rank"),
+            ("GPU", train_gpus_per_rank(cfg), infer_gpus, 0.0, "actor_train.gpus_per_rank")):
+        asked = (per_rank * train.world_size + per_engine * infer.num_engines
+                 + per_worker * workers.num_workers)
         if asked > available.get(kind, 0.0):
             engines = (f" and actor_infer.num_engines={infer.num_engines} engines"
                        if infer.num_engines else "")
+            if workers.num_workers and kind == "CPU":
+                engines += f" and env_workers.num_workers={workers.num_workers} workers"
             raise ConfigError(key, per_rank, f"actor_train.world_size={train.world_size} "
                               f"ranks{engines} ask for {asked:g} {kind}s but the Ray cluster "
                               f"has {available.get(kind, 0.0):g}")

@@ -8,7 +8,8 @@
    done the env steps (3.) and the episode's next LLM turn joins, while other rows keep
    decoding; other engines play lock-step rounds of one ``generate`` call each.
 3. Each answer is parsed and played (or the fallback), and every seat's rewards are credited
-   to that seat's latest turn.
+   to that seat's latest turn. Steps 1 and 3 are the env side (episode.py): it runs here or in
+   env worker processes; only text and rewards cross between the two.
 When all episodes are over, the trained agents' turns become rows of one ``TrajectoryBatch``
 (in episode, seat, turn order, whatever order they finished in).
 
@@ -22,29 +23,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from roll.agentic.env.actions import (
-    ActionConfig,
-    FormatCounters,
-    answer_token_ids,
-    apply_parsed_action,
-    parse_action,
-)
-from roll.agentic.env.base import MultiAgentEnv
-from roll.agentic.env.opponents import Opponent, build_opponent
-from roll.agentic.env.renderers import RenderedPrompt
+from roll.agentic.env.actions import ActionConfig, FormatCounters, answer_token_ids
 from roll.agentic.env.seating import Seating, SeatSpec
+from roll.agentic.rollout.episode import (
+    Ask,
+    EnvFactory,
+    EpisodeHost,
+    EpisodeSetup,
+    EpisodeSpec,
+    LocalEpisodes,
+    Renderer,
+)
 from roll.agentic.rollout.results import EpisodeResult, RolloutResult, Turn
 from roll.batch import TrajectoryBatch
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams, serve
 from roll.models.loading import apply_chat_template
 
-EnvFactory = Callable[[], MultiAgentEnv]
-Renderer = Callable[[MultiAgentEnv, int], RenderedPrompt]
+__all__ = ["EnvFactory", "Renderer", "RolloutConfig", "RolloutScheduler"]
 
 
 @dataclass
@@ -78,22 +78,6 @@ class RolloutConfig:
         return self
 
 
-@dataclass
-class _Live:
-    env: MultiAgentEnv
-    group: int
-    seed: int
-    seating: Seating
-    rng: np.random.Generator
-    opponents: dict[int, Opponent]
-    last_turn: dict[int, Turn] = field(default_factory=dict)
-    carry: dict[int, float] = field(default_factory=dict)
-    """Rewards a seat earned before its first turn (credited to that first turn)."""
-    turns_per_seat: dict[int, int] = field(default_factory=dict)
-    llm_turns: int = 0
-    truncated: bool = False
-
-
 class RolloutScheduler:
     """Plays ``num_groups * group_size`` episodes with mixed-adapter batched generation.
 
@@ -113,6 +97,8 @@ class RolloutScheduler:
             generate call is checked against it (module docstring).
         cooperative: the game gives every seat the same return (report ``team/score``, no
             win rate).
+        episodes: where the episodes live (episode.py): in this process by default, or env
+            worker actors (``roll.distributed.env_workers``).
     """
 
     def __init__(
@@ -129,6 +115,7 @@ class RolloutScheduler:
         snapshot_slot: Callable[[SeatSpec], str] | None = None,
         expected_version: Callable[[str], int] | None = None,
         cooperative: bool = False,
+        episodes: EpisodeHost | None = None,
     ) -> None:
         self.env_factory = env_factory
         self.render = render
@@ -145,6 +132,7 @@ class RolloutScheduler:
         self.expected_version = expected_version
         self.cooperative = cooperative
         self.counters = FormatCounters()
+        self.episodes: EpisodeHost = episodes if episodes is not None else LocalEpisodes()
 
     # ------------------------------------------------------------------ public
     def rollout(
@@ -153,36 +141,27 @@ class RolloutScheduler:
         """Play one batch of episodes. Group ``g`` uses env seed ``seed * 100_003 + g``."""
         cfg = self.config
         self.counters.reset()
-        live: list[_Live] = []
-        for group in range(cfg.num_groups):
-            env_seed = seed * 100_003 + group
-            seating = self.seatings[group % len(self.seatings)]
-            for _ in range(cfg.group_size):
-                env = self.env_factory()
-                env.reset(env_seed)
-                # Seeded by the group, not the episode: the members of a GRPO group face the same
-                # chance outcomes AND the same opponent randomness, so their returns differ only
-                # through what the trained agents chose (a much less noisy group baseline).
-                rng = np.random.default_rng([seed, group])
-                opponents = {
-                    seat: build_opponent(spec, seed=int(rng.integers(2**31)))
-                    for seat, spec in enumerate(seating.seats)
-                    if not spec.uses_llm
-                }
-                live.append(_Live(env, group, env_seed, seating, rng, opponents))
-        turns = self._play(live, seed, progress)
+        specs = [
+            EpisodeSpec(group, seed * 100_003 + group,
+                        self.seatings[group % len(self.seatings)], seed)
+            for group in range(cfg.num_groups) for _ in range(cfg.group_size)
+        ]
+        setup = EpisodeSetup(self.env_factory, self.render, self.action, cfg.max_turns)
+        turns = self._play(setup, specs, seed, progress)
+        outcomes = self.episodes.outcomes()
+        for turn in turns:  # rewards credited until the episode's end
+            turn.reward = outcomes[turn.env_index].turn_rewards[turn.seat][turn.turn_index]
         episodes = [
-            EpisodeResult(
-                i, item.group, item.seed, list(item.env.returns()), item.seating, item.truncated
-            )
-            for i, item in enumerate(live)
+            EpisodeResult(i, spec.group, spec.seed, outcome.returns, spec.seating,
+                          outcome.truncated)
+            for i, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True))
         ]
         return RolloutResult(
-            self._to_batch(turns, live), turns, episodes, self._metrics(turns, episodes)
+            self._to_batch(turns, specs), turns, episodes, self._metrics(turns, episodes)
         )
 
     # ------------------------------------------------------------------ stepping
-    def _play(self, live: list[_Live], seed: int,
+    def _play(self, setup: EpisodeSetup, specs: list[EpisodeSpec], seed: int,
               progress: Callable[[int, int], None] | None) -> list[Turn]:
         """Play every episode to its end; the LLM turns, in (episode, seat, turn) order.
 
@@ -190,128 +169,79 @@ class RolloutScheduler:
         is done, its env steps, built-in opponents move, and the episode's next LLM turn joins
         the running batch at once; other engines play round by round.
         """
-        self._check_engine_versions(live)
-        for item in live:  # snapshot slots load now, not in the middle of a running batch
-            for spec in item.seating.seats:
-                if spec.uses_llm:
-                    self._slot(spec)
-        pending = [index for index, item in enumerate(live) if self._advance_opponents(item)]
-        waiting: dict[int, tuple[int, tuple, GenerationRequest]] = {}
-        """request key -> (env index, (seat, prompt, prompt ids), request)."""
+        self._check_engine_versions(specs)
+        for spec in specs:  # snapshot slots load now, not in the middle of a running batch
+            for seat_spec in spec.seating.seats:
+                if seat_spec.uses_llm:
+                    self._slot(seat_spec)
+        asks = self.episodes.open(setup, specs)
+        waiting: dict[int, tuple[int, Ask, list[int], GenerationRequest]] = {}
+        """request key -> (episode index, ask, prompt ids, request)."""
         turns: list[Turn] = []
-        done = sum(item.env.done or item.truncated for item in live)
+        turns_per_seat: list[dict[int, int]] = [{} for _ in specs]
+        done = sum(ask is None for ask in asks)
 
         keys = itertools.count()  # serve() numbers requests in the order they are made
 
-        def ask(index: int) -> GenerationRequest:
-            made = self._request(live[index], index, seed)
-            waiting[next(keys)] = (index, *made)
-            return made[1]
+        def request(index: int, ask: Ask) -> GenerationRequest:
+            prompt_ids, made = self._request(specs[index], ask, index, seed)
+            waiting[next(keys)] = (index, ask, prompt_ids, made)
+            return made
 
         def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
             nonlocal done
-            index, seen, request = waiting.pop(key)
-            self._check_output_version(request, output)
-            turns.append(self._finish_turn(live[index], index, seen, request, output))
-            if self._advance_opponents(live[index]):
-                return [ask(index)]
+            index, ask, prompt_ids, made = waiting.pop(key)
+            self._check_output_version(made, output)
+            played, following = self.episodes.play(index, output.text)
+            spec = specs[index].seating[ask.seat]
+            counted = turns_per_seat[index]
+            turn_index = counted.get(ask.seat, 0)
+            counted[ask.seat] = turn_index + 1
+            self.counters.record(spec.agent_name if spec.is_trained else spec.raw,
+                                 played.format_error, played.fallback)
+            turns.append(Turn(
+                env_index=index, seat=ask.seat, slot=made.adapter,
+                trained_agent=spec.agent_name if spec.is_trained else None,
+                turn_index=turn_index, prompt_ids=prompt_ids,
+                response_ids=list(output.token_ids), logprobs=list(output.logprobs),
+                format_error=played.format_error,
+                truncated=output.finish_reason == "length" and played.no_answer,
+            ))
+            if following is not None:
+                return [request(index, following)]
             done += 1
             if progress is not None:
-                progress(done, len(live))
+                progress(done, len(specs))
             return []
 
-        first = [ask(index) for index in pending]
+        first = [request(index, ask) for index, ask in enumerate(asks) if ask is not None]
         if first:
             serve(self.engine, first, follow,
                   context_len=self.config.max_prompt_tokens + self.sampling.max_new_tokens,
                   continuous=self.config.continuous)
         return sorted(turns, key=lambda t: (t.env_index, t.seat, t.turn_index))
 
-    def _advance_opponents(self, item: _Live) -> bool:
-        """Play built-in opponents until the env needs the LLM (True) or the episode ends."""
-        while not item.env.done and not item.truncated:
-            seat = item.env.current_seat()
-            spec = item.seating[seat]
-            if spec.uses_llm:
-                if item.llm_turns >= self.config.max_turns:
-                    item.truncated = True
-                    return False
-                return True
-            move = item.opponents[seat].choose(item.env, seat)
-            self._credit(item, item.env.step(move).rewards)
-        return False
-
-    def _request(self, item: _Live, index: int, seed: int
-                 ) -> tuple[tuple[int, RenderedPrompt, list[int]], GenerationRequest]:
-        """The acting seat's turn as a request: ((seat, prompt, prompt ids), request)."""
-        env = item.env
+    def _request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int
+                 ) -> tuple[list[int], GenerationRequest]:
+        """The acting seat's turn as a request: (prompt ids, request)."""
         # A seed per (rollout, episode, turn): the same turn samples the same tokens whatever
         # else shares the batch, so runs (and resumed runs) are reproducible.
-        turn_seed = (seed * 1_000_003 + index * 10_007 + item.llm_turns) % 2**31
-        seat = env.current_seat()
-        prompt = self.render(env, seat)
-        prompt_ids = self._prompt_ids(env, prompt.text)
-        request = GenerationRequest(
+        turn_seed = (seed * 1_000_003 + index * 10_007 + ask.turn) % 2**31
+        prompt_ids = self._prompt_ids(ask.env_name, ask.prompt.text)
+        return prompt_ids, GenerationRequest(
             prompt_ids=prompt_ids,
-            adapter=self._slot(item.seating[seat]),
+            adapter=self._slot(spec.seating[ask.seat]),
             sampling=replace(self.sampling, seed=turn_seed),
-            allowed_completions=self._completions(env, seat),
+            allowed_completions=self._completions(ask),
         )
-        return (seat, prompt, prompt_ids), request
 
-    def _finish_turn(self, item: _Live, index: int, seen: tuple, request: GenerationRequest,
-                     output: GenerationOutput) -> Turn:
-        """Parse the answer, play it (or the fallback), credit rewards; the turn."""
-        seat, prompt, prompt_ids = seen
-        spec = item.seating[seat]
-        parsed = parse_action(
-            output.text,
-            item.env.legal_actions(seat),
-            self.action,
-            numbered_moves=prompt.numbered_moves,
-        )
-        counter_name = spec.agent_name if spec.is_trained else spec.raw
-        turn = Turn(
-            env_index=index,
-            seat=seat,
-            slot=request.adapter,
-            trained_agent=spec.agent_name if spec.is_trained else None,
-            turn_index=item.turns_per_seat.get(seat, 0),
-            prompt_ids=prompt_ids,
-            response_ids=list(output.token_ids),
-            logprobs=list(output.logprobs),
-            reward=item.carry.pop(seat, 0.0),
-            truncated=output.finish_reason == "length" and parsed.answer is None,
-        )
-        item.turns_per_seat[seat] = turn.turn_index + 1
-        item.last_turn[seat] = turn
-        item.llm_turns += 1
-        outcome = apply_parsed_action(
-            item.env, seat, parsed, self.action, item.rng, self.counters, counter_name
-        )
-        turn.format_error = None if outcome.format_error is None else str(outcome.format_error)
-        turn.reward -= outcome.penalty
-        self._credit(item, outcome.step.rewards)
-        return turn
-
-    @staticmethod
-    def _credit(item: _Live, rewards: Sequence[float]) -> None:
-        """Each seat's step reward goes to its latest turn (or waits for its first turn)."""
-        for seat, reward in enumerate(rewards):
-            if reward == 0.0:
-                continue
-            if seat in item.last_turn:
-                item.last_turn[seat].reward += float(reward)
-            else:
-                item.carry[seat] = item.carry.get(seat, 0.0) + float(reward)
-
-    def _check_engine_versions(self, live: list[_Live]) -> None:
+    def _check_engine_versions(self, specs: list[EpisodeSpec]) -> None:
         """Before any generation: the engine holds the trainer's version of every trained
         agent that sits in this rollout."""
         if self.expected_version is None:
             return
-        seated = {spec.agent_name for item in live for spec in item.seating.seats
-                  if spec.is_trained}
+        seated = {seat.agent_name for spec in specs for seat in spec.seating.seats
+                  if seat.is_trained}
         for agent in sorted(seated):
             self._check_version(agent, self.engine.adapter_version(agent),
                                 self.expected_version(agent), "holds")
@@ -340,7 +270,7 @@ class RolloutScheduler:
             raise ValueError(f"seat_to_agent: {spec.raw!r} needs a snapshot pool")
         return self.snapshot_slot(spec)
 
-    def _prompt_ids(self, env: MultiAgentEnv, text: str) -> list[int]:
+    def _prompt_ids(self, env_name: str, text: str) -> list[int]:
         messages = [{"role": "user", "content": text}]
         if self.config.system_prompt:
             messages.insert(0, {"role": "system", "content": self.config.system_prompt})
@@ -349,14 +279,14 @@ class RolloutScheduler:
         if len(ids) > self.config.max_prompt_tokens:
             raise ValueError(
                 f"rollout.max_prompt_tokens={self.config.max_prompt_tokens}: a prompt of "
-                f"{env.name} has {len(ids)} tokens"
+                f"{env_name} has {len(ids)} tokens"
             )
         return ids
 
-    def _completions(self, env: MultiAgentEnv, seat: int) -> list[list[int]] | None:
+    def _completions(self, ask: Ask) -> list[list[int]] | None:
         if not self.config.constrained_decoding:
             return None
-        legal = env.legal_actions(seat)
+        legal = ask.legal
         if not legal:
             return None
         completions = answer_token_ids(self.tokenizer, legal)
@@ -365,13 +295,13 @@ class RolloutScheduler:
             # Cut off, it could never be parsed: every such turn would be a format error.
             raise ValueError(
                 f"rollout.sampling.max_new_tokens={self.sampling.max_new_tokens}: the "
-                f"constrained answer {self.tokenizer.decode(longest)!r} of {env.name} needs "
+                f"constrained answer {self.tokenizer.decode(longest)!r} of {ask.env_name} needs "
                 f"{len(longest)} tokens"
             )
         return completions
 
     # ------------------------------------------------------------------ output
-    def _to_batch(self, turns: list[Turn], live: list[_Live]) -> TrajectoryBatch | None:
+    def _to_batch(self, turns: list[Turn], specs: list[EpisodeSpec]) -> TrajectoryBatch | None:
         rows = [turn for turn in turns if turn.trained_agent is not None]
         if not rows:
             return None
@@ -400,7 +330,7 @@ class RolloutScheduler:
             rewards=torch.tensor([t.reward for t in rows], dtype=torch.float32),
             env_id=column([t.env_index for t in rows]),
             seat=column([t.seat for t in rows]),
-            group_id=column([live[t.env_index].group for t in rows]),
+            group_id=column([specs[t.env_index].group for t in rows]),
             turn=column([t.turn_index for t in rows]),
             old_logprobs=old_logprobs,
         )

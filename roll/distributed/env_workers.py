@@ -1,0 +1,88 @@
+"""Env workers as Ray actors (``env_workers.num_workers``): the env side of a rollout elsewhere.
+
+Each ``EnvWorker`` actor holds its share of a rollout's episodes (``LocalEpisodes``, episode.py):
+episode ``i`` of ``k`` workers lives on worker ``i mod k``. There the envs step, built-in
+opponents (random, MCTS) choose their moves and prompts are rendered; the rollout in the
+pipeline's process sends each answer's text and gets back what it did and the episode's next
+prompt. Only text and numbers travel, so the same seeds give the same episodes as in-process
+play (tested). A worker that dies stops the rollout with one line naming it (``RoleFailed``),
+and the pipeline adds the last good checkpoint to continue from.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from roll.agentic.rollout.episode import (
+    Ask,
+    EpisodeOutcome,
+    EpisodeSetup,
+    EpisodeSpec,
+    LocalEpisodes,
+    Played,
+)
+from roll.distributed.ray_actors import ActorGroup
+
+
+class EnvWorker:
+    """One env worker (inside a Ray actor): a share of the rollout's episodes."""
+
+    def __init__(self) -> None:
+        self.host = LocalEpisodes()
+
+    def open(self, setup: EpisodeSetup, specs: list[EpisodeSpec]) -> list[Ask | None]:
+        return self.host.open(setup, specs)
+
+    def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
+        return self.host.play(index, text)
+
+    def outcomes(self) -> list[EpisodeOutcome]:
+        return self.host.outcomes()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayEpisodes:
+    """An ``EpisodeHost`` over ``num_workers`` EnvWorker actors in one placement group."""
+
+    def __init__(self, num_workers: int, cpus_per_worker: float = 1.0) -> None:
+        self.num_workers = num_workers
+        self.actors = ActorGroup("env worker", EnvWorker, num_workers, cpus_per_worker, 0.0,
+                                 lambda index: ())
+        self.count = 0
+
+    @property
+    def workers(self) -> list:
+        """The worker actors (empty once closed)."""
+        return self.actors.actors
+
+    def open(self, setup: EpisodeSetup, specs: list[EpisodeSpec]) -> list[Ask | None]:
+        k = self.num_workers
+        self.count = len(specs)
+        setup_ref = ray.put(setup)
+        shares = self.actors.get(
+            [worker.open.remote(setup_ref, specs[index::k])
+             for index, worker in enumerate(self.workers)], "episode start")
+        return self._merge(shares)
+
+    def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
+        worker = index % self.num_workers
+        ref = self.workers[worker].play.remote(index // self.num_workers, text)
+        return self.actors.get([ref], "an env step", [worker])[0]
+
+    def outcomes(self) -> list[EpisodeOutcome]:
+        return self._merge(self.actors.get([worker.outcomes.remote()
+                                            for worker in self.workers], "episode results"))
+
+    def close(self) -> None:
+        """Kill the workers and free their placement group (idempotent)."""
+        self.actors.close()
+
+    def _merge(self, shares: list[list]) -> list:
+        merged: list = [None] * self.count
+        for worker, share in enumerate(shares):
+            merged[worker::self.num_workers] = share
+        return merged

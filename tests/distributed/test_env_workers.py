@@ -1,0 +1,196 @@
+"""Env workers as Ray actors: the same episodes as in-process play, one-line stops, resume.
+
+Also the infer side of the same promise: an engine actor killed in the middle of a step stops
+the run with one line naming it and the last good checkpoint, and resume=latest continues.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from roll.agentic.env.actions import ActionConfig
+from roll.agentic.env.openspiel_env import OpenSpielEnv
+from roll.agentic.env.renderers import render_prompt
+from roll.agentic.env.seating import build_seating
+from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+from roll.distributed import RoleFailed
+from roll.inference.base import SamplingParams
+from roll.inference.hf_engine import HFEngine
+from roll.models import load_tokenizer
+from roll.multi_agent.config import AgentConfig, ConfigError
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import CLIError, load_config
+from roll.pipeline.validation import check_ray_resources
+from roll.utils.checkpoint import latest_checkpoint
+
+from ..multi_agent.helpers import make_team
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS = ["alice", "bob"]
+pytestmark = pytest.mark.slow
+
+
+def _scheduler(engine, tokenizer, game: str, seatings, episodes=None) -> RolloutScheduler:
+    num_seats = OpenSpielEnv(game).num_seats
+    return RolloutScheduler(
+        env_factory=lambda: OpenSpielEnv(game), render=render_prompt,
+        seatings=[build_seating(s, num_seats, AGENTS) for s in seatings],
+        agent_names=AGENTS, engine=engine, tokenizer=tokenizer,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+        # Unconstrained: the tiny model's garbage exercises format errors, penalties and the
+        # random fallback (drawn from the episode's own random stream, wherever it lives).
+        action=ActionConfig(format_penalty=0.5, fallback="random"),
+        config=RolloutConfig(num_groups=3, group_size=2), episodes=episodes)
+
+
+def _turns(result):
+    return [(t.env_index, t.seat, t.turn_index, t.slot, t.prompt_ids, t.response_ids,
+             t.reward, t.format_error, t.truncated) for t in result.turns]
+
+
+def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
+                                                                     tiny_model_path):
+    from roll.distributed.env_workers import RayEpisodes
+
+    team, _ = make_team(tiny_model_path, [AgentConfig(a) for a in AGENTS])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in team.parameters():
+            if param.requires_grad:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+    tokenizer = load_tokenizer(tiny_model_path)
+    engine = HFEngine(team, tokenizer)
+    for name in AGENTS:
+        engine.load_adapter(name, team.export_adapter(name), team.lora_config(name), 1)
+    host = RayEpisodes(num_workers=2, cpus_per_worker=0.5)
+    try:
+        for game, seatings in (
+                # MCTS and random opponents move inside the workers, with their seeded streams.
+                ("tic_tac_toe", [["alice", "mcts:8"], ["random", "bob"]]),
+                ("kuhn_poker", [AGENTS, ["bob", "alice"]])):
+            here = _scheduler(engine, tokenizer, game, seatings).rollout(seed=5)
+            there = _scheduler(engine, tokenizer, game, seatings, host).rollout(seed=5)
+            assert _turns(here) == _turns(there), game
+            assert [e.returns for e in here.episodes] == [e.returns for e in there.episodes]
+            assert here.metrics == there.metrics
+            assert any(t.format_error for t in there.turns), game  # the penalty path ran
+            assert any(t.reward != 0 for t in there.turns), game
+            for key in ("input_ids", "response_mask", "rewards", "group_id", "agent_id"):
+                assert torch.equal(getattr(here.batch, key), getattr(there.batch, key)), key
+            # The episodes lived in the two workers: three each, their returns the rollout's.
+            shares = ray_cluster.get([w.outcomes.remote() for w in host.workers])
+            assert [len(share) for share in shares] == [3, 3]
+            assert [o.returns for o in shares[1]] == [e.returns for e in there.episodes[1::2]]
+    finally:
+        host.close()
+    assert host.workers == []
+
+
+OVERRIDES = [
+    "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
+    "rollout.constrained_decoding=true", "team.optim.lr=1e-2", "team.optim.eps=1e-3",
+    "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=1", "keep_last=5",
+]
+
+
+def _config(out: Path, *extra: str):
+    return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker",
+                       [*OVERRIDES, f"output_dir={out}", *extra])
+
+
+def _adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return {f"{agent.name}/{key}": value
+            for agent in sorted((checkpoint / "agents").iterdir())
+            for key, value in load_file(agent / "adapter_model.safetensors").items()}
+
+
+WORKERS = ("cluster.backend=ray", "env_workers.num_workers=2", "env_workers.cpus_per_worker=0.5")
+
+
+def test_pipeline_with_env_workers_trains_what_the_local_run_trains(ray_cluster, tmp_path,
+                                                                     one_thread):
+    AgenticPipeline(_config(tmp_path / "local", "max_steps=2")).run()
+    pipeline = AgenticPipeline(_config(tmp_path / "ray", "max_steps=2", *WORKERS))
+    pipeline.run()
+    assert pipeline.env_host.workers == []  # closed at the end of the run
+    local = _adapters(latest_checkpoint(tmp_path / "local"))
+    remote = _adapters(latest_checkpoint(tmp_path / "ray"))
+    assert local.keys() == remote.keys()
+    assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
+
+
+def _kill_during(ray_cluster, obj, method: str, actor, after: int) -> list:
+    """Kill ``actor`` (for real) when ``obj.method`` is called for the ``after``-th time,
+    i.e. in the middle of a rollout; the calls are counted in the returned list."""
+    calls: list = []
+    original = getattr(obj, method)
+
+    def wrapped(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == after:
+            ray_cluster.kill(actor)
+        return original(*args, **kwargs)
+
+    setattr(obj, method, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("role", ["env worker", "actor_infer engine"])
+def test_an_actor_killed_mid_step_stops_with_one_line_and_resume_continues(
+        ray_cluster, tmp_path, one_thread, role):
+    out = tmp_path / "run"
+    extra = (WORKERS if role == "env worker"
+             else ("cluster.backend=ray", "actor_infer.num_engines=2",
+                   "actor_infer.cpus_per_engine=0.5", "rollout.continuous=false"))
+    AgenticPipeline(_config(out, "max_steps=1", *extra)).run()
+    before = _adapters(latest_checkpoint(out))
+    pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *extra))
+    if role == "env worker":
+        calls = _kill_during(ray_cluster, pipeline.env_host, "play",
+                             pipeline.env_host.workers[1], after=3)
+        what = "an env step"
+    else:
+        calls = _kill_during(ray_cluster, pipeline.engine, "generate",
+                             pipeline.engine.ranks[1], after=2)
+        what = "generate"
+    with pytest.raises(RoleFailed) as caught:
+        pipeline.run()
+    assert len(calls) >= 3 if role == "env worker" else len(calls) == 2  # mid-rollout
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{role} 1 of 2 failed during {what}: ActorDiedError" in message
+    assert "last good checkpoint:" in message and "step_00000001" in message
+    assert "resume=latest" in message
+    assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
+    after = _adapters(latest_checkpoint(out))
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    resumed = AgenticPipeline(_config(out, "max_steps=2", "resume=latest", *extra))
+    try:
+        resumed.run()
+    finally:
+        close = getattr(resumed.engine, "close", None)
+        if close:
+            close()
+    assert latest_checkpoint(out).name == "step_00000002"
+
+
+def test_env_worker_settings_are_checked_before_any_model_loads(tmp_path):
+    with pytest.raises(CLIError, match=r"env_workers.num_workers=2: env workers are Ray "
+                                       r"actors: set cluster.backend=ray"):
+        _config(tmp_path, "env_workers.num_workers=2")
+    with pytest.raises(CLIError, match=r"env_workers.num_workers=-1: must be an integer >= 0"):
+        _config(tmp_path, "cluster.backend=ray", "env_workers.num_workers=-1")
+    with pytest.raises(CLIError, match=r"env_workers.cpus_per_worker=0.0: must be > 0"):
+        _config(tmp_path, "cluster.backend=ray", "env_workers.num_workers=1",
+                "env_workers.cpus_per_worker=0")
+    cfg = _config(tmp_path, "cluster.backend=ray", "env_workers.num_workers=3",
+                  "model.device=cpu")
+    with pytest.raises(ConfigError,
+                       match=r"actor_train.cpus_per_rank=1.0: actor_train.world_size=1 ranks "
+                             r"and env_workers.num_workers=3 workers ask for 4 CPUs but the "
+                             r"Ray cluster has 2"):
+        check_ray_resources(cfg, {"CPU": 2.0})
