@@ -119,7 +119,7 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
     }
     if torch.cuda.is_available():
         summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
-    if continuous:
+    if continuous and not cfg.actor_infer.num_engines:  # engine actors end with the run
         lanes = int(later[-1].get("rollout/lanes", 0))
         if lanes:
             prompt_len = 200 if example == "hanabi" else 120

@@ -1,15 +1,20 @@
 """Inference engines as Ray actors (``actor_infer.num_engines``): data-parallel generation.
 
-Each ``InferRank`` holds its own copy of the base with the team's adapters in an hf engine
-(``HFEngine``). ``RayInferGroup`` is an ``InferenceEngine`` to the pipeline: adapters travel to
-every rank as tensors through the object store (one ``ray.put`` per push), a ``generate`` call is
-split round-robin over the ranks and merged back in request order, and every output carries the
-adapter version its rank served, which the rollout checks against the trainer's (a stale rank
-fails the step loudly). It has no ``serve``: the rollout plays lock-step rounds over it.
-A rank that dies stops the call with one line naming it.
+Each ``InferRank`` holds its own engine with its own copy of the base: an hf engine (``HFEngine``
+over the team's PEFT model) or a vLLM engine (``VLLMEngine``, the agents as LoRA adapters), as
+``EngineSpec`` says. ``RayInferGroup`` is an ``InferenceEngine`` to the pipeline: adapters travel
+to every rank as tensors through the object store (one ``ray.put`` per push), a ``generate`` call
+is split round-robin over the ranks and merged back in request order, and every output carries
+the adapter version its rank served, which the rollout checks against the trainer's (a stale
+rank fails the step loudly). ``sleep``/``wake_up`` reach every rank (vLLM frees its KV cache
+while the trainer runs; hf ranks ignore them). It has no ``serve``: the rollout plays lock-step
+rounds over it. A rank that dies stops the call with one line naming it.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -21,19 +26,50 @@ from roll.models import load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine each rank builds: ``kind`` 'hf' (options: ``max_batch_size``) or 'vllm'
+    (options: ``VLLMEngine``'s keyword arguments). ``env``: environment variables set in the
+    rank before the engine loads (the pipeline forwards its own ``VLLM_*`` ones)."""
+
+    kind: str = "hf"
+    options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+
+def forwarded_env() -> dict[str, str]:
+    """This process's ``VLLM_*`` variables, for the engine ranks."""
+    return {key: value for key, value in os.environ.items() if key.startswith("VLLM_")}
+
+
 class InferRank:
-    """One inference engine (inside a Ray actor): the team on its own base, an HFEngine."""
+    """One inference engine (inside a Ray actor) with its own base copy."""
 
-    def __init__(self, spec: TrainSpec, max_batch_size: int, cpu_threads: int) -> None:
-        from roll.inference.hf_engine import HFEngine
-
+    def __init__(self, spec: TrainSpec, engine: EngineSpec, cpu_threads: int) -> None:
+        os.environ.update(engine.env)
         if spec.device == "cpu":
             torch.set_num_threads(max(1, cpu_threads))
         torch.manual_seed(spec.seed)
+        tokenizer = load_tokenizer(spec.model_path)
+        if engine.kind == "vllm":
+            from roll.inference.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(spec.model_path, tokenizer, **engine.options)
+            return
+        from roll.inference.hf_engine import HFEngine
+
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
         model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
-        self.engine = HFEngine(model, load_tokenizer(spec.model_path), device=spec.device,
-                               max_batch_size=max_batch_size, seed=spec.seed)
+        self.engine = HFEngine(model, tokenizer, device=spec.device, seed=spec.seed,
+                               **engine.options)
+
+    def sleep(self) -> None:
+        if callable(getattr(self.engine, "sleep", None)):
+            self.engine.sleep()
+
+    def wake_up(self) -> None:
+        if callable(getattr(self.engine, "wake_up", None)):
+            self.engine.wake_up()
 
     def load_adapter(self, slot: str, tensors: dict, lora_config, version: int) -> None:
         self.engine.load_adapter(slot, tensors, lora_config, version)
@@ -51,12 +87,13 @@ class InferRank:
 class RayInferGroup:
     """``num_engines`` InferRank actors in one placement group, as one ``InferenceEngine``."""
 
-    def __init__(self, spec: TrainSpec, num_engines: int, max_batch_size: int,
+    def __init__(self, spec: TrainSpec, num_engines: int, engine: EngineSpec,
                  cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0) -> None:
         self.num_engines = num_engines
+        self.kind = engine.kind
         self.actors = ActorGroup(
             "actor_infer engine", InferRank, num_engines, cpus_per_engine, gpus_per_engine,
-            lambda index: (spec, max_batch_size, max(1, int(cpus_per_engine))))
+            lambda index: (spec, engine, max(1, int(cpus_per_engine))))
         self._versions: dict[str, int] = {}
         self._get([rank.versions.remote() for rank in self.ranks], "start")
 
@@ -99,6 +136,13 @@ class RayInferGroup:
         for (index, _), result in zip(busy, results, strict=True):
             outputs[index::self.num_engines] = result
         return outputs
+
+    def sleep(self) -> None:
+        """Every rank frees what its engine can (vLLM: KV cache, weights offloaded)."""
+        self._get([rank.sleep.remote() for rank in self.ranks], "sleep")
+
+    def wake_up(self) -> None:
+        self._get([rank.wake_up.remote() for rank in self.ranks], "wake-up")
 
     def rank_versions(self) -> list[dict[str, int | None]]:
         """What each rank serves now (they must agree)."""

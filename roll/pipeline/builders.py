@@ -33,25 +33,16 @@ def build_engine(
     cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int,
     train_spec: TrainSpec,
 ):
-    """The rollout engine named by rollout.engine, or hf engines as Ray actors
-    (actor_infer.num_engines, each building the team from ``train_spec``).
+    """The rollout engine named by rollout.engine, in this process or as
+    actor_infer.num_engines Ray actors (each building its engine from ``train_spec``).
 
-    hf shares the trainer's base weights; vllm loads its own copy of the base from ``path``
-    and serves the agents (and ``snapshot_slots`` frozen snapshots) as LoRA adapters.
+    hf shares the trainer's base weights (an actor builds its own copy); vllm loads its own copy
+    of the base from ``path`` and serves the agents (and ``snapshot_slots`` frozen snapshots) as
+    LoRA adapters.
     """
-    if cfg.actor_infer.num_engines:
-        from roll.distributed.infer_group import RayInferGroup
-
-        infer = cfg.actor_infer
-        return RayInferGroup(train_spec, infer.num_engines, cfg.rollout.hf.max_batch_size,
-                             infer.cpus_per_engine, infer_gpus_per_engine(cfg))
     if cfg.rollout.engine == "vllm":
-        from roll.inference.vllm_engine import VLLMEngine
-
         settings = cfg.rollout.vllm
-        return VLLMEngine(
-            str(path),
-            tokenizer,
+        options = dict(
             max_loras=len(model.agent_names) + snapshot_slots,
             max_lora_rank=max(model.lora_config(a).r for a in model.agent_names),
             seed=cfg.seed,
@@ -61,16 +52,29 @@ def build_engine(
             enforce_eager=settings.enforce_eager,
             tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
         )
+    else:
+        options = dict(max_batch_size=cfg.rollout.hf.max_batch_size)
+    if cfg.actor_infer.num_engines:
+        from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
+
+        infer = cfg.actor_infer
+        return RayInferGroup(train_spec, infer.num_engines,
+                             EngineSpec(cfg.rollout.engine, options, forwarded_env()),
+                             infer.cpus_per_engine, infer_gpus_per_engine(cfg))
+    if cfg.rollout.engine == "vllm":
+        from roll.inference.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(path), tokenizer, **options)
     from roll.inference.hf_engine import HFEngine
 
     return HFEngine(
         model,
         tokenizer,
         device=cfg.model.device,
-        max_batch_size=cfg.rollout.hf.max_batch_size,
         seed=cfg.seed,
         compile=cfg.rollout.hf.compile,
         cuda_graphs=cfg.rollout.hf.cuda_graphs,
+        **options,
     )
 
 

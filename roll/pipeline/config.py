@@ -218,8 +218,9 @@ class ActorInferSchema:
 
     num_engines: int = 0
     """0: the rollout engine lives in the pipeline's process (shares the trainer's base on the
-    hf engine). k > 0: k hf engines as Ray actors, each with its own base copy; each generate
-    call is split over them, adapters reach them as tensors (lock-step rounds, no serve)."""
+    hf engine). k > 0: k engines of rollout.engine (hf or vllm) as Ray actors, each with its own
+    base copy; each generate call is split over them, adapters reach them as tensors (lock-step
+    rounds, no serve); vLLM ones sleep between rollouts under rollout.vllm.sleep_between_phases."""
     cpus_per_engine: float = 1.0
     """CPUs reserved per engine (and its torch threads on CPU)."""
     gpus_per_engine: float | None = None

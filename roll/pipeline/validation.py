@@ -128,10 +128,6 @@ def _check_cluster(cfg: PipelineConfig) -> None:
     if infer.num_engines and cluster.backend != "ray":
         raise ConfigError("actor_infer.num_engines", infer.num_engines,
                           "engines as actors need cluster.backend=ray")
-    if infer.num_engines and cfg.rollout.engine != "hf":
-        raise ConfigError("actor_infer.num_engines", infer.num_engines,
-                          f"runs hf engines; rollout.engine={cfg.rollout.engine!r} runs in the "
-                          f"pipeline's process (set actor_infer.num_engines=0)")
     if not infer.cpus_per_engine > 0:
         raise ConfigError("actor_infer.cpus_per_engine", infer.cpus_per_engine, "must be > 0")
     if infer.gpus_per_engine is not None and infer.gpus_per_engine < 0:

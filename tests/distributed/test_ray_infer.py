@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from roll.distributed import RoleFailed
-from roll.distributed.infer_group import RayInferGroup
+from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
 from roll.distributed.train_group import TrainSpec
 from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters
 from roll.models import load_tokenizer
@@ -33,7 +33,7 @@ def team_and_group(ray_cluster, tiny_model_path):
                 param.add_(torch.randn(param.shape, generator=gen) * 0.3)
     spec = TrainSpec(model_path=str(tiny_model_path), dtype="float32", device="cpu",
                      agents=tuple(agents), trainer=TrainerConfig(), seed=0, temperature=1.0)
-    group = RayInferGroup(spec, 2, max_batch_size=8, cpus_per_engine=0.5)
+    group = RayInferGroup(spec, 2, EngineSpec("hf", {"max_batch_size": 8}), cpus_per_engine=0.5)
     yield model, group
     group.close()
 
@@ -111,3 +111,82 @@ def test_engine_actor_settings_are_checked(tmp_path):
         _config(tmp_path, "actor_infer.num_engines=2")
     with pytest.raises(CLIError, match=r"actor_infer.num_engines=-1: must be an integer >= 0"):
         _config(tmp_path, "cluster.backend=ray", "actor_infer.num_engines=-1")
+
+
+def test_vllm_engine_actors_serve_what_the_in_process_hf_engine_serves(ray_cluster,
+                                                                        tiny_model_path,
+                                                                        monkeypatch):
+    """rollout.engine=vllm with actor_infer.num_engines=2: two real vLLM (CPU build) engines
+    in Ray actors; greedy mixed-agent batches give the hf engine's tokens (as one in-process
+    vLLM engine does, tests/inference/test_vllm_engine.py), each output names the version its
+    actor served, and sleep/wake reach every actor."""
+    pytest.importorskip("vllm")
+    from tests.inference.helpers import chat_prompts, perturb
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # forwarded to the actors
+    team, agents = make_team(tiny_model_path, [AgentConfig("a"), AgentConfig("b")])
+    for index, name in enumerate(team.agent_names):
+        perturb(team, name, seed=100 + index)
+    spec = TrainSpec(model_path=str(tiny_model_path), dtype="float32", device="cpu",
+                     agents=tuple(agents), trainer=TrainerConfig(), seed=0, temperature=1.0)
+    options = dict(max_loras=2, max_lora_rank=4, dtype="float32", enforce_eager=True,
+                   max_model_len=512, gpu_memory_utilization=0.05)
+    group = RayInferGroup(spec, 2, EngineSpec("vllm", options, forwarded_env()),
+                          cpus_per_engine=1)
+    try:
+        hf = HFEngine(team, load_tokenizer(tiny_model_path))
+        for engine in (group, hf):
+            push_adapters(engine, team, version=3)
+        prompts = chat_prompts(tiny_model_path)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+        slots = [*team.agent_names, None]
+        batch = [GenerationRequest(prompts[i % len(prompts)], slots[i % 3], greedy)
+                 for i in range(7)]
+        group.sleep()  # a no-op on the CPU build, said once; generation goes on after wake-up
+        group.wake_up()
+        outputs, expected = group.generate(batch), hf.generate(batch)
+        for request, out, ref in zip(batch, outputs, expected, strict=True):
+            assert out.token_ids == ref.token_ids, request.adapter
+            assert out.adapter_version == (None if request.adapter is None else 3)
+        assert len({tuple(o.token_ids) for o in outputs[:3]}) == 3  # the agents differ
+        assert group.rank_versions() == [{name: 3 for name in team.agent_names}] * 2
+    finally:
+        group.close()
+
+
+def test_pipeline_with_a_vllm_engine_actor_serves_each_new_adapter(ray_cluster, tmp_path,
+                                                                   monkeypatch):
+    """rollout.engine=vllm in a Ray actor: every step's engine log-probs equal the trainer's
+    recomputation with the new adapters (a stale actor would leave a gap the size of an
+    update), a snapshot seat is loaded and swapped in the actor, evaluation runs there."""
+    pytest.importorskip("vllm")
+    import json
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    out = tmp_path / "run"
+    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "quickstart_cpu", [
+        "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "rollout.num_groups=4",
+        "rollout.vllm.max_model_len=1280", "rollout.vllm.gpu_memory_utilization=0.05",
+        "rollout.vllm.sleep_between_phases=true", "cluster.backend=ray",
+        "actor_infer.num_engines=1", "team.optim.lr=5e-2", "max_steps=3", "save_steps=2",
+        "eval.eval_steps=3", "eval.num_episodes=4", "tracking.backends=[jsonl]",
+        f"output_dir={out}", "team.num_agents=1",
+        "env.seat_to_agent=[[agent_0,random],[random,snapshot:agent_0@latest]]",
+    ])
+    pipeline = AgenticPipeline(cfg)
+    assert isinstance(pipeline.engine, RayInferGroup) and pipeline.engine.kind == "vllm"
+    served: list[set] = []
+    generate = pipeline.engine.generate
+    monkeypatch.setattr(pipeline.engine, "generate", lambda requests: (
+        served.append(set(pipeline.engine.slots)), generate(requests))[1])
+    pipeline.run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/engine_logprob_gap" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for row in steps:
+        assert row["rollout/engine_logprob_gap"] < 1e-4, row
+    assert any(r["agent_0/grad_norm"] > 0 for r in steps)
+    assert "eval/agent_0/win_rate" in rows[-1]
+    # Step 3 played the step-2 snapshot; the step-0 one was unloaded from the actor first.
+    assert {"agent_0", "agent_0@step0"} in served and served[-1] == {"agent_0", "agent_0@step2"}
+    assert pipeline.engine.ranks == []  # the run released its engine actor
