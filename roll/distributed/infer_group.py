@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import ray
 import torch
 
-from roll.distributed.ray_actors import ActorGroup
+from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.train_group import TrainSpec
 from roll.inference.base import GenerationOutput, GenerationRequest
 from roll.models import load_model, load_tokenizer
@@ -85,15 +85,17 @@ class InferRank:
 
 
 class RayInferGroup:
-    """``num_engines`` InferRank actors in one placement group, as one ``InferenceEngine``."""
+    """``num_engines`` InferRank actors in one placement group (or in bundles ``shared`` with
+    the train ranks: colocated), as one ``InferenceEngine``."""
 
     def __init__(self, spec: TrainSpec, num_engines: int, engine: EngineSpec,
-                 cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0) -> None:
+                 cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0,
+                 shared: SharedBundles | None = None) -> None:
         self.num_engines = num_engines
         self.kind = engine.kind
         self.actors = ActorGroup(
             "actor_infer engine", InferRank, num_engines, cpus_per_engine, gpus_per_engine,
-            lambda index: (spec, engine, max(1, int(cpus_per_engine))))
+            lambda index: (spec, engine, max(1, int(cpus_per_engine))), shared)
         self._versions: dict[str, int] = {}
         self._get([rank.versions.remote() for rank in self.ranks], "start")
 

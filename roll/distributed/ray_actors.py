@@ -1,6 +1,8 @@
 """A role's Ray actors: one placement group, one actor per bundle, fail-fast calls.
 
-Shared by the trainer ranks (ray_backend.py) and the inference engines (infer_group.py).
+Shared by the trainer ranks (ray_backend.py) and the inference engines (infer_group.py). A
+colocated layout (``actor_infer.colocate``) gives both roles one ``SharedBundles``: bundle i
+holds train rank i AND engine i (e.g. one GPU, half for each), so every GPU gets one of each.
 """
 
 from __future__ import annotations
@@ -13,18 +15,42 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from roll.distributed.train_group import RoleFailed
 
 
-class ActorGroup:
-    """``count`` actors of ``cls`` for the role ``role`` (e.g. "actor_train rank"), each in
-    its own bundle of ``cpus`` CPUs and ``gpus`` GPUs of one PACKed placement group;
-    ``make_args(index)`` gives each actor's constructor arguments."""
+class SharedBundles:
+    """One PACKed placement group of ``count`` bundles of ``cpus`` CPUs and ``gpus`` GPUs,
+    which several roles' ActorGroups fill (actor ``i`` of each role in bundle ``i``)."""
 
-    def __init__(self, role: str, cls: type, count: int, cpus: float, gpus: float,
-                 make_args) -> None:
-        self.role = role
+    def __init__(self, count: int, cpus: float, gpus: float) -> None:
         self.count = count
         bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
         self.group = placement_group([bundle] * count, strategy="PACK")
         ray.get(self.group.ready(), timeout=120)
+        self.removed = False
+
+    def close(self) -> None:
+        """Free the placement group (idempotent); kill its actors first."""
+        if not self.removed:
+            remove_placement_group(self.group)
+            self.removed = True
+
+
+class ActorGroup:
+    """``count`` actors of ``cls`` for the role ``role`` (e.g. "actor_train rank"), each
+    taking ``cpus`` CPUs and ``gpus`` GPUs: in a bundle of its own in a new PACKed placement
+    group, or in bundle ``index`` of ``shared`` (colocated with another role's actors there);
+    ``make_args(index)`` gives each actor's constructor arguments."""
+
+    def __init__(self, role: str, cls: type, count: int, cpus: float, gpus: float,
+                 make_args, shared: SharedBundles | None = None) -> None:
+        self.role = role
+        self.count = count
+        self.owned = shared is None
+        if shared is None:
+            shared = SharedBundles(count, cpus, gpus)
+        elif count > shared.count:
+            raise ValueError(f"{role}: {count} actors but the shared placement group has "
+                             f"{shared.count} bundles")
+        self.shared = shared
+        self.group = shared.group
         actor = ray.remote(cls)
         self.actors = [
             actor.options(
@@ -59,9 +85,9 @@ class ActorGroup:
         return ray.get(refs)
 
     def close(self) -> None:
-        """Kill the actors and free their placement group (idempotent)."""
+        """Kill the actors and free their placement group if it is their own (idempotent)."""
         for actor in self.actors:
             ray.kill(actor)
-        if self.actors:
-            remove_placement_group(self.group)
+        if self.owned:
+            self.shared.close()
         self.actors = []

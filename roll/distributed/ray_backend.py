@@ -18,7 +18,7 @@ import torch
 
 from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
-from roll.distributed.ray_actors import ActorGroup
+from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.train_group import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -86,10 +86,12 @@ class TrainRank:
 
 
 class RayTrainGroup:
-    """``world_size`` TrainRank actors, packed in one placement group (a ``TrainGroup``)."""
+    """``world_size`` TrainRank actors, packed in one placement group (a ``TrainGroup``), or in
+    bundles ``shared`` with the engines (colocated)."""
 
     def __init__(self, spec: TrainSpec, model: MultiAgentLoRAModel, world_size: int,
-                 cpus_per_rank: float = 1.0, gpus_per_rank: float = 0.0) -> None:
+                 cpus_per_rank: float = 1.0, gpus_per_rank: float = 0.0,
+                 shared: SharedBundles | None = None) -> None:
         if not ray.is_initialized():
             raise RuntimeError("cluster.backend=ray: call ray.init() (the pipeline does) before "
                                "building the train group")
@@ -101,7 +103,7 @@ class RayTrainGroup:
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
         self.actors = ActorGroup(
             "actor_train rank", TrainRank, world_size, cpus_per_rank, gpus_per_rank,
-            lambda rank: (spec, rank, world_size, address, max(1, int(cpus_per_rank))))
+            lambda rank: (spec, rank, world_size, address, max(1, int(cpus_per_rank))), shared)
         self._get([rank.digest.remote() for rank in self.ranks], "start")
 
     @property

@@ -72,8 +72,9 @@ class LocalTrainGroup(MultiAgentTrainer):
 
 def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
                       world_size: int = 1, cpus_per_rank: float = 1.0,
-                      gpus_per_rank: float = 0.0) -> TrainGroup:
-    """The trainer for ``cluster.backend``: local (``world_size`` 1) or Ray actors."""
+                      gpus_per_rank: float = 0.0, shared=None) -> TrainGroup:
+    """The trainer for ``cluster.backend``: local (``world_size`` 1) or Ray actors (in the
+    bundles ``shared`` with the engines when colocated)."""
     if backend == "local":
         if world_size != 1:
             raise ValueError(f"actor_train.world_size={world_size}: the local backend runs "
@@ -82,5 +83,5 @@ def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
     if backend == "ray":
         from roll.distributed.ray_backend import RayTrainGroup
 
-        return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank)
+        return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank, shared)
     raise ValueError(f"cluster.backend={backend!r}: must be 'local' or 'ray'")

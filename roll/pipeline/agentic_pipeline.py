@@ -38,7 +38,13 @@ from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, buil
 from roll.inference.base import SamplingParams, push_adapters
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.pipeline.builders import build_engine, build_env_host, model_path, start_ray
+from roll.pipeline.builders import (
+    build_engine,
+    build_env_host,
+    build_shared_bundles,
+    model_path,
+    start_ray,
+)
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.evaluation import before_after, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
@@ -105,9 +111,12 @@ class AgenticPipeline:
             temperature=self.policy_temperature,
             strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
         )
+        self.shared_bundles = build_shared_bundles(cfg)
+        """actor_infer.colocate: the placement group whose bundle i holds train rank i and
+        engine i; None otherwise."""
         self.trainer: TrainGroup = build_train_group(
             spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,
-            cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg),
+            cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg), self.shared_bundles,
         )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
@@ -130,7 +139,7 @@ class AgenticPipeline:
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
         self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs),
-                                   spec)
+                                   spec, self.shared_bundles)
         self.env_host = build_env_host(cfg)
         """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
         episodes in this process."""
@@ -254,6 +263,8 @@ class AgenticPipeline:
             self.env_host.close()
         if self.cfg.actor_infer.num_engines:
             self.engine.close()
+        if self.shared_bundles is not None:
+            self.shared_bundles.close()
 
     def _run(self) -> dict[str, float]:
         cfg = self.cfg

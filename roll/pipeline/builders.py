@@ -9,7 +9,11 @@ from roll.distributed.train_group import TrainSpec
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.validation import check_ray_resources, infer_gpus_per_engine
+from roll.pipeline.validation import (
+    check_ray_resources,
+    infer_gpus_per_engine,
+    train_gpus_per_rank,
+)
 
 
 def start_ray(cfg: PipelineConfig) -> None:
@@ -29,9 +33,21 @@ def model_path(cfg: PipelineConfig) -> Path | str:
     return resolve_model_path(cfg.model.path)
 
 
+def build_shared_bundles(cfg: PipelineConfig):
+    """actor_infer.colocate: one placement group whose bundle i holds train rank i and engine
+    i (``SharedBundles``); otherwise None (each role places its own actors)."""
+    if not cfg.actor_infer.colocate:
+        return None
+    from roll.distributed.ray_actors import SharedBundles
+
+    train, infer = cfg.actor_train, cfg.actor_infer
+    return SharedBundles(train.world_size, train.cpus_per_rank + infer.cpus_per_engine,
+                         train_gpus_per_rank(cfg) + infer_gpus_per_engine(cfg))
+
+
 def build_engine(
     cfg: PipelineConfig, model: MultiAgentLoRAModel, tokenizer, path, snapshot_slots: int,
-    train_spec: TrainSpec,
+    train_spec: TrainSpec, shared=None,
 ):
     """The rollout engine named by rollout.engine, in this process or as
     actor_infer.num_engines Ray actors (each building its engine from ``train_spec``).
@@ -60,7 +76,7 @@ def build_engine(
         infer = cfg.actor_infer
         return RayInferGroup(train_spec, infer.num_engines,
                              EngineSpec(cfg.rollout.engine, options, forwarded_env()),
-                             infer.cpus_per_engine, infer_gpus_per_engine(cfg))
+                             infer.cpus_per_engine, infer_gpus_per_engine(cfg), shared)
     if cfg.rollout.engine == "vllm":
         from roll.inference.vllm_engine import VLLMEngine
 

@@ -209,7 +209,8 @@ class ActorTrainSchema:
     cpus_per_rank: float = 1.0
     """CPUs reserved per rank (and its torch threads on CPU)."""
     gpus_per_rank: float | None = None
-    """GPUs per rank; null: 1 when model.device is cuda, else 0."""
+    """GPUs per rank; null: 1 when model.device is cuda (0.5 when colocated with the engines,
+    actor_infer.colocate), else 0."""
 
 
 @dataclass
@@ -224,7 +225,12 @@ class ActorInferSchema:
     cpus_per_engine: float = 1.0
     """CPUs reserved per engine (and its torch threads on CPU)."""
     gpus_per_engine: float | None = None
-    """GPUs per engine; null: 1 when model.device is cuda, else 0."""
+    """GPUs per engine; null: 1 when model.device is cuda (0.5 when colocated), else 0."""
+    colocate: bool = False
+    """true: engine i shares train rank i's placement-group bundle (num_engines must equal
+    actor_train.world_size), so each GPU holds one rank and one engine (0.5 GPU each by
+    default); vLLM engines sleep while the ranks train (rollout.vllm.sleep_between_phases).
+    false: the engines get bundles of their own (disaggregated)."""
 
 
 @dataclass

@@ -132,6 +132,20 @@ def _check_cluster(cfg: PipelineConfig) -> None:
         raise ConfigError("actor_infer.cpus_per_engine", infer.cpus_per_engine, "must be > 0")
     if infer.gpus_per_engine is not None and infer.gpus_per_engine < 0:
         raise ConfigError("actor_infer.gpus_per_engine", infer.gpus_per_engine, "must be >= 0")
+    if infer.colocate:
+        if cluster.backend != "ray":
+            raise ConfigError("actor_infer.colocate", True, "places Ray actors: set "
+                              "cluster.backend=ray")
+        if infer.num_engines != train.world_size:
+            raise ConfigError("actor_infer.num_engines", infer.num_engines,
+                              f"actor_infer.colocate puts one engine beside each train rank: "
+                              f"set it to actor_train.world_size={train.world_size}")
+        gpus = train_gpus_per_rank(cfg) + infer_gpus_per_engine(cfg)
+        if gpus > 1:
+            raise ConfigError("actor_infer.gpus_per_engine", infer_gpus_per_engine(cfg),
+                              f"a colocated rank and engine share one GPU, but with "
+                              f"actor_train.gpus_per_rank={train_gpus_per_rank(cfg):g} they "
+                              f"ask for {gpus:g}")
     workers = cfg.env_workers
     _positive("env_workers.num_workers", workers.num_workers, 0)
     if workers.num_workers and cluster.backend != "ray":
@@ -164,19 +178,21 @@ def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> Non
 
 
 def train_gpus_per_rank(cfg: PipelineConfig) -> float:
-    """actor_train.gpus_per_rank, defaulting to 1 on CUDA and 0 on CPU."""
+    """actor_train.gpus_per_rank, defaulting to 1 on CUDA (0.5 colocated) and 0 on CPU."""
     return _gpus_or_default(cfg, cfg.actor_train.gpus_per_rank)
 
 
 def infer_gpus_per_engine(cfg: PipelineConfig) -> float:
-    """actor_infer.gpus_per_engine, defaulting to 1 on CUDA and 0 on CPU."""
+    """actor_infer.gpus_per_engine, defaulting to 1 on CUDA (0.5 colocated) and 0 on CPU."""
     return _gpus_or_default(cfg, cfg.actor_infer.gpus_per_engine)
 
 
 def _gpus_or_default(cfg: PipelineConfig, gpus: float | None) -> float:
     if gpus is not None:
         return gpus
-    return 1.0 if cfg.model.device.startswith("cuda") else 0.0
+    if not cfg.model.device.startswith("cuda"):
+        return 0.0
+    return 0.5 if cfg.actor_infer.colocate else 1.0
 
 
 def _check_rollout(rollout: RolloutSchema, device: str) -> None:

@@ -105,6 +105,27 @@ def test_pipeline_with_engine_actors_trains_what_the_local_run_trains(ray_cluste
     assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
 
 
+def test_colocated_ranks_and_engines_share_bundles_and_train_what_the_local_run_trains(
+        ray_cluster, tmp_path, one_thread):
+    """actor_infer.colocate: train rank i and engine i in bundle i of ONE placement group
+    (on GPUs: one rank and one engine per GPU), same adapters as the local run."""
+    AgenticPipeline(_config(tmp_path / "local")).run()
+    pipeline = AgenticPipeline(_config(
+        tmp_path / "ray", "cluster.backend=ray", "actor_train.world_size=2",
+        "actor_train.cpus_per_rank=0.5", "actor_infer.num_engines=2",
+        "actor_infer.cpus_per_engine=0.5", "actor_infer.colocate=true"))
+    shared = pipeline.shared_bundles
+    assert pipeline.trainer.actors.group is shared.group
+    assert pipeline.engine.actors.group is shared.group
+    table = ray_cluster.util.placement_group_table(shared.group)
+    assert list(table["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 1.0}]  # rank + engine
+    pipeline.run()
+    assert shared.removed and pipeline.engine.ranks == [] and pipeline.trainer.ranks == []
+    local = _adapters(latest_checkpoint(tmp_path / "local"))
+    remote = _adapters(latest_checkpoint(tmp_path / "ray"))
+    assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
+
+
 def test_engine_actor_settings_are_checked(tmp_path):
     with pytest.raises(CLIError, match=r"actor_infer.num_engines=2: engines as actors need "
                                        r"cluster.backend=ray"):
@@ -190,3 +211,29 @@ def test_pipeline_with_a_vllm_engine_actor_serves_each_new_adapter(ray_cluster, 
     # Step 3 played the step-2 snapshot; the step-0 one was unloaded from the actor first.
     assert {"agent_0", "agent_0@step0"} in served and served[-1] == {"agent_0", "agent_0@step2"}
     assert pipeline.engine.ranks == []  # the run released its engine actor
+
+
+def test_colocation_settings_are_checked(tmp_path):
+    with pytest.raises(CLIError, match=r"actor_infer.colocate=True: places Ray actors: set "
+                                       r"cluster.backend=ray"):
+        _config(tmp_path, "actor_infer.colocate=true")
+    with pytest.raises(CLIError, match=r"actor_infer.num_engines=1: actor_infer.colocate puts "
+                                       r"one engine beside each train rank: set it to "
+                                       r"actor_train.world_size=2"):
+        _config(tmp_path, "cluster.backend=ray", "actor_infer.colocate=true",
+                "actor_infer.num_engines=1", "actor_train.world_size=2")
+    with pytest.raises(CLIError, match=r"actor_infer.gpus_per_engine=1.0: a colocated rank and "
+                                       r"engine share one GPU, but with actor_train."
+                                       r"gpus_per_rank=0.5 they ask for 1.5"):
+        _config(tmp_path, "cluster.backend=ray", "actor_infer.colocate=true",
+                "actor_infer.num_engines=1", "actor_infer.gpus_per_engine=1",
+                "actor_train.gpus_per_rank=0.5")
+    # On CUDA the defaults split each GPU in half (checked without a GPU: no model loads).
+    from roll.pipeline.validation import infer_gpus_per_engine, train_gpus_per_rank
+
+    cfg = _config(tmp_path, "cluster.backend=ray", "actor_infer.colocate=true",
+                  "actor_infer.num_engines=1")
+    cfg.model.device = "cuda"
+    assert (train_gpus_per_rank(cfg), infer_gpus_per_engine(cfg)) == (0.5, 0.5)
+    cfg.actor_infer.colocate = False
+    assert (train_gpus_per_rank(cfg), infer_gpus_per_engine(cfg)) == (1.0, 1.0)
