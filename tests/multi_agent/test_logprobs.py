@@ -95,10 +95,46 @@ def test_log_prob_passes_honour_the_micro_batch_size(tiny_model_path):
         team.reference_logprobs(rows.input_ids, rows.attention_mask, micro_batch_size=3)
     finally:
         handle.remove()
-    assert sorted(seen_policy) == [1, 2, 2, 2]  # alice 5 rows: 2+2+1; bob 2 rows: 2
+    assert seen_policy == [2, 2, 2, 1]  # 7 rows (sorted by agent) in forwards of 2
     assert seen == [3, 3, 1]
     whole = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+
+
+def test_log_prob_passes_sort_rows_into_agent_segments_and_equal_one_mixed_forward(
+        tiny_model_path):
+    """The no-grad pass sorts rows by agent and adds each agent's LoRA delta to its own
+    contiguous segment of a forward (no PEFT mixed routing); every row's log-probs equal one
+    mixed PEFT forward over all rows, and a crossed agent shows."""
+    team, _ = make_team(tiny_model_path, [AgentConfig(n) for n in ("alice", "bob", "carol")])
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name in team.agent_names:
+            for param in team.agent_parameters(name):
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+    rows = make_rows([2, 0, 1, 0, 0, 2, 1, 0], seed=6)
+    with torch.no_grad():
+        mixed, _ = team.forward(rows.input_ids, rows.attention_mask, rows.agent_id)
+    seen = []
+    handle = team.base_model.lm_head.register_forward_hook(
+        lambda module, args, out: seen.append(args[0].shape[0]))
+    try:
+        segmented = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                  micro_batch_size=3)
+    finally:
+        handle.remove()
+    assert seen == [3, 3, 2]  # sorted rows alice x4, bob x2, carol x2 in forwards of 3
+    torch.testing.assert_close(segmented, mixed, rtol=0, atol=1e-5)
+    whole = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id)
+    torch.testing.assert_close(whole, mixed, rtol=0, atol=1e-5)
+    swapped = rows.agent_id.clone()
+    swapped[rows.agent_id == 1], swapped[rows.agent_id == 2] = 2, 1
+    crossed = team.logprobs(rows.input_ids, rows.attention_mask, swapped)
+    assert (crossed - mixed).abs().max() > 1e-3
+    # The hooks are gone afterwards: a plain forward of one agent is PEFT's own again.
+    with torch.no_grad():
+        again, _ = team.forward(rows.input_ids, rows.attention_mask, rows.agent_id)
+    assert torch.equal(again, mixed)
 
 
 def _plain_peft_logprobs(team, rows, temperature):
