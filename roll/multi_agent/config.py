@@ -23,6 +23,12 @@ class ConfigError(ValueError):
         super().__init__(f"config error: {field_path}={value!r}: {reason}")
 
 
+def require_int(field_path: str, value: object, minimum: int = 1) -> None:
+    """ConfigError unless ``value`` is an int (not a bool) >= ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(field_path, value, f"must be an integer >= {minimum}")
+
+
 @dataclass
 class LoRAConfig:
     """One agent's LoRA adapter."""

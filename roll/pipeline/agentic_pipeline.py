@@ -45,6 +45,7 @@ from roll.pipeline.builders import (
     model_path,
     start_ray,
 )
+from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.evaluation import before_after, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
@@ -53,7 +54,6 @@ from roll.pipeline.validation import (
     game_is_cooperative,
     game_num_seats,
     seatings_of,
-    train_gpus_per_rank,
 )
 from roll.utils.checkpoint import (
     agent_dir,

@@ -8,12 +8,12 @@ from pathlib import Path
 from roll.distributed.train_group import TrainSpec
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.pipeline.config import PipelineConfig
-from roll.pipeline.validation import (
+from roll.pipeline.cluster_checks import (
     check_ray_resources,
     infer_gpus_per_engine,
     train_gpus_per_rank,
 )
+from roll.pipeline.config import PipelineConfig
 
 
 def start_ray(cfg: PipelineConfig) -> None:

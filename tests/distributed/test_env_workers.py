@@ -24,7 +24,7 @@ from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig, ConfigError
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
-from roll.pipeline.validation import check_ray_resources
+from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
 
 from ..multi_agent.helpers import make_team
@@ -139,42 +139,42 @@ def _kill_during(ray_cluster, obj, method: str, actor, after: int) -> list:
     return calls
 
 
-@pytest.mark.parametrize("role", ["env worker", "actor_infer engine"])
-def test_an_actor_killed_mid_step_stops_with_one_line_and_resume_continues(
-        ray_cluster, tmp_path, one_thread, role):
+def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_continues(
+        ray_cluster, tmp_path, one_thread):
+    """One layout with env workers AND engine actors: an env worker killed in the middle of a
+    rollout, then (resumed) an engine actor killed in the middle of one; each stops the run
+    with one line naming it and the last good checkpoint, which stays intact; resume=latest
+    then trains on."""
     out = tmp_path / "run"
-    extra = (WORKERS if role == "env worker"
-             else ("cluster.backend=ray", "actor_infer.num_engines=2",
-                   "actor_infer.cpus_per_engine=0.5", "rollout.continuous=false"))
-    AgenticPipeline(_config(out, "max_steps=1", *extra)).run()
+    layout = ("cluster.backend=ray", "actor_train.cpus_per_rank=0.5",
+              "env_workers.num_workers=2", "env_workers.cpus_per_worker=0.25",
+              "actor_infer.num_engines=2", "actor_infer.cpus_per_engine=0.25",
+              "rollout.continuous=false")
+    AgenticPipeline(_config(out, "max_steps=1", *layout)).run()
     before = _adapters(latest_checkpoint(out))
-    pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *extra))
-    if role == "env worker":
-        calls = _kill_during(ray_cluster, pipeline.env_host, "play",
-                             pipeline.env_host.workers[1], after=3)
-        what = "an env step"
-    else:
-        calls = _kill_during(ray_cluster, pipeline.engine, "generate",
-                             pipeline.engine.ranks[1], after=2)
-        what = "generate"
-    with pytest.raises(RoleFailed) as caught:
-        pipeline.run()
-    assert len(calls) >= 3 if role == "env worker" else len(calls) == 2  # mid-rollout
-    message = str(caught.value)
-    assert "\n" not in message
-    assert f"{role} 1 of 2 failed during {what}: ActorDiedError" in message
-    assert "last good checkpoint:" in message and "step_00000001" in message
-    assert "resume=latest" in message
-    assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
-    after = _adapters(latest_checkpoint(out))
-    assert all(torch.equal(before[key], after[key]) for key in before)
-    resumed = AgenticPipeline(_config(out, "max_steps=2", "resume=latest", *extra))
-    try:
-        resumed.run()
-    finally:
-        close = getattr(resumed.engine, "close", None)
-        if close:
-            close()
+    for role, what in (("env worker", "an env step"), ("actor_infer engine", "generate")):
+        pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *layout))
+        if role == "env worker":
+            calls = _kill_during(ray_cluster, pipeline.env_host, "play",
+                                 pipeline.env_host.workers[1], after=3)
+        else:
+            calls = _kill_during(ray_cluster, pipeline.engine, "generate",
+                                 pipeline.engine.ranks[1], after=2)
+        with pytest.raises(RoleFailed) as caught:
+            pipeline.run()
+        assert len(calls) >= (3 if role == "env worker" else 2)  # in the middle of a rollout
+        message = str(caught.value)
+        assert "\n" not in message
+        assert f"{role} 1 of 2 failed during {what}: ActorDiedError" in message
+        assert "last good checkpoint:" in message and "step_00000001" in message
+        assert "resume=latest" in message
+        assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
+        after = _adapters(latest_checkpoint(out))
+        assert all(torch.equal(before[key], after[key]) for key in before)
+        # Every role's actors were released: the next run gets the whole cluster again.
+        assert pipeline.trainer.ranks == [] and pipeline.engine.ranks == []
+        assert pipeline.env_host.workers == []
+    AgenticPipeline(_config(out, "max_steps=2", "resume=latest", *layout)).run()
     assert latest_checkpoint(out).name == "step_00000002"
 
 

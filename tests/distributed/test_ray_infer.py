@@ -90,21 +90,6 @@ def _config(out: Path, *extra: str):
         f"output_dir={out}", *extra])
 
 
-def test_pipeline_with_engine_actors_trains_what_the_local_run_trains(ray_cluster, tmp_path):
-    AgenticPipeline(_config(tmp_path / "local")).run()
-    pipeline = AgenticPipeline(_config(
-        tmp_path / "ray", "cluster.backend=ray", "actor_infer.num_engines=2",
-        "actor_infer.cpus_per_engine=0.5"))
-    assert isinstance(pipeline.engine, RayInferGroup)
-    try:
-        pipeline.run()
-    finally:
-        pipeline.engine.close()
-    local = _adapters(latest_checkpoint(tmp_path / "local"))
-    remote = _adapters(latest_checkpoint(tmp_path / "ray"))
-    assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
-
-
 def test_colocated_ranks_and_engines_share_bundles_and_train_what_the_local_run_trains(
         ray_cluster, tmp_path, one_thread):
     """actor_infer.colocate: train rank i and engine i in bundle i of ONE placement group
@@ -229,7 +214,7 @@ def test_colocation_settings_are_checked(tmp_path):
                 "actor_infer.num_engines=1", "actor_infer.gpus_per_engine=1",
                 "actor_train.gpus_per_rank=0.5")
     # On CUDA the defaults split each GPU in half (checked without a GPU: no model loads).
-    from roll.pipeline.validation import infer_gpus_per_engine, train_gpus_per_rank
+    from roll.pipeline.cluster_checks import infer_gpus_per_engine, train_gpus_per_rank
 
     cfg = _config(tmp_path, "cluster.backend=ray", "actor_infer.colocate=true",
                   "actor_infer.num_engines=1")

@@ -12,7 +12,7 @@ from roll.distributed import RoleFailed
 from roll.multi_agent.config import ConfigError
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
-from roll.pipeline.validation import check_ray_resources
+from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
