@@ -248,8 +248,10 @@ class MultiAgentLoRAModel(nn.Module):
         """Token log-probs and entropies (B, T), each row through its own agent's adapter.
 
         ``agent_id`` (B,) indexes ``agent_names``; None runs the reference (adapters off). One
-        forward serves any mix of agents: PEFT routes each row through its own adapter
-        (``adapter_names``), so gradients reach every agent's A/B from its own rows only.
+        forward serves any mix of agents: each run of rows of one agent gets that agent's LoRA
+        delta (``_segment_lora``), so gradients reach every agent's A/B from its own rows
+        only. Keep each agent's rows contiguous: an agent's dropout masks are then those of a
+        forward of its rows alone.
         ``positions`` (B, T) selects the tokens to score (e.g. the response mask); None scores
         every token after the first; unselected tokens come back as 0. Log-probs and entropy
         are those of ``softmax(logits / temperature)``; the entropy carries a gradient only
@@ -275,13 +277,12 @@ class MultiAgentLoRAModel(nn.Module):
                 logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                          **kwargs).logits
         else:
-            indices = agent_id.tolist()
-            if len(set(indices)) == 1:
-                self.set_active_agent(self.agent_names[indices[0]])
-            else:
-                kwargs["adapter_names"] = [self.agent_names[i] for i in indices]
-            logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                     **kwargs).logits
+            # PEFT adds no LoRA of its own ("__base__" rows; unlike disable_adapter this keeps
+            # every adapter trainable); the hooks add each row segment's own agent's delta.
+            kwargs["adapter_names"] = ["__base__"] * input_ids.shape[0]
+            with self._segment_lora(_segments(agent_id.tolist(), self.agent_names)):
+                logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                         **kwargs).logits
         if not self._takes_logits_to_keep:
             logits = logits[:, first - 1 : stop - 1]
         return sequence_logprobs(logits, input_ids, positions, window, temperature, with_entropy)
@@ -318,11 +319,8 @@ class MultiAgentLoRAModel(nn.Module):
 
     def _chunked(self, input_ids, attention_mask, agent_id, positions, temperature,
                  micro_batch_size) -> Tensor:
-        """No-grad log-probs in forwards of at most ``micro_batch_size`` rows. Agent-routed
-        rows are sorted by agent, so a forward holds each agent's rows as one contiguous
-        segment, and each segment gets its own agent's LoRA delta (``_segment_lora``) instead
-        of PEFT's mixed-batch routing (a gather and scatter per agent per adapted layer).
-        Row results equal one mixed PEFT forward (tested)."""
+        """No-grad log-probs in forwards of at most ``micro_batch_size`` rows, sorted by
+        agent so that each forward holds each agent's rows as one segment."""
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         count = input_ids.shape[0]
         step = micro_batch_size or max(1, count)
@@ -330,43 +328,40 @@ class MultiAgentLoRAModel(nn.Module):
                  else torch.sort(agent_id, stable=True).indices)
         for start in range(0, count, step):
             rows = order[start : start + step]
-            segments = [] if agent_id is None else _segments(agent_id[rows].tolist(),
-                                                             self.agent_names)
-            with self._segment_lora(segments):
-                out[rows], _ = self.forward(
-                    input_ids[rows],
-                    attention_mask[rows],
-                    None,  # adapters off in PEFT; the segments' deltas come from the hooks
-                    positions=None if positions is None else positions[rows],
-                    temperature=temperature,
-                )
+            out[rows], _ = self.forward(
+                input_ids[rows],
+                attention_mask[rows],
+                None if agent_id is None else agent_id[rows],
+                positions=None if positions is None else positions[rows],
+                temperature=temperature,
+            )
         return out
 
     @contextmanager
     def _segment_lora(self, segments: list[tuple[str, int, int]]) -> Iterator[None]:
-        """While active, rows [start, stop) of every adapted layer's input get agent
-        ``name``'s LoRA delta, ``B(A x) * scaling``, added to the base output (a forward
-        hook on each base layer; call the model with adapters disabled). For no-grad passes
-        (dropout is off there, as in PEFT's eval forward)."""
-        if not segments:
-            yield
-            return
-
-        rows = segments[-1][2]
+        """While active, rows [first, stop) of every adapted layer's output get agent
+        ``name``'s LoRA delta, ``B(A(dropout(x))) * scaling`` with that agent's own dropout,
+        as PEFT computes it for one adapter; a forward hook on each base layer (call the
+        PEFT model with no adapter of its own). Differentiable: each agent's A/B get gradients
+        from its own rows only. Instead of PEFT's mixed-batch routing, which gathers and
+        scatters every agent's rows in every adapted layer."""
+        rows = segments[-1][2] if segments else 0
 
         def hook(layer, module, args, output):
             x = args[0]
+            parts = []
             for name, first, stop in segments:
                 if name not in layer.lora_A:
+                    parts.append(output[first:stop])
                     continue
                 lora_a = layer.lora_A[name]
-                if stop - first == rows:  # one agent: PEFT's own sum, no slice copies
-                    delta = layer.lora_B[name](lora_a(x.to(lora_a.weight.dtype)))
-                    return (output + delta * layer.scaling[name]).to(output.dtype)
-                part = x[first:stop].to(lora_a.weight.dtype)
-                delta = layer.lora_B[name](lora_a(part)) * layer.scaling[name]
-                output[first:stop] = (output[first:stop] + delta).to(output.dtype)
-            return output
+                part = x if stop - first == rows else x[first:stop]
+                delta = layer.lora_B[name](lora_a(layer.lora_dropout[name](
+                    part.to(lora_a.weight.dtype)))) * layer.scaling[name]
+                if stop - first == rows:  # one agent: PEFT's own sum
+                    return (output + delta).to(output.dtype)
+                parts.append(output[first:stop] + delta.to(output.dtype))
+            return torch.cat(parts) if parts else output
 
         handles = [layer.base_layer.register_forward_hook(partial(hook, layer))
                    for _, layer in self._lora_layers]
