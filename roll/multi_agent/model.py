@@ -157,7 +157,8 @@ class MultiAgentLoRAModel(nn.Module):
             raise KeyError(f"unknown agent {name!r}; agents are {self.agent_names}") from None
 
     def set_active_agent(self, name: str) -> None:
-        """Route forward passes without per-row routing through this agent's adapter.
+        """The adapter PEFT's own forward applies when ``peft_model`` is called directly
+        (``forward`` routes every row itself and does not depend on it).
 
         Read from PEFT, never cached here: code holding ``peft_model`` may switch it.
         """
@@ -424,7 +425,7 @@ def _segments(agent_ids: list[int], names: Sequence[str]) -> list[tuple[str, int
     """(agent name, first row, stop row) of each run of equal agent ids."""
     runs: list[tuple[str, int, int]] = []
     for row, index in enumerate(agent_ids):
-        if runs and runs[-1][0] == names[index] and runs[-1][2] == row:
+        if runs and runs[-1][0] == names[index]:
             runs[-1] = (runs[-1][0], runs[-1][1], row + 1)
         else:
             runs.append((names[index], row, row + 1))
