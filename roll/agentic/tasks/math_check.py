@@ -1,0 +1,75 @@
+"""Checking a model's math answer against a gold answer with ``math-verify``.
+
+The final answer is the last ``<answer>…</answer>`` in the text, else the last ``\\boxed{…}``;
+both sides are parsed by math-verify (LaTeX or plain expressions, to sympy) and compared
+symbolically (``1/2`` equals ``0.5`` and ``\\frac{1}{2}``). Nothing is ever ``eval``'d. A text
+with no final answer, or one math-verify cannot parse, is not a crash: it comes back as
+``MathCheck(answer=None, correct=False)``, for the task to penalise as a format error. A gold
+answer that cannot be parsed is a dataset error (ValueError naming it).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOXED = "\\boxed{"
+
+
+@dataclass(frozen=True)
+class MathCheck:
+    """The verdict on one answer."""
+
+    answer: str | None
+    """The final answer found and parsed (None: none found, or unparseable)."""
+    correct: bool
+    """It equals the gold answer (False when ``answer`` is None)."""
+
+
+def final_answer(text: str) -> str | None:
+    """The last ``<answer>…</answer>``, else the last ``\\boxed{…}`` (braces balanced), else
+    None; stripped."""
+    tagged = _ANSWER.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, begin = 1, start + len(_BOXED)
+    for index in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[begin:index].strip()
+    return None  # unbalanced: cut off mid-answer
+
+
+def _main_thread() -> bool:
+    # math-verify's timeouts use SIGALRM, which only the main thread can arm; elsewhere
+    # (e.g. a worker thread) they are switched off.
+    return threading.current_thread() is threading.main_thread()
+
+
+def _parse(expression: str) -> list:
+    from math_verify import parse
+
+    return parse(expression) if _main_thread() else parse(expression, parsing_timeout=None)
+
+
+def check_math_answer(text: str, gold: str) -> MathCheck:
+    """Whether ``text``'s final answer equals ``gold`` (module docstring)."""
+    from math_verify import verify
+
+    gold_parsed = _parse(gold)
+    if not gold_parsed:
+        raise ValueError(f"gold answer {gold!r}: math-verify cannot parse it")
+    answer = final_answer(text)
+    if not answer:
+        return MathCheck(None, False)
+    parsed = _parse(answer)
+    if not parsed:
+        return MathCheck(None, False)
+    if _main_thread():
+        return MathCheck(answer, bool(verify(gold_parsed, parsed)))
+    return MathCheck(answer, bool(verify(gold_parsed, parsed, timeout_seconds=None)))

@@ -1,0 +1,73 @@
+"""Math answer checking (real math-verify) and the built-in arithmetic problems."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from roll.agentic.tasks.math_check import MathCheck, check_math_answer, final_answer
+from roll.agentic.tasks.problems import arithmetic_problems
+
+pytest.importorskip("math_verify")
+
+
+@pytest.mark.parametrize("text, gold, expected", [
+    ("The sum is <answer>42</answer>", "42", MathCheck("42", True)),
+    ("<answer>41</answer>", "42", MathCheck("41", False)),
+    # Symbolic, not textual: a fraction, a decimal and LaTeX are the same number.
+    ("so x = <answer>\\frac{1}{2}</answer>", "0.5", MathCheck("\\frac{1}{2}", True)),
+    ("<answer>1/2</answer>", "\\frac{1}{2}", MathCheck("1/2", True)),
+    ("first \\boxed{3}, then \\boxed{\\frac{6}{4}}", "3/2", MathCheck("\\frac{6}{4}", True)),
+    # The last <answer> wins over earlier ones and over boxes.
+    ("<answer>5</answer> no wait <answer>7</answer> \\boxed{5}", "7", MathCheck("7", True)),
+    # Unparseable or missing: no crash, no answer, not correct (the task penalises it).
+    ("<answer>banana</answer>", "42", MathCheck(None, False)),
+    ("I think it is forty-two.", "42", MathCheck(None, False)),
+    ("<answer></answer>", "42", MathCheck(None, False)),
+    ("cut off \\boxed{4", "4", MathCheck(None, False)),
+    # Never eval'd: code is just an unparseable answer.
+    ("<answer>__import__('os').system('true')</answer>", "0", MathCheck(None, False)),
+])
+def test_hand_made_answers(text, gold, expected):
+    assert check_math_answer(text, gold) == expected
+
+
+def test_a_gold_answer_that_cannot_be_parsed_is_a_dataset_error():
+    with pytest.raises(ValueError, match=r"gold answer 'banana': math-verify cannot parse it"):
+        check_math_answer("<answer>1</answer>", "banana")
+
+
+def test_checking_works_off_the_main_thread():
+    """Rollouts may score in worker threads, where math-verify's SIGALRM timeouts are off."""
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(
+        check_math_answer("<answer>\\frac{1}{2}</answer>", "0.5")))
+    thread.start()
+    thread.join()
+    assert seen == [MathCheck("\\frac{1}{2}", True)]
+
+
+def test_final_answer_balances_braces():
+    assert final_answer("\\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+    assert final_answer("nothing here") is None
+
+
+def test_arithmetic_problems_have_exact_answers_and_a_seeded_order():
+    problems = arithmetic_problems(40, seed=3)
+    assert problems == arithmetic_problems(40, seed=3)
+    assert problems != arithmetic_problems(40, seed=4)
+    assert {p.kind for p in problems} == {"add", "sub", "mul", "div"}
+    ops = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+           "mul": lambda a, b: a * b, "div": lambda a, b: a / b}
+    for problem in problems:
+        a, b = (int(n) for n in re.findall(r"\d+", problem.question))
+        value = ops[problem.kind](a, b)
+        assert value == int(value) and value > 0, problem  # exact, positive integers
+        assert problem.answer == str(int(value)), problem
+        assert check_math_answer(f"<answer>{int(value)}</answer>", problem.answer).correct
+        assert not check_math_answer(f"<answer>{int(value) + 1}</answer>",
+                                     problem.answer).correct
+    with pytest.raises(ValueError, match=r"count=0: must be an integer >= 1"):
+        arithmetic_problems(0)
