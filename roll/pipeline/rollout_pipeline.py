@@ -49,9 +49,7 @@ def run_evaluation(cfg: PipelineConfig) -> dict[str, float]:
     tracking = TrackingConfig(backends=["console"], log_dir=cfg.output_dir)
     with Tracker(tracking) as tracker:
         metrics = pipeline.evaluate(pipeline.scheduler(pipeline.eval_seatings, True), tracker)
-    pipeline.trainer.close()  # cluster.backend=ray: no training here, free the ranks
-    if pipeline.cfg.actor_infer.num_engines:
-        pipeline.engine.close()  # and the engine actors: evaluation is done
+    pipeline.close_roles()  # cluster.backend=ray: evaluation is done, free every role's actors
     print(format_summary(metrics, pipeline.agent_names), flush=True)
     out = Path(cfg.output_dir) / "eval_results.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -194,3 +194,21 @@ def test_env_worker_settings_are_checked_before_any_model_loads(tmp_path):
                              r"and env_workers.num_workers=3 workers ask for 4 CPUs but the "
                              r"Ray cluster has 2"):
         check_ray_resources(cfg, {"CPU": 2.0})
+
+
+def test_evaluation_alone_through_env_workers_equals_in_process_and_frees_them(ray_cluster,
+                                                                               tmp_path):
+    import time
+
+    from roll.pipeline.rollout_pipeline import run_evaluation
+
+    local = run_evaluation(_config(tmp_path / "local", "eval.num_episodes=4"))
+    remote = run_evaluation(_config(tmp_path / "ray", "eval.num_episodes=4", *WORKERS))
+    timing = {"time/eval"}
+    assert {k: v for k, v in local.items() if k not in timing} == {
+        k: v for k, v in remote.items() if k not in timing}
+    assert any("win_rate" in key for key in remote)
+    deadline = time.monotonic() + 30  # every role's actors released: all CPUs free again
+    while ray_cluster.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray_cluster.available_resources().get("CPU", 0) == 2
