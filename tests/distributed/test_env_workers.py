@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.openspiel_env import OpenSpielEnv
@@ -23,13 +22,13 @@ from roll.inference.hf_engine import HFEngine
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig, ConfigError
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.cli import CLIError, load_config
+from roll.pipeline.cli import CLIError
 from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
 
 from ..multi_agent.helpers import make_team
+from .helpers import checkpoint_adapters, kuhn_config
 
-ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ["alice", "bob"]
 pytestmark = pytest.mark.slow
 
@@ -90,22 +89,8 @@ def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
     assert host.workers == []
 
 
-OVERRIDES = [
-    "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
-    "rollout.constrained_decoding=true", "team.optim.lr=1e-2", "team.optim.eps=1e-3",
-    "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=1", "keep_last=5",
-]
-
-
 def _config(out: Path, *extra: str):
-    return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker",
-                       [*OVERRIDES, f"output_dir={out}", *extra])
-
-
-def _adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return {f"{agent.name}/{key}": value
-            for agent in sorted((checkpoint / "agents").iterdir())
-            for key, value in load_file(agent / "adapter_model.safetensors").items()}
+    return kuhn_config(out, "save_steps=1", "keep_last=5", *extra)
 
 
 WORKERS = ("cluster.backend=ray", "env_workers.num_workers=2", "env_workers.cpus_per_worker=0.5")
@@ -117,8 +102,8 @@ def test_pipeline_with_env_workers_trains_what_the_local_run_trains(ray_cluster,
     pipeline = AgenticPipeline(_config(tmp_path / "ray", "max_steps=2", *WORKERS))
     pipeline.run()
     assert pipeline.env_host.workers == []  # closed at the end of the run
-    local = _adapters(latest_checkpoint(tmp_path / "local"))
-    remote = _adapters(latest_checkpoint(tmp_path / "ray"))
+    local = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))
+    remote = checkpoint_adapters(latest_checkpoint(tmp_path / "ray"))
     assert local.keys() == remote.keys()
     assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
 
@@ -151,7 +136,7 @@ def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_
               "actor_infer.num_engines=2", "actor_infer.cpus_per_engine=0.25",
               "rollout.continuous=false")
     AgenticPipeline(_config(out, "max_steps=1", *layout)).run()
-    before = _adapters(latest_checkpoint(out))
+    before = checkpoint_adapters(latest_checkpoint(out))
     for role, what in (("env worker", "an env step"), ("actor_infer engine", "generate")):
         pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *layout))
         if role == "env worker":
@@ -169,7 +154,7 @@ def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_
         assert "last good checkpoint:" in message and "step_00000001" in message
         assert "resume=latest" in message
         assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
-        after = _adapters(latest_checkpoint(out))
+        after = checkpoint_adapters(latest_checkpoint(out))
         assert all(torch.equal(before[key], after[key]) for key in before)
         # Every role's actors were released: the next run gets the whole cluster again.
         assert pipeline.trainer.ranks == [] and pipeline.engine.ranks == []

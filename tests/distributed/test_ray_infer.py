@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from roll.distributed import RoleFailed
 from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
@@ -18,6 +17,8 @@ from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
 from roll.utils.checkpoint import latest_checkpoint
 from tests.multi_agent.helpers import make_team
+
+from .helpers import checkpoint_adapters
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,12 +77,6 @@ def test_a_dead_engine_stops_the_call_with_one_line(tiny_model_path, team_and_gr
     assert group.ranks == []
 
 
-def _adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return {f"{agent.name}/{key}": value
-            for agent in sorted((checkpoint / "agents").iterdir())
-            for key, value in load_file(agent / "adapter_model.safetensors").items()}
-
-
 def _config(out: Path, *extra: str):
     return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [
         "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
@@ -106,8 +101,8 @@ def test_colocated_ranks_and_engines_share_bundles_and_train_what_the_local_run_
     assert list(table["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 1.0}]  # rank + engine
     pipeline.run()
     assert shared.removed and pipeline.engine.ranks == [] and pipeline.trainer.ranks == []
-    local = _adapters(latest_checkpoint(tmp_path / "local"))
-    remote = _adapters(latest_checkpoint(tmp_path / "ray"))
+    local = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))
+    remote = checkpoint_adapters(latest_checkpoint(tmp_path / "ray"))
     assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
 
 

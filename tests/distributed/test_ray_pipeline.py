@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from roll.distributed import RoleFailed
 from roll.multi_agent.config import ConfigError
@@ -15,39 +14,26 @@ from roll.pipeline.cli import CLIError, load_config
 from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+from .helpers import ROOT, checkpoint_adapters, kuhn_config
+
 pytestmark = pytest.mark.slow
-OVERRIDES = [
-    "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
-    "rollout.constrained_decoding=true", "team.optim.lr=1e-2", "eval.eval_steps=0",
-    "tracking.backends=[jsonl]", "save_steps=1", "keep_last=5",
-    # Adam's first steps are ~lr * sign(g): eps 1e-3 keeps the 1e-10 noise of summing in
-    # another order (over ranks) on near-zero coordinates from flipping lr-sized steps.
-    "team.optim.eps=1e-3",
-]
+SAVE_EACH = ("save_steps=1", "keep_last=5")
 
 
 def config(out: Path, *extra: str):
-    return load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker",
-                       [*OVERRIDES, f"output_dir={out}", *extra])
-
-
-def adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return {f"{agent.name}/{key}": value
-            for agent in sorted((checkpoint / "agents").iterdir())
-            for key, value in load_file(agent / "adapter_model.safetensors").items()}
+    return kuhn_config(out, *SAVE_EACH, *extra)
 
 
 def test_ray_ranks_train_what_the_local_run_trains(ray_cluster, tmp_path, one_thread):
     AgenticPipeline(config(tmp_path / "local", "max_steps=2")).run()
-    local = adapters(latest_checkpoint(tmp_path / "local"))
+    local = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))
     for strategy in ("torch", "deepspeed"):  # ZeRO-2 shards the agents' optimizer
         ray_pipeline = AgenticPipeline(config(
             tmp_path / strategy, "max_steps=2", "cluster.backend=ray",
             "actor_train.world_size=2", f"actor_train.strategy={strategy}"))
         ray_pipeline.run()
         assert len(ray_pipeline.trainer.rows_per_rank) == 2
-        remote = adapters(latest_checkpoint(tmp_path / strategy))
+        remote = checkpoint_adapters(latest_checkpoint(tmp_path / strategy))
         assert local.keys() == remote.keys()
         gap = max(float((local[key] - remote[key]).abs().max()) for key in local)
         assert gap < 1e-6, strategy
@@ -69,7 +55,7 @@ def test_a_dead_rank_stops_with_the_last_checkpoint_and_resume_continues(
     out = tmp_path / "run"
     ray_args = ("cluster.backend=ray", "actor_train.world_size=2")
     AgenticPipeline(config(out, "max_steps=1", *ray_args)).run()
-    before = adapters(latest_checkpoint(out))
+    before = checkpoint_adapters(latest_checkpoint(out))
     pipeline = AgenticPipeline(config(out, "max_steps=2", "resume=latest", *ray_args))
     ray_cluster.kill(pipeline.trainer.ranks[1])
     with pytest.raises(RoleFailed) as caught:
@@ -79,7 +65,7 @@ def test_a_dead_rank_stops_with_the_last_checkpoint_and_resume_continues(
     assert "actor_train rank 1 of 2 failed during resume: ActorDiedError" in message
     assert "last good checkpoint:" in message and "step_00000001" in message
     assert latest_checkpoint(out).name == "step_00000001"  # nothing lost or half-written
-    after = adapters(latest_checkpoint(out))
+    after = checkpoint_adapters(latest_checkpoint(out))
     assert all(torch.equal(before[key], after[key]) for key in before)
     AgenticPipeline(config(out, "max_steps=2", "resume=latest", *ray_args)).run()
     assert latest_checkpoint(out).name == "step_00000002"
