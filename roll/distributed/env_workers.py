@@ -39,11 +39,6 @@ class EnvWorker:
     def outcomes(self) -> list[EpisodeOutcome]:
         return self.host.outcomes()
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
 
 class RayEpisodes:
     """An ``EpisodeHost`` over ``num_workers`` EnvWorker actors in one placement group."""
