@@ -137,10 +137,16 @@ class MultiAgentConfig:
     """Default optimizer for agents that do not set their own."""
     seed: int = 0
     """Seed of adapter initialisation (each agent's init depends on seed and its name only)."""
+    shared_adapter: bool = False
+    """Parameter sharing: the team is its first agent alone, one adapter that plays every seat
+    or role any configured agent is mapped to (the others are not built); compare with one
+    adapter per agent by flipping this flag alone."""
 
     def resolved_agents(self) -> list[AgentConfig]:
         """Agents with the team defaults filled in (call validate() first)."""
         agents = self.agents or [AgentConfig(name=f"agent_{i}") for i in range(self.num_agents)]
+        if self.shared_adapter:
+            agents = agents[:1]
         return [
             replace(
                 agent,
@@ -153,6 +159,12 @@ class MultiAgentConfig:
     @property
     def agent_names(self) -> list[str]:
         return [agent.name for agent in self.resolved_agents()]
+
+    @property
+    def declared_agent_names(self) -> list[str]:
+        """Every configured agent's name, also under ``shared_adapter`` (where all of them
+        resolve to the first one)."""
+        return [a.name for a in self.agents] or [f"agent_{i}" for i in range(self.num_agents)]
 
     def validate(
         self, model_modules: set[str] | None = None, prefix: str = "team"

@@ -32,6 +32,7 @@ from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
+from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, build_train_group
@@ -47,14 +48,10 @@ from roll.pipeline.builders import (
 )
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
+from roll.pipeline.env_setup import build_env_setup
 from roll.pipeline.evaluation import before_after, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
-from roll.pipeline.validation import (
-    eval_seatings,
-    game_is_cooperative,
-    game_num_seats,
-    seatings_of,
-)
+from roll.pipeline.validation import run_seatings
 from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,
@@ -120,12 +117,14 @@ class AgenticPipeline:
         )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
-        self.cooperative = game_is_cooperative(cfg.env.game, cfg.env.params)
-        num_seats = game_num_seats(cfg.env.game, cfg.env.params)
-        self.train_seatings = seatings_of(
-            cfg.env.seat_to_agent, num_seats, self.agent_names, "env.seat_to_agent"
-        )
-        self.eval_seatings = eval_seatings(cfg, self.train_seatings, num_seats, self.agent_names)
+        self.env_setup = build_env_setup(cfg)
+        """The game or team task: seats, env factories, renderer, datasets (env_setup.py)."""
+        self.cooperative = self.env_setup.cooperative
+        self.train_seatings, self.eval_seatings = run_seatings(cfg, self.env_setup,
+                                                               self.agent_names)
+        self.items = (ItemSampler(self.env_setup.train_items, cfg.seed, cfg.env.data.shuffle)
+                      if self.env_setup.is_task else None)
+        """Team tasks: deals the training items to the groups (position saved in checkpoints)."""
         snapshot_seats = [
             spec
             for seating in self.train_seatings + self.eval_seatings
@@ -149,9 +148,6 @@ class AgenticPipeline:
 
     # ------------------------------------------------------------------ parts
     def scheduler(self, seatings: list[Seating], evaluation: bool) -> RolloutScheduler:
-        from roll.agentic.env.openspiel_env import OpenSpielEnv
-        from roll.agentic.env.renderers import render_prompt
-
         cfg = self.cfg
         sampling = cfg.rollout.sampling
         params = SamplingParams(
@@ -173,10 +169,11 @@ class AgenticPipeline:
             enable_thinking=cfg.model.enable_thinking,
             continuous=cfg.rollout.continuous,
         )
-        game, game_params = cfg.env.game, dict(cfg.env.params)
+        setup = self.env_setup
         return RolloutScheduler(
-            env_factory=self.env_factory or (lambda: OpenSpielEnv(game, game_params)),
-            render=self.render or render_prompt,
+            env_factory=self.env_factory or (setup.eval_factory if evaluation
+                                             else setup.train_factory),
+            render=self.render or setup.render,
             seatings=seatings,
             agent_names=self.agent_names,
             engine=self.engine,
@@ -188,6 +185,7 @@ class AgenticPipeline:
             expected_version=lambda agent: self.trainer.global_step,
             cooperative=self.cooperative,
             episodes=self.env_host,
+            summarize=setup.summarize,
         )
 
     def _snapshot_slot(self, spec: SeatSpec) -> str:
@@ -231,15 +229,18 @@ class AgenticPipeline:
         return stale
 
     def synced_rollout(
-        self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str
+        self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str,
+        items: list[int] | None = None,
     ) -> tuple[RolloutResult, float]:
-        """Wake the engine, sync the adapters, roll out; (result, seconds spent syncing)."""
+        """Wake the engine, sync the adapters, roll out (team tasks: group g plays dataset item
+        ``items[g]``); (result, seconds spent syncing)."""
         with self.engine_awake():
             start = time.perf_counter()
             self.sync_adapters()
             synced = time.perf_counter() - start
             result = scheduler.rollout(
-                seed=seed, progress=lambda done, total: tracker.progress(done, total, what)
+                seed=seed, progress=lambda done, total: tracker.progress(done, total, what),
+                items=items,
             )
         return result, synced
 
@@ -314,8 +315,9 @@ class AgenticPipeline:
         cfg = self.cfg
         times: dict[str, float] = {}
         start = time.perf_counter()
+        items = None if self.items is None else self.items.take(scheduler.config.num_groups)
         result, times["time/sync"] = self.synced_rollout(
-            scheduler, cfg.seed * 1_000_003 + self.step, tracker, "episodes"
+            scheduler, cfg.seed * 1_000_003 + self.step, tracker, "episodes", items
         )
         times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
@@ -368,10 +370,18 @@ class AgenticPipeline:
     def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
         """Validation rollouts with the trainer's current adapters (synced first)."""
         start = time.perf_counter()
+        groups = scheduler.config.num_groups
+        # Team tasks: the evaluation split in order (the same items at every evaluation).
+        items = ([i % self.env_setup.eval_items for i in range(groups)]
+                 if self.env_setup.is_task else None)
         result, _ = self.synced_rollout(
-            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker, "eval episodes"
+            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker, "eval episodes",
+            items,
         )
-        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative)
+        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative,
+                                     winners=not self.env_setup.is_task)
+        metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
+                        if key.startswith("task/")})
         for key, value in result.metrics.items():
             split = split_agent_key(key, self.agent_names)
             if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
@@ -420,6 +430,7 @@ class AgenticPipeline:
             "seed": self.cfg.seed,
             "agent_names": self.agent_names,
             "tracking_run_id": self.run_id,
+            "data": None if self.items is None else self.items.state_dict(),
         }
 
     def save(self) -> Path:
@@ -457,6 +468,8 @@ class AgenticPipeline:
                 self.engine.remove_adapter(name)
         self.trainer.load_state_dict(state["trainer"])
         self.pool.load_state_dict(state["pool"])
+        if self.items is not None and state.get("data") is not None:
+            self.items.load_state_dict(state["data"])
         restore_rng_state(state["rng"])
         self.step = state["step"]
         self.run_id = state.get("tracking_run_id")

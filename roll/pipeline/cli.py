@@ -26,6 +26,10 @@ FLAG_KEYS = {
 }
 
 
+FREE_FORM = ("env.params", "env.role_to_agent", "env.data.fields")
+"""Config mappings with user-chosen keys (an override may add a key or replace the mapping)."""
+
+
 class CLIError(Exception):
     """A problem with the command line or the config, reported as one line."""
 
@@ -81,9 +85,13 @@ def load_config(
             if override.is_delete() or override.is_add() or override.is_force_add():
                 raise CLIError(f"config error: override {override.input_line!r}: only plain "
                                "key=value overrides of schema keys are supported")
-            # Game parameters are free-form (each game has its own); every other key is schema.
-            free_form = key.startswith("env.params.")
-            OmegaConf.update(merged, key, override.value(), merge=True, force_add=free_form)
+            # Mappings whose keys the user chooses (game/task parameters, roles, dataset
+            # fields) take new keys, and a whole mapping given at once replaces the YAML's;
+            # every other key is schema.
+            whole = key in FREE_FORM
+            mapping = whole or key.startswith(tuple(f"{prefix}." for prefix in FREE_FORM))
+            OmegaConf.update(merged, key, override.value(), merge=not whole,
+                             force_add=mapping)
         _check_advantage_fields(OmegaConf.to_container(merged.advantage, resolve=True))
         cfg = OmegaConf.to_object(merged)
     except CLIError:

@@ -48,15 +48,47 @@ class ActionSchema:
 
 
 @dataclass
+class DataSchema:
+    """Where a team task's items come from (roll/agentic/tasks/datasets.py)."""
+
+    source: str = "builtin:arithmetic"
+    """'builtin:arithmetic' or 'builtin:writing' (generated, offline), a local .jsonl/.json/
+    .parquet file or folder, or a hub id (HF datasets)."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """Task field -> dataset column, e.g. {question: problem, answer: solution}; unmapped
+    fields are read under their own name."""
+    train_split: str = "train"
+    """Split (or slice, e.g. 'train[:90%]') the training episodes draw from."""
+    eval_split: str = "test"
+    """Split (or slice, e.g. 'train[90%:]') of the evaluation episodes (built-in sets: a
+    held-out set generated with another seed)."""
+    shuffle: bool = True
+    """Deal the training items in a fresh seeded order each epoch (the position is saved in
+    checkpoints); false: in dataset order."""
+    builtin_size: int = 256
+    """Items a built-in set generates per split."""
+
+
+@dataclass
 class EnvConfig:
-    """The game (any OpenSpiel game) and who sits where."""
+    """The game (any OpenSpiel game) or team task, and who sits where."""
 
     game: str = "tic_tac_toe"
     """OpenSpiel short name, e.g. hanabi, tic_tac_toe, kuhn_poker, connect_four, leduc_poker."""
+    task: str = ""
+    """A team task instead of a game: 'math_team' or 'writing_team' (roll/agentic/tasks).
+    Empty: play ``game``."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens)."""
+    """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens), or
+    the task's (e.g. math_team: max_rounds, closed_answers)."""
+    role_to_agent: dict[str, Any] = field(default_factory=dict)
+    """Team tasks: role -> agent name, e.g. {generator: agent_0, critic: agent_1, refiner:
+    agent_0} (roles mapped to one agent share its adapter). Empty: role i -> agent i, or every
+    role -> the team's only agent."""
+    data: DataSchema = field(default_factory=DataSchema)
+    """Team tasks: the dataset."""
     seat_to_agent: list[Any] = field(default_factory=list)
-    """Per seat: an agent name, 'random', 'mcts[:N]', 'cfr[:N]' or
+    """Games: per seat an agent name, 'random', 'mcts[:N]', 'cfr[:N]' or
     'snapshot:<agent>@<step|latest>'.
     A list of such lists gives several seatings, used by groups in turn (e.g.
     [[agent_0, random], [random, agent_1]]). Empty: seat i is agent i."""

@@ -40,6 +40,7 @@ def summarize_episodes(
     agent_names: Sequence[str],
     cooperative: bool = False,
     prefix: str = "eval/",
+    winners: bool = True,
 ) -> dict[str, float]:
     """Metrics ``{prefix}<agent>/{win_rate,non_loss_rate,mean_return}{,_low,_high}``,
     ``draw_rate``, ``loss_rate`` and ``episodes`` over the seats each agent plays, and the same
@@ -49,6 +50,7 @@ def summarize_episodes(
 
     ``cooperative`` (every seat gets the same return, e.g. Hanabi): no win or draw rate, and
     ``{prefix}team/score{,_low,_high}`` is the shared score over all episodes.
+    ``winners=False`` (team tasks: roles are scored, nobody wins): mean returns only.
     """
     metrics: dict[str, float] = {}
     for agent in agent_names:
@@ -60,7 +62,7 @@ def summarize_episodes(
         outcomes = [episode.outcome(seat) for episode, seat in seats]
         key = f"{prefix}{agent}"
         figures = [(key, "mean_return", mean_interval(returns))]
-        if not cooperative:
+        if winners and not cooperative:
             figures += _outcome_rates(key, outcomes)
             metrics[f"{key}/draw_rate"] = outcomes.count("draw") / len(seats)
             metrics[f"{key}/loss_rate"] = outcomes.count("loss") / len(seats)
@@ -99,6 +101,9 @@ def before_after(
             lines.append(f"  {agent:<12} {'exploitability':<12} {before[key]:.4f}  ->  "
                          f"{after[key]:.4f} (exact)")
     rows.append(("team", "eval/team/score", "score"))
+    for key in sorted(k for k in after if k.startswith("eval/task/") and k in before):
+        lines.append(f"  {'task':<12} {key[len('eval/task/'):]:<12} {before[key]:+.3f}  ->  "
+                     f"{after[key]:+.3f}")
     for who, key, metric in rows:
         if key not in before or key not in after:
             continue

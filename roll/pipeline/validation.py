@@ -1,9 +1,10 @@
 """Everything a run's configuration must satisfy, checked before any model loads.
 
 ``validate_config`` refuses any setting that cannot run with one ``ConfigError`` naming the full
-key and the value; it writes nothing. The seatings and game facts the pipeline derives from the
-config (``seatings_of``, ``eval_seatings``, ``game_num_seats``, ``game_is_cooperative``) live
-here too, so the pipeline and the checks read them the same way.
+key and the value; it writes nothing. The seatings the pipeline derives from the config
+(``run_seatings``, ``seatings_of``, ``eval_seatings``) live here too, and the game or task
+itself comes from ``roll.pipeline.env_setup``, so the pipeline and the checks read them the same
+way.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from roll.pipeline.config import (
     PipelineConfig,
     RolloutSchema,
 )
+from roll.pipeline.env_setup import EnvSetup, build_env_setup, task_seat_to_agent
 from roll.utils.checkpoint import (
     AGENTS_DIR,
     CheckpointError,
@@ -61,11 +63,14 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     cfg.trainer.validate()
     _check_advantage(cfg)
     _check_action(cfg.env.action)
-    num_seats = game_num_seats(cfg.env.game, cfg.env.params)
+    setup = build_env_setup(cfg)
     agents = cfg.team.agent_names
-    train = seatings_of(cfg.env.seat_to_agent, num_seats, agents, "env.seat_to_agent")
+    train, evaluation = run_seatings(cfg, setup, agents)
     _check_training_seats(cfg, train, agents)
-    _check_solvable(cfg, train + eval_seatings(cfg, train, num_seats, agents))
+    if setup.is_task:
+        _check_task(cfg)
+    else:
+        _check_solvable(cfg, train + evaluation)
     _check_output_dir(cfg.output_dir)
     if check_paths:
         _check_resume(cfg, agents)
@@ -217,10 +222,11 @@ def _check_game_solvable(cfg: PipelineConfig, key: str, value: Any) -> None:
 
     from roll.agentic.env.openspiel_env import load_game
 
-    game_type = load_game(cfg.env.game, dict(cfg.env.params)).get_type()
+    game = load_game(cfg.env.game, dict(cfg.env.params))
+    game_type = game.get_type()
     kinds = pyspiel.GameType
     if (game_type.utility != kinds.Utility.ZERO_SUM
-            or game_num_seats(cfg.env.game, cfg.env.params) != 2
+            or game.num_players() != 2
             or game_type.dynamics != kinds.Dynamics.SEQUENTIAL
             or not game_type.provides_information_state_string):
         raise ConfigError(key, value,
@@ -258,6 +264,43 @@ def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
     if saved != set(agents):
         raise ConfigError("resume", cfg.resume,
                           f"{path} holds agents {sorted(saved)}, the config has {agents}")
+
+
+def run_seatings(cfg: PipelineConfig, setup: EnvSetup, agents: list[str]
+                 ) -> tuple[list[Seating], list[Seating]]:
+    """The training and evaluation seatings of the run. Team tasks: ``env.role_to_agent``
+    for both (every role is an agent; eval.seat_to_agent may still override evaluation)."""
+    if setup.is_task:
+        if cfg.env.seat_to_agent:
+            raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
+                              f"is for games; team task {cfg.env.task} maps roles with "
+                              "env.role_to_agent")
+        raw = _shared(cfg, task_seat_to_agent(cfg, setup.roles, agents))
+        train = seatings_of(raw, setup.num_seats, agents, "env.role_to_agent")
+        if cfg.eval.seat_to_agent:
+            return train, eval_seatings(cfg, train, setup.num_seats, agents)
+        return train, train
+    raw = _shared(cfg, list(cfg.env.seat_to_agent))
+    if not raw and cfg.team.shared_adapter:
+        raw = [agents[0]] * setup.num_seats
+    train = seatings_of(raw, setup.num_seats, agents, "env.seat_to_agent")
+    return train, eval_seatings(cfg, train, setup.num_seats, agents)
+
+
+def _shared(cfg: PipelineConfig, raw: list[Any]) -> list[Any]:
+    """Under team.shared_adapter every configured agent's name in a seat list (flat or nested)
+    stands for the one shared agent."""
+    if not cfg.team.shared_adapter:
+        return raw
+    declared, shared = set(cfg.team.declared_agent_names), cfg.team.agent_names[0]
+    return [_shared(cfg, list(item)) if isinstance(item, list | tuple)
+            else (shared if item in declared else item) for item in raw]
+
+
+def _check_task(cfg: PipelineConfig) -> None:
+    if cfg.eval.exploitability:
+        raise ConfigError("eval.exploitability", True,
+                          f"is for two-player zero-sum games, not team task {cfg.env.task}")
 
 
 def seatings_of(
@@ -313,30 +356,6 @@ def eval_seatings(
             if row not in specs:
                 specs.append(row)
     return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []
-
-
-def game_num_seats(game: str, params: dict[str, Any]) -> int:
-    """Number of players of an OpenSpiel game (loads the game definition, no model)."""
-    from roll.agentic.env.openspiel_env import load_game
-
-    try:
-        return load_game(game, dict(params)).num_players()
-    except ValueError as error:
-        message = str(error).replace("game_params.", "env.params.")
-        field_path = "env.params" if "env.params" in message else "env.game"
-        raise ConfigError(field_path, game if field_path == "env.game" else dict(params),
-                          message) from None
-
-
-def game_is_cooperative(game: str, params: dict[str, Any]) -> bool:
-    """True for games whose seats always get the same return (OpenSpiel utility IDENTICAL,
-    e.g. Hanabi): they report a team score instead of win rates."""
-    import pyspiel
-
-    from roll.agentic.env.openspiel_env import load_game
-
-    utility = load_game(game, dict(params)).get_type().utility
-    return utility == pyspiel.GameType.Utility.IDENTICAL
 
 
 def _check_model_path(path: str) -> None:

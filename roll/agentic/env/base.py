@@ -3,9 +3,10 @@
 One protocol serves both kinds of task:
 
 - games (OpenSpiel): a seat is a player; ``legal_actions`` lists the moves as strings;
-- team tasks (later): a seat is a role (generator, critic, ...) taking its turn on a shared
-  history; ``legal_actions`` is empty, meaning any free-form answer is accepted, and the joint
-  reward arrives as equal per-seat rewards.
+- team tasks (``roll.agentic.tasks``): a seat is a role (generator, critic, ...) taking its turn
+  on a shared history; ``legal_actions`` is usually empty (free text), ``step`` gets the whole
+  answer (``parses_answers``, see roll/agentic/tasks/base.py), and a joint reward arrives as
+  equal per-seat rewards.
 
 Turn-based only: exactly one seat acts at a time (``current_seat``). The rollout asks whose turn
 it is, maps the seat to an agent (``seating.py``), renders that seat's observation into a prompt,
@@ -30,6 +31,9 @@ class StepResult:
     """True when the episode ended with this step."""
     info: dict[str, Any] = field(default_factory=dict)
     """Diagnostics for logging (e.g. ``forfeit_seat``); never needed for correctness."""
+    format_error: str | None = None
+    """Team tasks that parse their own answers (``parses_answers``): why the acting role's
+    answer was unusable (the episode subtracts the format penalty); None otherwise."""
 
 
 @runtime_checkable

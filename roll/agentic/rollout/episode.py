@@ -11,6 +11,11 @@ the same seeds give the same episodes either way.
 
 Rewards. A seat's turn earns what the seat receives from that turn until its next one, minus the
 format penalty; rewards a seat receives before its first turn are carried to that turn.
+
+Team tasks (roll/agentic/tasks/base.py) are envs that parse their own answers: their ``step``
+gets the whole answer text (thinking removed), reports an unusable answer as
+``StepResult.format_error`` (penalised and counted like a game's) and nothing is played in its
+place. Their episodes get the dataset item of their group (``EpisodeSpec.item``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from typing import Protocol
 
 import numpy as np
 
-from roll.agentic.env.actions import ActionConfig, apply_parsed_action, parse_action
+from roll.agentic.env.actions import (
+    ActionConfig,
+    apply_parsed_action,
+    parse_action,
+    strip_thinking,
+)
 from roll.agentic.env.base import MultiAgentEnv
 from roll.agentic.env.opponents import build_opponent
 from roll.agentic.env.renderers import RenderedPrompt
@@ -50,6 +60,8 @@ class EpisodeSpec:
     seed: int
     seating: Seating
     rollout_seed: int
+    item: int | None = None
+    """Team tasks: the dataset item of the episode's group (None for games)."""
 
 
 @dataclass
@@ -83,6 +95,8 @@ class EpisodeOutcome:
     returns: list[float]
     truncated: bool
     turn_rewards: dict[int, list[float]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Team tasks: the task's own numbers for this episode (``metrics()``); {} for games."""
 
 
 class Episode:
@@ -92,7 +106,10 @@ class Episode:
         self.setup = setup
         self.seating = spec.seating
         self.env = setup.env_factory()
-        self.env.reset(spec.seed)
+        if spec.item is None:
+            self.env.reset(spec.seed)
+        else:
+            self.env.reset(spec.seed, item=spec.item)
         # Seeded by the group, not the episode: the members of a GRPO group face the same chance
         # outcomes AND the same opponent randomness, so their returns differ only through what
         # the trained agents chose (a much less noisy group baseline).
@@ -130,12 +147,18 @@ class Episode:
         if self.asked is None:
             raise RuntimeError("Episode.play: no LLM seat was asked to act")
         seat, prompt = self.asked.seat, self.asked.prompt
-        parsed = parse_action(text, self.env.legal_actions(seat), self.setup.action,
-                              numbered_moves=prompt.numbered_moves)
         rewards = self.turn_rewards.setdefault(seat, [])
         rewards.append(self.carry.pop(seat, 0.0))
         self.llm_turns += 1
         self.asked = None
+        if getattr(self.env, "parses_answers", False):
+            step = self.env.step(strip_thinking(text))
+            if step.format_error is not None:
+                rewards[-1] -= self.setup.action.format_penalty
+            self._credit(step.rewards)
+            return Played(step.format_error, None, step.format_error is not None)
+        parsed = parse_action(text, self.env.legal_actions(seat), self.setup.action,
+                              numbered_moves=prompt.numbered_moves)
         outcome = apply_parsed_action(self.env, seat, parsed, self.setup.action, self.rng)
         rewards[-1] -= outcome.penalty
         self._credit(outcome.step.rewards)
@@ -143,8 +166,10 @@ class Episode:
                       outcome.fallback, parsed.answer is None)
 
     def outcome(self) -> EpisodeOutcome:
+        task_metrics = getattr(self.env, "metrics", None)
         return EpisodeOutcome(list(self.env.returns()), self.truncated,
-                              {seat: list(r) for seat, r in self.turn_rewards.items()})
+                              {seat: list(r) for seat, r in self.turn_rewards.items()},
+                              dict(task_metrics()) if callable(task_metrics) else {})
 
     def _credit(self, rewards: Sequence[float]) -> None:
         """Each seat's step reward goes to its latest turn (or waits for its first turn)."""

@@ -51,6 +51,8 @@ class EpisodeResult:
     seating: Seating
     """Who played each seat."""
     truncated: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Team tasks: the task's own numbers for this episode (e.g. ``final_correct``)."""
 
     def outcome(self, seat: int) -> Literal["win", "draw", "loss"]:
         """'win' when the seat's return is strictly above every other seat's (in a one-seat

@@ -99,6 +99,8 @@ class RolloutScheduler:
             win rate).
         episodes: where the episodes live (episode.py): in this process by default, or env
             worker actors (``roll.distributed.env_workers``).
+        summarize: team tasks: turns the episodes' own metrics into ``task/...`` metrics
+            (the task's ``summarize``).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class RolloutScheduler:
         expected_version: Callable[[str], int] | None = None,
         cooperative: bool = False,
         episodes: EpisodeHost | None = None,
+        summarize: Callable[[list[dict[str, float]]], dict[str, float]] | None = None,
     ) -> None:
         self.env_factory = env_factory
         self.render = render
@@ -133,17 +136,23 @@ class RolloutScheduler:
         self.cooperative = cooperative
         self.counters = FormatCounters()
         self.episodes: EpisodeHost = episodes if episodes is not None else LocalEpisodes()
+        self.summarize = summarize
 
     # ------------------------------------------------------------------ public
     def rollout(
-        self, seed: int, progress: Callable[[int, int], None] | None = None
+        self, seed: int, progress: Callable[[int, int], None] | None = None,
+        items: Sequence[int] | None = None,
     ) -> RolloutResult:
-        """Play one batch of episodes. Group ``g`` uses env seed ``seed * 100_003 + g``."""
+        """Play one batch of episodes. Group ``g`` uses env seed ``seed * 100_003 + g`` and,
+        for a team task, dataset item ``items[g]`` (one per group)."""
         cfg = self.config
         self.counters.reset()
+        if items is not None and len(items) != cfg.num_groups:
+            raise ValueError(f"rollout: {len(items)} dataset items for {cfg.num_groups} groups")
         specs = [
             EpisodeSpec(group, seed * 100_003 + group,
-                        self.seatings[group % len(self.seatings)], seed)
+                        self.seatings[group % len(self.seatings)], seed,
+                        None if items is None else int(items[group]))
             for group in range(cfg.num_groups) for _ in range(cfg.group_size)
         ]
         setup = EpisodeSetup(self.env_factory, self.render, self.action, cfg.max_turns)
@@ -153,7 +162,7 @@ class RolloutScheduler:
             turn.reward = outcomes[turn.env_index].turn_rewards[turn.seat][turn.turn_index]
         episodes = [
             EpisodeResult(i, spec.group, spec.seed, outcome.returns, spec.seating,
-                          outcome.truncated)
+                          outcome.truncated, outcome.metrics)
             for i, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True))
         ]
         return RolloutResult(
@@ -358,7 +367,7 @@ class RolloutScheduler:
                 metrics[f"{agent}/episode_return"] = float(
                     np.mean([ep.returns[s] for ep, s in seats])
                 )
-                if not self.cooperative:
+                if not self.cooperative and self.summarize is None:  # tasks have no winners
                     metrics[f"{agent}/win_rate"] = float(
                         np.mean([ep.outcome(s) == "win" for ep, s in seats])
                     )
@@ -367,6 +376,8 @@ class RolloutScheduler:
         for key, value in self.counters.metrics().items():
             name, rest = key.split("/", 1)
             metrics[key if name in self.agent_names else f"rollout/{name}/{rest}"] = value
+        if self.summarize is not None and episodes:
+            metrics.update(self.summarize([ep.metrics for ep in episodes]))
         metrics["rollout/episodes"] = float(len(episodes))
         metrics["rollout/truncated"] = float(sum(ep.truncated for ep in episodes))
         metrics["rollout/llm_turns"] = float(len(turns))

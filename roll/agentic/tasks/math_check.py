@@ -57,6 +57,11 @@ def _parse(expression: str) -> list:
     return parse(expression) if _main_thread() else parse(expression, parsing_timeout=None)
 
 
+def parseable(expression: str) -> bool:
+    """Whether math-verify can parse ``expression`` (e.g. a dataset's gold answer)."""
+    return bool(_parse(expression))
+
+
 def check_math_answer(text: str, gold: str) -> MathCheck:
     """Whether ``text``'s final answer equals ``gold`` (module docstring)."""
     from math_verify import verify

@@ -50,3 +50,13 @@ def arithmetic_problems(count: int, seed: int = 0) -> list[MathProblem]:
                            f"How many {item} does each friend get?"), a // b
         problems.append(MathProblem(text, str(value), kind))
     return problems
+
+
+def with_choices(problem: MathProblem, seed: int) -> dict[str, object]:
+    """``problem`` as a dataset item: question, answer, kind, and three ``choices`` (the
+    answer and its two neighbours, in a seeded order) for closed-answer runs."""
+    value = int(problem.answer)
+    choices = [str(value - 1), problem.answer, str(value + 1)]
+    random.Random(seed).shuffle(choices)
+    return {"question": problem.question, "answer": problem.answer, "kind": problem.kind,
+            "choices": choices}
