@@ -1,0 +1,71 @@
+"""The math team learns on the tiny offline model, each role through its own agent.
+
+Closed answers (each problem lists three choices, constrained decoding) make the task learnable
+by a random-weight model: the generator (agent_0) is paid for the gold choice, the critic
+(agent_1) for a right verdict, the refiner (agent_2) for a right correction. After training, the
+generator's adapter must put more probability on the gold choice of the generator's prompt than
+the base did. Give the generator's rows the critic's reward, route its turns to another
+adapter, or train another adapter on its rows, and that probability does not rise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from roll.models import apply_chat_template
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def p_gold(pipeline: AgenticPipeline, agent: str) -> float:
+    """Mean over the training items of the probability, among the item's choices, that
+    ``agent`` answers the gold choice on the generator's first prompt."""
+    env = pipeline.env_setup.train_factory()
+    tokenizer = pipeline.tokenizer
+    index = pipeline.agent_names.index(agent)
+    probabilities = []
+    for item in range(pipeline.env_setup.train_items):
+        env.reset(0, item=item)
+        prompt = apply_chat_template(tokenizer, [{"role": "user", "content":
+                                                  env.observation(0)}])
+        choices = env.legal_actions(0)
+        rows = [prompt + tokenizer.encode(f"<answer>{choice}</answer>",
+                                          add_special_tokens=False) for choice in choices]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        logp = pipeline.model.logprobs(ids, mask, torch.full((len(rows),), index))
+        answer = torch.zeros_like(logp)
+        answer[:, len(prompt):] = 1
+        total = (logp * answer * mask).sum(-1)  # log p of each whole choice
+        gold = choices.index(str(env.item["answer"]))
+        probabilities.append(float(torch.softmax(total, -1)[gold]))
+    return sum(probabilities) / len(probabilities)
+
+
+def test_the_generator_learns_the_gold_answers_through_its_own_adapter(tmp_path):
+    cfg = load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team", [
+        "env.params.closed_answers=true", "env.params.max_rounds=1",
+        "rollout.constrained_decoding=true", "env.data.builtin_size=2",
+        "rollout.num_groups=4", "rollout.group_size=4", "rollout.sampling.max_new_tokens=12",
+        "team.optim.lr=1e-2", "team.lora.rank=8", "team.lora.alpha=16",
+        "team.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        "trainer.micro_batch_size=64", "eval.eval_steps=0", "max_steps=50", "save_steps=0",
+        "tracking.backends=[jsonl]", f"output_dir={tmp_path}"])
+    pipeline = AgenticPipeline(cfg)
+    before = {agent: p_gold(pipeline, agent) for agent in pipeline.agent_names}
+    # LoRA B starts at zero: every agent starts as the base model.
+    assert before["agent_0"] == pytest.approx(before["agent_1"])
+    metrics = pipeline.run()
+    after = {agent: p_gold(pipeline, agent) for agent in pipeline.agent_names}
+    assert after["agent_0"] > before["agent_0"] + 0.2, (before, after)
+    assert after["agent_0"] > 0.6, (before, after)
+    # the critic's adapter learned verdicts, not the generator's answers
+    assert after["agent_1"] < after["agent_0"] - 0.15, (before, after)
+    assert metrics["agent_1/num_rows"] >= 16 and metrics["agent_0/num_rows"] == 16
