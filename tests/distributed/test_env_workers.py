@@ -129,13 +129,14 @@ def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_
     """One layout with env workers AND engine actors: an env worker killed in the middle of a
     rollout, then (resumed) an engine actor killed in the middle of one; each stops the run
     with one line naming it and the last good checkpoint, which stays intact; resume=latest
-    then trains on."""
+    then trains on. (The runs around the failures are local: the checkpoint is the same, and
+    test_ray_pipeline.py resumes Ray ranks.)"""
     out = tmp_path / "run"
     layout = ("cluster.backend=ray", "actor_train.cpus_per_rank=0.5",
               "env_workers.num_workers=2", "env_workers.cpus_per_worker=0.25",
               "actor_infer.num_engines=2", "actor_infer.cpus_per_engine=0.25",
               "rollout.continuous=false")
-    AgenticPipeline(_config(out, "max_steps=1", *layout)).run()
+    AgenticPipeline(_config(out, "max_steps=1")).run()
     before = checkpoint_adapters(latest_checkpoint(out))
     for role, what in (("env worker", "an env step"), ("actor_infer engine", "generate")):
         pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *layout))
@@ -159,7 +160,7 @@ def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_
         # Every role's actors were released: the next run gets the whole cluster again.
         assert pipeline.trainer.ranks == [] and pipeline.engine.ranks == []
         assert pipeline.env_host.workers == []
-    AgenticPipeline(_config(out, "max_steps=2", "resume=latest", *layout)).run()
+    AgenticPipeline(_config(out, "max_steps=2", "resume=latest")).run()
     assert latest_checkpoint(out).name == "step_00000002"
 
 
