@@ -24,6 +24,7 @@ import argparse
 import inspect
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -77,18 +78,25 @@ def build(args):
     return model, trainer, batch
 
 
-def measure(fn, device) -> dict:
+def measure(fn, device, repeats: int = 1) -> dict:
+    """Seconds of ``fn`` after one warm-up call: the median of ``repeats`` timed calls (with
+    their range when more than one), and the peak memory above what was allocated before."""
     cuda = device.type == "cuda"
     fn()  # warm-up (kernels, allocator)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-    start = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    result = {"seconds": round(time.perf_counter() - start, 3)}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    result = {"seconds": round(statistics.median(times), 3)}
+    if repeats > 1:
+        result["range"] = [round(min(times), 3), round(max(times), 3)]
     if cuda:
         result["peak_gb"] = round((torch.cuda.max_memory_allocated() - before) / 1e9, 2)
     return result

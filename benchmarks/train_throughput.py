@@ -6,7 +6,7 @@
 The same rows (``--rows`` x ``--tokens``, prompt ``--prompt`` ± 20 tokens, the rest response)
 are split round-robin among 1, 2, 4 and 8 agents (LoRA r=32 on all 7 projections), then for
 each team and each path (fused: one forward/backward per mixed micro-batch; sequential: one
-agent at a time) we time, after an untimed warm-up:
+agent at a time) we time, after an untimed warm-up, the median of ``--repeats`` calls of:
   old_logprob   the no-grad pass over every row (``trainer.logprob_micro_batch_size`` rows),
   train_step    one MultiAgentTrainer.train_step (PPO loss, one optimizer step per agent).
 Reported: seconds, tokens/s (all tokens of all rows), MFU = 6 * P * tokens / s / peak (P = base
@@ -53,8 +53,9 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
 
     filled = batch.with_fields(old_logprobs=old_logprob())
     result = {"agents": num_agents, "fused": fused,
-              "old_logprob": measure(old_logprob, batch.input_ids.device),
-              "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device)}
+              "old_logprob": measure(old_logprob, batch.input_ids.device, args.repeats),
+              "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device,
+                                    args.repeats)}
     # Remove this team's adapters from the shared base before the next team is built.
     base_model = model.peft_model.unload()
     assert base_model is base
@@ -69,6 +70,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls per point after the warm-up (the median is reported)")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.tokens, args.prompt = 16, 64, 32
