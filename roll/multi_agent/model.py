@@ -268,6 +268,13 @@ class MultiAgentLoRAModel(nn.Module):
         if window is None:
             zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
             return zeros, zeros.clone()
+        logits = self._window_logits(input_ids, attention_mask, agent_id, window)
+        return sequence_logprobs(logits, input_ids, positions, window, temperature, with_entropy)
+
+    def _window_logits(self, input_ids: Tensor, attention_mask: Tensor,
+                       agent_id: Tensor | None, window: tuple[int, int]) -> Tensor:
+        """Logits (B, stop - first, V) of the positions predicting tokens first..stop-1,
+        each row through its agent's adapter (None: the reference)."""
         first, stop = window
         kwargs = {}
         if self._takes_logits_to_keep:
@@ -286,7 +293,35 @@ class MultiAgentLoRAModel(nn.Module):
                                          **kwargs).logits
         if not self._takes_logits_to_keep:
             logits = logits[:, first - 1 : stop - 1]
-        return sequence_logprobs(logits, input_ids, positions, window, temperature, with_entropy)
+        return logits
+
+    @torch.no_grad()
+    def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,
+                          agent_b: str, *, positions: Tensor, temperature: float = 1.0,
+                          micro_batch_size: int | None = None) -> float:
+        """Mean over the ``positions`` tokens of KL(p_a || p_b) in nats: how far agent_b's
+        next-token distribution (softmax of logits / temperature, full vocabulary) is from
+        agent_a's on the same rows."""
+        positions = positions.bool()
+        rows = input_ids.shape[0]
+        step = micro_batch_size or rows
+        total, count = 0.0, 0
+        for start in range(0, rows, step):
+            chunk = slice(start, start + step)
+            window = response_window(positions[chunk])
+            if window is None:
+                continue
+            first, stop = window
+            logp = [torch.log_softmax(self._window_logits(
+                        input_ids[chunk], attention_mask[chunk],
+                        torch.full((len(input_ids[chunk]),), self.agent_index(agent),
+                                   device=input_ids.device), window).float() / temperature, -1)
+                    for agent in (agent_a, agent_b)]
+            kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)  # (b, stop - first)
+            mask = positions[chunk, first:stop]
+            total += float((kl * mask).sum())
+            count += int(mask.sum())
+        return total / count if count else 0.0
 
     @torch.no_grad()
     def logprobs(

@@ -49,7 +49,7 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.env_setup import build_env_setup
-from roll.pipeline.evaluation import before_after, summarize_episodes
+from roll.pipeline.evaluation import before_after, policy_divergences, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
 from roll.pipeline.validation import run_seatings
 from roll.utils.checkpoint import (
@@ -380,8 +380,13 @@ class AgenticPipeline:
         )
         metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative,
                                      winners=not self.env_setup.is_task)
-        metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
-                        if key.startswith("task/")})
+        if self.env_setup.is_task:
+            metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
+                            if key.startswith("task/")})
+            batch = None if result.batch is None else result.batch.to(self.cfg.model.device)
+            metrics.update(policy_divergences(self.model, batch, self.agent_names,
+                                              self.policy_temperature,
+                                              micro_batch_size=self.cfg.trainer.forward_rows))
         for key, value in result.metrics.items():
             split = split_agent_key(key, self.agent_names)
             if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):

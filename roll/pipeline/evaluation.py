@@ -113,3 +113,24 @@ def before_after(
             f"[{after[key + '_low']:+.3f}, {after[key + '_high']:+.3f}]"
         )
     return "\n".join(lines)
+
+
+def policy_divergences(model, batch, agent_names: Sequence[str], temperature: float,
+                       max_rows: int = 16, micro_batch_size: int | None = None
+                       ) -> dict[str, float]:
+    """How far apart the agents' policies are: for each pair a < b (config order), the mean
+    KL(p_a || p_b) of their next-token distributions over the response tokens of the same
+    rows (the first ``max_rows`` rows of ``batch``, whoever answered them), as
+    ``eval/task/policy_kl/<a>-<b>``, and their mean as ``eval/task/policy_kl``."""
+    if batch is None or len(agent_names) < 2:
+        return {}
+    rows = slice(0, max_rows)
+    metrics = {}
+    for i, agent_a in enumerate(agent_names):
+        for agent_b in agent_names[i + 1:]:
+            metrics[f"eval/task/policy_kl/{agent_a}-{agent_b}"] = model.policy_divergence(
+                batch.input_ids[rows], batch.attention_mask[rows], agent_a, agent_b,
+                positions=batch.response_mask[rows], temperature=temperature,
+                micro_batch_size=micro_batch_size)
+    metrics["eval/task/policy_kl"] = sum(metrics.values()) / len(metrics)
+    return metrics

@@ -234,3 +234,33 @@ def test_reference_log_probs_at_temperature_equal_a_fresh_base(tiny_model_path):
     expected = torch.nn.functional.pad(logp.gather(-1, rows.input_ids[:, 1:, None])[..., 0],
                                        (1, 0)) * rows.response_mask
     torch.testing.assert_close(ref, expected, rtol=0, atol=1e-5)
+
+
+def test_policy_divergence_is_the_kl_of_each_agents_own_peft_forward(tiny_model_path):
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    rows = make_rows([0, 1, 0], seed=3)
+    mask = rows.response_mask.bool()
+    # LoRA B starts at zero: both agents are the base, KL 0 exactly.
+    assert team.policy_divergence(rows.input_ids, rows.attention_mask, "alice", "bob",
+                                  positions=mask) == 0.0
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _, tensor in team.named_agent_tensors("bob"):
+            tensor.add_(0.3 * torch.randn(tensor.shape, generator=gen))
+    temperature = 0.7
+    ours = team.policy_divergence(rows.input_ids, rows.attention_mask, "alice", "bob",
+                                  positions=mask, temperature=temperature, micro_batch_size=2)
+    # The same by hand: each agent's stock PEFT forward (set_adapter), full log_softmax, KL at
+    # every scored token (the logits of position t - 1 predict token t).
+    logp = {}
+    with torch.no_grad():
+        for name in ("alice", "bob"):
+            team.set_active_agent(name)
+            logits = team.peft_model(input_ids=rows.input_ids,
+                                     attention_mask=rows.attention_mask).logits
+            logp[name] = torch.log_softmax(logits.double() / temperature, -1)[:, :-1]
+    kl = (logp["alice"].exp() * (logp["alice"] - logp["bob"])).sum(-1)  # (B, T - 1)
+    scored = mask[:, 1:]
+    expected = float((kl * scored).sum() / scored.sum())
+    assert expected > 1e-4
+    assert ours == pytest.approx(expected, rel=1e-4)

@@ -56,7 +56,8 @@ def test_the_generator_learns_the_gold_answers_through_its_own_adapter(tmp_path)
         "rollout.num_groups=4", "rollout.group_size=4", "rollout.sampling.max_new_tokens=12",
         "team.optim.lr=1e-2", "team.lora.rank=8", "team.lora.alpha=16",
         "team.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
-        "trainer.micro_batch_size=64", "eval.eval_steps=0", "max_steps=50", "save_steps=0",
+        "trainer.micro_batch_size=64", "eval.eval_steps=50", "eval.num_episodes=2",
+        "max_steps=50", "save_steps=0",
         "tracking.backends=[jsonl]", f"output_dir={tmp_path}"])
     pipeline = AgenticPipeline(cfg)
     before = {agent: p_gold(pipeline, agent) for agent in pipeline.agent_names}
@@ -69,3 +70,5 @@ def test_the_generator_learns_the_gold_answers_through_its_own_adapter(tmp_path)
     # the critic's adapter learned verdicts, not the generator's answers
     assert after["agent_1"] < after["agent_0"] - 0.15, (before, after)
     assert metrics["agent_1/num_rows"] >= 16 and metrics["agent_0/num_rows"] == 16
+    # the agents' policies moved apart (mean next-token KL over the evaluation's rows)
+    assert metrics["eval/task/policy_kl/agent_0-agent_1"] > 1e-3

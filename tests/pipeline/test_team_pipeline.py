@@ -30,6 +30,12 @@ def test_team_examples_train_evaluate_and_checkpoint(tmp_path, example, capsys):
     task_keys = {"math_team": "task/accuracy_final", "writing_magrpo": "task/joint"}
     assert task_keys[example] in metrics and f"eval/{task_keys[example]}" in metrics
     assert not any(key.endswith("win_rate") for key in metrics)  # roles have no winners
+    # How far apart the agents' policies are. The writers' joint rewards differ within groups,
+    # so they learned and moved apart; the tiny model answers no math in free text (every turn
+    # a format error, zero advantages), so the math agents are still the base.
+    moved = example == "writing_magrpo"
+    assert (metrics["eval/task/policy_kl/agent_0-agent_1"] > 0) == moved
+    assert (metrics["eval/task/policy_kl"] > 0) == moved
     # two steps of 2 groups each: four training items dealt, saved with the checkpoint
     assert pipeline.items.position == 4
     state = load_trainer_state(latest_checkpoint(tmp_path))
