@@ -76,11 +76,12 @@ class EnvConfig:
     game: str = "tic_tac_toe"
     """OpenSpiel short name, e.g. hanabi, tic_tac_toe, kuhn_poker, connect_four, leduc_poker."""
     task: str = ""
-    """A team task instead of a game: 'math_team' or 'writing_team' (roll/agentic/tasks).
-    Empty: play ``game``."""
+    """A team task instead of a game: 'math_team', 'writing_team', 'debate' or
+    'majority_vote' (roll/agentic/tasks). Empty: play ``game``."""
     params: dict[str, Any] = field(default_factory=dict)
     """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens), or
-    the task's (e.g. math_team: max_rounds, closed_answers)."""
+    the task's (e.g. math_team: max_rounds, closed_answers; debate: debaters, rounds,
+    team_weight, own_weight)."""
     role_to_agent: dict[str, Any] = field(default_factory=dict)
     """Team tasks: role -> agent name, e.g. {generator: agent_0, critic: agent_1, refiner:
     agent_0} (roles mapped to one agent share its adapter). Empty: role i -> agent i, or every

@@ -72,30 +72,27 @@ def _game_setup(cfg: PipelineConfig) -> EnvSetup:
 
 def _task_setup(cfg: PipelineConfig) -> EnvSetup:
     from roll.agentic.tasks.datasets import load_items
-    from roll.agentic.tasks.registry import render_task, task_class, task_factory
+    from roll.agentic.tasks.registry import render_task, task_factory, task_spec
 
     env, data = cfg.env, cfg.env.data
     try:
-        cls = task_class(env.task)
+        spec = task_spec(env.task)
     except ValueError as error:
         raise ConfigError("env.task", env.task, str(error).split(": ", 1)[1]) from None
     if data.builtin_size < 1:
         raise ConfigError("env.data.builtin_size", data.builtin_size, "must be >= 1")
-    splits = {}
+    splits, factories = {}, {}
     for key, split in (("train_split", data.train_split), ("eval_split", data.eval_split)):
         try:
             splits[key] = load_items(data.source, split, dict(data.fields),
-                                     cls.required_fields, data.builtin_size)
+                                     spec.required_fields, data.builtin_size)
+            factories[key] = task_factory(env.task, dict(env.params), splits[key])
         except ValueError as error:
             raise _config_error(cfg, error, f"env.data.{key}") from None
-    factories = []
-    for key in ("train_split", "eval_split"):
-        try:
-            factories.append(task_factory(env.task, dict(env.params), splits[key]))
-        except ValueError as error:
-            raise _config_error(cfg, error, f"env.data.{key}") from None
-    return EnvSetup(env.task, len(cls.roles), cls.cooperative, factories[0], factories[1],
-                    render_task, tuple(cls.roles), cls.summarize,
+    prototype = factories["train_split"]()
+    return EnvSetup(env.task, prototype.num_seats, prototype.cooperative,
+                    factories["train_split"], factories["eval_split"], render_task,
+                    tuple(prototype.roles), prototype.summarize,
                     len(splits["train_split"]), len(splits["eval_split"]))
 
 

@@ -194,3 +194,55 @@ def test_transcript_renders_only_the_roles_asked_for():
     assert transcript.render("Go.") == "Q\n\n[a]\none\n\n[b]\ntwo\n\nGo."
     assert transcript.render("Go.", roles=["b"]) == "Q\n\n[b]\ntwo\n\nGo."
     assert transcript.last("a") == "one" and transcript.last("c") is None
+
+
+def test_debate_rounds_show_the_last_rounds_answers_and_the_majority_decides():
+    factory = task_factory("debate", {"debaters": 3, "rounds": 2, "team_weight": 2.0}, ITEMS)
+    asks, played, outcome = play(factory, [
+        "<answer>8</answer>", "<answer>7</answer>", "I am lost.",      # round 1
+        "<answer>7</answer>", "<answer>14/2</answer>", "<answer>8</answer>",  # round 2
+    ], seats=["d0", "d1", "d2"])
+    assert [a.seat for a in asks] == [0, 1, 2, 0, 1, 2]
+    # round 1: only the problem; round 2: last round's answers, own marked
+    assert asks[1].prompt.text.startswith("Problem: Ada has 3 apples")
+    assert "<answer>8</answer>" not in asks[1].prompt.text  # not the same round's answers
+    assert asks[5].prompt.text == (
+        "Problem: Ada has 3 apples and gets 4 more. How many?\n\n"
+        "[debater_0]\n<answer>8</answer>\n\n[debater_1]\n<answer>7</answer>\n\n"
+        "[debater_2 (you)]\nI am lost.\n\n"
+        "You are debater_2. Above are your answer and the other debaters' answers from the last "
+        "round. Weigh them, solve the problem again, then give only the final answer as "
+        "<answer>ANSWER</answer>.")
+    assert [p.format_error for p in played] == [None, None, "no_answer", None, None, None]
+    # 7 and 14/2 are one vote (math-verify): the team answers 7, correct (+2 each last turn)
+    assert outcome.turn_rewards == {0: [0.0, 3.0], 1: [1.0, 3.0], 2: [-0.5, 2.0]}
+    assert outcome.returns == [3.0, 4.0, 2.0]
+    assert outcome.metrics == pytest.approx({
+        "team_correct": 1.0, "first_round_accuracy": 1 / 3, "last_round_accuracy": 2 / 3,
+        "agreement": 2 / 3})
+
+
+def test_majority_vote_is_one_round_and_a_tie_goes_to_the_first_answer():
+    factory = task_factory("majority_vote", {"voters": 2}, ITEMS)
+    asks, _, outcome = play(factory, ["<answer>8</answer>", "<answer>7</answer>"],
+                            seats=["v0", "v1"])
+    assert [a.seat for a in asks] == [0, 1]
+    assert asks[0].prompt.text.endswith("You are voter_0. Solve the problem step by step, "
+                                        "then give only the final answer as "
+                                        "<answer>ANSWER</answer>.")
+    # tie 8 vs 7: the first answer (8, wrong) is the team's; voter_1 still earns its own 1
+    assert outcome.returns == [0.0, 1.0]
+    assert outcome.metrics["team_correct"] == 0.0
+    from roll.agentic.tasks.debate import Debate
+
+    summary = Debate.summarize([outcome.metrics, {"team_correct": 1.0,
+                                                  "first_round_accuracy": 1.0,
+                                                  "last_round_accuracy": 1.0,
+                                                  "agreement": 1.0}])
+    assert summary == pytest.approx({
+        "task/team_accuracy": 0.5, "task/accuracy_first_round": 0.75,
+        "task/accuracy_last_round": 0.75, "task/debate_gain": 0.0, "task/agreement": 0.75})
+    with pytest.raises(ValueError, match=r"env.params.voters=1: must be an integer >= 2"):
+        task_factory("majority_vote", {"voters": 1}, ITEMS)
+    with pytest.raises(ValueError, match=r"env.params.rounds: majority_vote takes no such"):
+        task_factory("majority_vote", {"rounds": 2}, ITEMS)

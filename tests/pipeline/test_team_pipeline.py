@@ -12,7 +12,8 @@ from roll.pipeline.cli import load_config, run_cli
 from roll.utils.checkpoint import latest_checkpoint, load_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo"}
+EXAMPLES = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo",
+            "debate": "multi_agent_debate", "majority_vote": "multi_agent_majority_vote"}
 SMALL = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
          "eval.num_episodes=2", "tracking.backends=[jsonl]", "team.optim.lr=1e-2"]
 
@@ -27,12 +28,13 @@ def test_team_examples_train_evaluate_and_checkpoint(tmp_path, example, capsys):
     pipeline = AgenticPipeline(config(example, tmp_path, "max_steps=2", "eval.eval_steps=2",
                                       "save_steps=1"))
     metrics = pipeline.run()
-    task_keys = {"math_team": "task/accuracy_final", "writing_magrpo": "task/joint"}
+    task_keys = {"math_team": "task/accuracy_final", "writing_magrpo": "task/joint",
+                 "debate": "task/team_accuracy", "majority_vote": "task/team_accuracy"}
     assert task_keys[example] in metrics and f"eval/{task_keys[example]}" in metrics
     assert not any(key.endswith("win_rate") for key in metrics)  # roles have no winners
     # How far apart the agents' policies are. The writers' joint rewards differ within groups,
     # so they learned and moved apart; the tiny model answers no math in free text (every turn
-    # a format error, zero advantages), so the math agents are still the base.
+    # a format error, zero advantages), so the math teams' agents are still the base.
     moved = example == "writing_magrpo"
     assert (metrics["eval/task/policy_kl/agent_0-agent_1"] > 0) == moved
     assert (metrics["eval/task/policy_kl"] > 0) == moved

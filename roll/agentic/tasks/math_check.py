@@ -62,10 +62,31 @@ def parseable(expression: str) -> bool:
     return bool(_parse(expression))
 
 
-def check_math_answer(text: str, gold: str) -> MathCheck:
-    """Whether ``text``'s final answer equals ``gold`` (module docstring)."""
+def check_gold_answers(items, where: str) -> None:
+    """Every item's ``answer`` parses (a dataset error naming the item otherwise)."""
+    for index, item in enumerate(items):
+        if not parseable(str(item["answer"])):
+            raise ValueError(f"{where}: item {index}: math-verify cannot parse the answer "
+                             f"{item['answer']!r}")
+
+
+def _verify(gold: list, answer: list) -> bool:
     from math_verify import verify
 
+    if _main_thread():
+        return bool(verify(gold, answer))
+    return bool(verify(gold, answer, timeout_seconds=None))
+
+
+def equivalent(first: str, second: str) -> bool:
+    """Whether two final answers are the same value by math-verify (False if either does not
+    parse), e.g. for counting votes."""
+    parsed_first, parsed_second = _parse(first), _parse(second)
+    return bool(parsed_first and parsed_second and _verify(parsed_first, parsed_second))
+
+
+def check_math_answer(text: str, gold: str) -> MathCheck:
+    """Whether ``text``'s final answer equals ``gold`` (module docstring)."""
     gold_parsed = _parse(gold)
     if not gold_parsed:
         raise ValueError(f"gold answer {gold!r}: math-verify cannot parse it")
@@ -75,6 +96,4 @@ def check_math_answer(text: str, gold: str) -> MathCheck:
     parsed = _parse(answer)
     if not parsed:
         return MathCheck(None, False)
-    if _main_thread():
-        return MathCheck(answer, bool(verify(gold_parsed, parsed)))
-    return MathCheck(answer, bool(verify(gold_parsed, parsed, timeout_seconds=None)))
+    return MathCheck(answer, _verify(gold_parsed, parsed))

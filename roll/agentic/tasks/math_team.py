@@ -34,7 +34,7 @@ from typing import Any
 
 from roll.agentic.env.base import StepResult
 from roll.agentic.tasks.base import Transcript, check_items, mean, ratio
-from roll.agentic.tasks.math_check import check_math_answer, parseable
+from roll.agentic.tasks.math_check import check_gold_answers, check_math_answer
 
 ROLES = ("generator", "critic", "refiner")
 GENERATOR, CRITIC, REFINER = range(3)
@@ -90,10 +90,7 @@ class MathTeam:
     @staticmethod
     def check_dataset(items: Sequence[dict[str, Any]]) -> None:
         """Every gold answer parses (a dataset error otherwise, found before any rollout)."""
-        for index, item in enumerate(items):
-            if not parseable(str(item["answer"])):
-                raise ValueError(f"math_team dataset: item {index}: math-verify cannot parse "
-                                 f"the answer {item['answer']!r}")
+        check_gold_answers(items, "math_team dataset")
 
     # ------------------------------------------------------------------ protocol
     def reset(self, seed: int, item: int | None = None) -> None:

@@ -4,39 +4,61 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from roll.agentic.env.renderers import RenderedPrompt
+from roll.agentic.tasks.debate import Debate, majority_vote
 from roll.agentic.tasks.math_team import MathTeam
 from roll.agentic.tasks.writing_team import WritingTeam
 
-TASKS: dict[str, type] = {"math_team": MathTeam, "writing_team": WritingTeam}
+
+@dataclass(frozen=True)
+class TaskSpec:
+    make: Callable[..., Any]
+    """(items, **params) -> a fresh episode env."""
+    required_fields: tuple[str, ...]
+    """Fields every dataset item must have."""
 
 
-def task_class(name: str) -> type:
+TASKS: dict[str, TaskSpec] = {
+    "math_team": TaskSpec(MathTeam, MathTeam.required_fields),
+    "writing_team": TaskSpec(WritingTeam, WritingTeam.required_fields),
+    "debate": TaskSpec(Debate, Debate.required_fields),
+    "majority_vote": TaskSpec(majority_vote, Debate.required_fields),
+}
+
+
+def task_spec(name: str) -> TaskSpec:
     if name not in TASKS:
         raise ValueError(f"env.task={name!r}: unknown task; expected one of {sorted(TASKS)}")
     return TASKS[name]
 
 
+def task_parameters(name: str) -> list[str]:
+    """The parameters (``env.params`` keys) task ``name`` takes."""
+    signature = inspect.signature(task_spec(name).make)
+    return [p.name for p in signature.parameters.values()
+            if p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "items")]
+
+
 def task_factory(name: str, params: dict[str, Any], items: Sequence[dict[str, Any]]
                  ) -> Callable[[], Any]:
-    """A factory of fresh episodes of task ``name`` on ``items``; checks ``params`` (each is a
-    keyword of the task's constructor) and the items once, here."""
-    cls = task_class(name)
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in
-                ("self", "items")]
+    """A factory of fresh episodes of task ``name`` on ``items``; checks ``params`` and the
+    items once, here (ValueError naming ``env.params.<key>`` or the item)."""
+    make = task_spec(name).make
+    accepted = task_parameters(name)
     for key in params:
         if key not in accepted:
             raise ValueError(f"env.params.{key}: {name} takes no such parameter; it takes "
                              f"{accepted}")
     params = dict(params)
-    cls(items, **params)  # raises on bad values, naming env.params.<key>
-    check = getattr(cls, "check_dataset", None)
+    prototype = make(items, **params)
+    check = getattr(prototype, "check_dataset", None)
     if check is not None:
         check(items)
     items = list(items)
-    return lambda: cls(items, **params)
+    return lambda: make(items, **params)
 
 
 def render_task(env: Any, seat: int) -> RenderedPrompt:
