@@ -155,7 +155,7 @@ def test_bad_task_parameters_and_datasets_are_named():
 def test_writing_joint_reward_by_hand_and_both_writers_get_it():
     a = "Bees pollinate city parks"          # 4 words
     b = "Place hives on roofs and count bees"  # 7 words, shares 'bees'
-    scores = joint_scores(a, b, target_words=4)
+    scores = joint_scores([a, b], target_words=4)
     assert scores["length"] == pytest.approx((1.0 + 1.0) / 2)
     assert scores["balance"] == pytest.approx(4 / 7)
     assert scores["diversity"] == pytest.approx(10 / 11)  # 10 distinct of 11 words
@@ -175,6 +175,27 @@ def test_writing_joint_reward_by_hand_and_both_writers_get_it():
     seen = task_factory("writing_team", {"see_partner": True}, [{"prompt": "P"}])
     asks, _, _ = play(seen, [a, b], seats=["w0", "w1"])
     assert f"[background]\n{a}" in asks[1].prompt.text
+
+
+def test_four_writers_share_one_joint_reward_over_four_parts():
+    parts = ["a b c d", "e f g h", "a e i j", "k l m n"]
+    # length: each part 4 words, target 8 -> 0.5; balance 1; diversity 14 distinct / 16;
+    # distinct: pairwise Jaccard, only (0,2) share 'a' (1/7) and (1,2) share 'e' (1/7):
+    # mean over 6 pairs = (2/7)/6 -> distinct = 1 - 1/21
+    scores = joint_scores(parts, target_words=8)
+    assert scores["length"] == pytest.approx(0.5)
+    assert scores["balance"] == pytest.approx(1.0)
+    assert scores["diversity"] == pytest.approx(14 / 16)
+    assert scores["distinct"] == pytest.approx(1 - 1 / 21)
+    factory = task_factory("writing_team", {"target_words": 8, "parts": [
+        "background", "method", "results", "discussion"]}, [{"prompt": "P"}])
+    asks, _, outcome = play(factory, parts, seats=["w0", "w1", "w2", "w3"])
+    assert outcome.returns == pytest.approx([scores["joint"]] * 4)
+    assert asks[2].prompt.text == ("P\n\nYou are the results writer. Write only the results "
+                                   "section for this topic; do not repeat what the other "
+                                   "sections say.")
+    with pytest.raises(ValueError, match=r"env.params.parts=\['a', 'a'\]: must name two"):
+        task_factory("writing_team", {"parts": ["a", "a"]}, [{"prompt": "P"}])
 
 
 def test_an_empty_writing_part_zeroes_the_joint_reward():

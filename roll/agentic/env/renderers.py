@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from roll.agentic.env.openspiel_env import OpenSpielEnv
+if TYPE_CHECKING:  # annotations only: team tasks use RenderedPrompt without OpenSpiel
+    from roll.agentic.env.openspiel_env import OpenSpielEnv
 
 THINK_AND_ANSWER = "Think inside <think>...</think> if you like, then reply with one legal move"
 ANSWER_NUMBERED = f"{THINK_AND_ANSWER} (its text or number) inside <answer>...</answer>."
@@ -37,7 +39,7 @@ class RenderedPrompt:
     """True if the moves are listed as "1. move"; pass it to ``parse_action``."""
 
 
-Renderer = Callable[[OpenSpielEnv, int], RenderedPrompt]
+Renderer = Callable[["OpenSpielEnv", int], RenderedPrompt]
 RENDERERS: dict[str, Renderer] = {}
 
 

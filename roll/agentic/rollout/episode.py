@@ -33,7 +33,6 @@ from roll.agentic.env.actions import (
     strip_thinking,
 )
 from roll.agentic.env.base import MultiAgentEnv
-from roll.agentic.env.opponents import build_opponent
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.agentic.env.seating import Seating
 
@@ -114,10 +113,13 @@ class Episode:
         # outcomes AND the same opponent randomness, so their returns differ only through what
         # the trained agents chose (a much less noisy group baseline).
         self.rng = np.random.default_rng([spec.rollout_seed, spec.group])
-        self.opponents = {
-            seat: build_opponent(seat_spec, seed=int(self.rng.integers(2**31)))
-            for seat, seat_spec in enumerate(spec.seating.seats) if not seat_spec.uses_llm
-        }
+        self.opponents = {}
+        for seat, seat_spec in enumerate(spec.seating.seats):
+            if not seat_spec.uses_llm:
+                from roll.agentic.env.opponents import build_opponent  # OpenSpiel: games only
+
+                self.opponents[seat] = build_opponent(seat_spec,
+                                                      seed=int(self.rng.integers(2**31)))
         self.turn_rewards: dict[int, list[float]] = {}
         self.carry: dict[int, float] = {}
         self.llm_turns = 0

@@ -1,19 +1,21 @@
-"""Writing team (MAGRPO, as CoMLRL's writing baseline): two writers, two parts, one joint reward.
+"""Writing team (MAGRPO, as CoMLRL's writing baseline): writers of complementary parts, one
+joint reward.
 
-Roles: ``background`` writes the background of the prompt's topic, then ``method`` writes the
-method. Each sees only the prompt and its own instruction (CoMLRL's writers answer the same
-prompt independently); ``see_partner=true`` shows the method writer the background part too.
+Roles: one writer per part of ``parts`` (default ``background`` then ``method``; e.g. four:
+background, method, results, discussion), each writing only its part of the prompt's topic, in
+that order. Each sees only the prompt and its own instruction (CoMLRL's writers answer the same
+prompt independently); ``see_partner=true`` shows each writer the parts written before its own.
 
-The joint reward, the same for both writers once both parts are written, is the mean of four
+The joint reward, the same for every writer once all parts are written, is the mean of four
 scores in [0, 1] over the parts' words (lower-cased runs of letters and digits):
-- ``length``: min(1, words / target_words) per part, averaged over the two parts (a part of
+- ``length``: min(1, words / target_words) per part, averaged over the parts (a part of
   ``target_words`` words or more scores 1);
-- ``balance``: min(words_a, words_b) / max(words_a, words_b);
-- ``diversity``: distinct words / words over both parts together;
-- ``distinct``: 1 - Jaccard overlap of the two parts' word sets (complementary parts, not one
-  text twice).
+- ``balance``: the shortest part's words / the longest part's;
+- ``diversity``: distinct words / words over all parts together;
+- ``distinct``: 1 - the mean Jaccard overlap of the parts' word sets over every pair of parts
+  (complementary parts, not one text several times).
 An empty part (nothing but whitespace) is the format error ``empty_answer`` and makes the joint
-reward 0. Both roles get the joint reward, so GRPO's group-relative advantage of each writer is
+reward 0. Every role gets the joint reward, so GRPO's group-relative advantage of each writer is
 exactly MAGRPO's (every agent of an episode gets the group-normalised joint reward).
 """
 
@@ -26,13 +28,15 @@ from typing import Any
 from roll.agentic.env.base import StepResult
 from roll.agentic.tasks.base import Transcript, check_items, mean
 
-ROLES = ("background", "method")
+PARTS = ("background", "method")
 INSTRUCTIONS = {
     "background": "You are the background writer. Write only the background of this topic: "
                   "why it matters and what is known. Do not describe a method.",
     "method": "You are the method writer. Write only the method: what to do and how, step by "
               "step. Do not repeat the background.",
 }
+OTHER_PART = ("You are the {part} writer. Write only the {part} section for this topic; do not "
+              "repeat what the other sections say.")
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -40,16 +44,20 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def joint_scores(part_a: str, part_b: str, target_words: int) -> dict[str, float]:
+def joint_scores(parts: Sequence[str], target_words: int) -> dict[str, float]:
     """The four scores and their mean ``joint`` (module docstring); all 0 if a part is empty."""
-    a, b = words(part_a), words(part_b)
-    if not a or not b:
+    split = [words(part) for part in parts]
+    if not all(split):
         return dict.fromkeys(("length", "balance", "diversity", "distinct", "joint"), 0.0)
+    sizes = [len(part) for part in split]
+    sets = [set(part) for part in split]
+    overlaps = [len(sets[i] & sets[j]) / len(sets[i] | sets[j])
+                for i in range(len(sets)) for j in range(i + 1, len(sets))]
     scores = {
-        "length": (min(1.0, len(a) / target_words) + min(1.0, len(b) / target_words)) / 2,
-        "balance": min(len(a), len(b)) / max(len(a), len(b)),
-        "diversity": len(set(a) | set(b)) / (len(a) + len(b)),
-        "distinct": 1.0 - len(set(a) & set(b)) / len(set(a) | set(b)),
+        "length": mean([min(1.0, size / target_words) for size in sizes]),
+        "balance": min(sizes) / max(sizes),
+        "diversity": len(set().union(*sets)) / sum(sizes),
+        "distinct": 1.0 - mean(overlaps),
     }
     scores["joint"] = sum(scores.values()) / 4
     return scores
@@ -59,20 +67,25 @@ class WritingTeam:
     """The writing team as an env of the game protocol (roll/agentic/tasks/base.py)."""
 
     name = "writing_team"
-    roles = ROLES
-    num_seats = len(ROLES)
     cooperative = True
     parses_answers = True
     required_fields = ("prompt",)
 
     def __init__(self, items: Sequence[dict[str, Any]], target_words: int = 60,
-                 see_partner: bool = False) -> None:
+                 see_partner: bool = False, parts: Sequence[str] = PARTS) -> None:
         if not isinstance(target_words, int) or isinstance(target_words, bool) \
                 or target_words < 1:
             raise ValueError(f"env.params.target_words={target_words!r}: must be an integer "
                              ">= 1")
         if not isinstance(see_partner, bool):
             raise ValueError(f"env.params.see_partner={see_partner!r}: must be true or false")
+        parts = tuple(parts) if not isinstance(parts, str) else (parts,)
+        if len(parts) < 2 or len(set(parts)) != len(parts) or not all(
+                isinstance(part, str) and part.strip() for part in parts):
+            raise ValueError(f"env.params.parts={list(parts)!r}: must name two or more "
+                             "distinct parts")
+        self.roles = parts
+        self.num_seats = len(parts)
         if not items:
             raise ValueError("writing_team: the dataset has no items")
         check_items(items, self.required_fields, "writing_team dataset")
@@ -95,8 +108,10 @@ class WritingTeam:
         return self.seat
 
     def observation(self, seat: int) -> str:
-        seen = ROLES[:1] if self.see_partner else ()
-        return self.transcript.render(INSTRUCTIONS[ROLES[seat]], roles=seen)
+        part = self.roles[seat]
+        seen = self.roles[:seat] if self.see_partner else ()
+        return self.transcript.render(INSTRUCTIONS.get(part, OTHER_PART.format(part=part)),
+                                      roles=seen)
 
     def legal_actions(self, seat: int) -> list[str]:
         return []
@@ -105,25 +120,24 @@ class WritingTeam:
         seat = self.seat
         if seat is None:
             raise ValueError("writing_team: the episode is over")
-        self.transcript.add(ROLES[seat], action)
+        self.transcript.add(self.roles[seat], action)
         format_error = None if action.strip() else "empty_answer"
-        if seat == 0:
-            self.seat = 1
-            return StepResult([0.0, 0.0], False, format_error=format_error)
+        if seat < self.num_seats - 1:
+            self.seat = seat + 1
+            return StepResult([0.0] * self.num_seats, False, format_error=format_error)
         self.seat = None
-        self.scores = joint_scores(self.transcript.last(ROLES[0]) or "",
-                                   self.transcript.last(ROLES[1]) or "", self.target_words)
-        joint = self.scores["joint"]
-        return StepResult([joint, joint], True, format_error=format_error)
+        self.scores = joint_scores([self.transcript.last(part) or "" for part in self.roles],
+                                   self.target_words)
+        return StepResult([self.scores["joint"]] * self.num_seats, True,
+                          format_error=format_error)
 
     def forfeit(self, seat: int) -> StepResult:
         """Ends the episode with joint reward 0 (the rollout never forfeits a task)."""
         self.seat = None
-        return StepResult([0.0, 0.0], True)
+        return StepResult([0.0] * self.num_seats, True)
 
     def returns(self) -> list[float]:
-        joint = self.scores.get("joint", 0.0)
-        return [joint, joint]
+        return [self.scores.get("joint", 0.0)] * self.num_seats
 
     def metrics(self) -> dict[str, float]:
         return dict(self.scores)
