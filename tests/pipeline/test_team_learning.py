@@ -1,4 +1,4 @@
-"""The math team learns on the tiny offline model, each role through its own agent.
+"""Team tasks learn on the tiny offline model, each role through its own agent.
 
 Closed answers (each problem lists three choices, constrained decoding) make the task learnable
 by a random-weight model: the generator (agent_0) is paid for the gold choice, the critic
@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def p_gold(pipeline: AgenticPipeline, agent: str) -> float:
+def p_gold(pipeline: AgenticPipeline, agent: str, seat: int = 0) -> float:
     """Mean over the training items of the probability, among the item's choices, that
-    ``agent`` answers the gold choice on the generator's first prompt."""
+    ``agent`` answers the gold choice on the first prompt of ``seat``."""
     env = pipeline.env_setup.train_factory()
     tokenizer = pipeline.tokenizer
     index = pipeline.agent_names.index(agent)
@@ -33,8 +33,8 @@ def p_gold(pipeline: AgenticPipeline, agent: str) -> float:
     for item in range(pipeline.env_setup.train_items):
         env.reset(0, item=item)
         prompt = apply_chat_template(tokenizer, [{"role": "user", "content":
-                                                  env.observation(0)}])
-        choices = env.legal_actions(0)
+                                                  env.observation(seat)}])
+        choices = env.legal_actions(seat)
         rows = [prompt + tokenizer.encode(f"<answer>{choice}</answer>",
                                           add_special_tokens=False) for choice in choices]
         width = max(map(len, rows))
@@ -72,3 +72,24 @@ def test_the_generator_learns_the_gold_answers_through_its_own_adapter(tmp_path)
     assert metrics["agent_1/num_rows"] >= 16 and metrics["agent_0/num_rows"] == 16
     # the agents' policies moved apart (mean next-token KL over the evaluation's rows)
     assert metrics["eval/task/policy_kl/agent_0-agent_1"] > 1e-3
+
+
+def test_each_voter_learns_from_its_own_correctness_only(tmp_path):
+    """Two voters, paid only for their own answer (team_weight 0): each adapter learns the
+    gold answers from its own rows. Swap the two voters' rewards and neither learns (each
+    would be paid for the other's independent sample)."""
+    cfg = load_config(str(ROOT / "examples" / "majority_vote"), "multi_agent_majority_vote", [
+        "team.num_agents=2", "env.params.voters=2", "env.params.team_weight=0.0",
+        "env.params.closed_answers=true", "env.role_to_agent={}",
+        "rollout.constrained_decoding=true", "env.data.builtin_size=2",
+        "rollout.num_groups=4", "rollout.group_size=4", "rollout.sampling.max_new_tokens=12",
+        "team.optim.lr=1e-2", "team.lora.rank=8", "team.lora.alpha=16",
+        "team.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        "trainer.micro_batch_size=64", "eval.eval_steps=0", "max_steps=40", "save_steps=0",
+        "tracking.backends=[jsonl]", f"output_dir={tmp_path}"])
+    pipeline = AgenticPipeline(cfg)
+    before = [p_gold(pipeline, f"agent_{seat}", seat) for seat in (0, 1)]
+    pipeline.run()
+    after = [p_gold(pipeline, f"agent_{seat}", seat) for seat in (0, 1)]
+    for seat in (0, 1):
+        assert after[seat] > before[seat] + 0.2, (before, after)
