@@ -27,7 +27,10 @@ FLAG_KEYS = {
 
 
 FREE_FORM = ("env.params", "env.role_to_agent", "env.data.fields")
-"""Config mappings with user-chosen keys (an override may add a key or replace the mapping)."""
+"""Config mappings with user-chosen keys: an override may add a key."""
+REPLACED = ("env.role_to_agent", "env.data.fields")
+"""Mappings that an override given whole replaces (a role map is meant as a whole); others
+merge into the YAML's (``env.params={players: 3}`` keeps the other game parameters)."""
 
 
 class CLIError(Exception):
@@ -86,11 +89,10 @@ def load_config(
                 raise CLIError(f"config error: override {override.input_line!r}: only plain "
                                "key=value overrides of schema keys are supported")
             # Mappings whose keys the user chooses (game/task parameters, roles, dataset
-            # fields) take new keys, and a whole mapping given at once replaces the YAML's;
-            # every other key is schema.
-            whole = key in FREE_FORM
-            mapping = whole or key.startswith(tuple(f"{prefix}." for prefix in FREE_FORM))
-            OmegaConf.update(merged, key, override.value(), merge=not whole,
+            # fields) take new keys; every other key is schema.
+            mapping = key in FREE_FORM or key.startswith(
+                tuple(f"{prefix}." for prefix in FREE_FORM))
+            OmegaConf.update(merged, key, override.value(), merge=key not in REPLACED,
                              force_add=mapping)
         _check_advantage_fields(OmegaConf.to_container(merged.advantage, resolve=True))
         cfg = OmegaConf.to_object(merged)
