@@ -74,12 +74,16 @@ def test_the_generator_learns_the_gold_answers_through_its_own_adapter(tmp_path)
     assert metrics["eval/task/policy_kl/agent_0-agent_1"] > 1e-3
 
 
-def test_each_voter_learns_from_its_own_correctness_only(tmp_path):
-    """Two voters, paid only for their own answer (team_weight 0): each adapter learns the
-    gold answers from its own rows. Swap the two voters' rewards and neither learns (each
-    would be paid for the other's independent sample)."""
-    cfg = load_config(str(ROOT / "examples" / "majority_vote"), "multi_agent_majority_vote", [
-        "team.num_agents=2", "env.params.voters=2", "env.params.team_weight=0.0",
+@pytest.mark.parametrize(("example", "params"), [
+    ("majority_vote", ["env.params.voters=2"]),
+    ("debate", ["env.params.debaters=2", "env.params.rounds=2"]),
+])
+def test_each_answerer_learns_from_its_own_correctness_only(tmp_path, example, params):
+    """Two voters (or two debaters over two rounds), paid only for their own answers
+    (team_weight 0): each adapter learns the gold answers from its own rows. Swap the two
+    seats' rewards and neither learns (each would be paid for the other's sample)."""
+    cfg = load_config(str(ROOT / "examples" / example), f"multi_agent_{example}", [
+        "team.num_agents=2", *params, "env.params.team_weight=0.0",
         "env.params.closed_answers=true", "env.role_to_agent={}",
         "rollout.constrained_decoding=true", "env.data.builtin_size=2",
         "rollout.num_groups=4", "rollout.group_size=4", "rollout.sampling.max_new_tokens=12",
