@@ -267,3 +267,22 @@ def test_majority_vote_is_one_round_and_a_tie_goes_to_the_first_answer():
         task_factory("majority_vote", {"voters": 1}, ITEMS)
     with pytest.raises(ValueError, match=r"env.params.rounds: majority_vote takes no such"):
         task_factory("majority_vote", {"rounds": 2}, ITEMS)
+
+
+def test_lenient_answers_read_the_last_number_and_a_bare_verdict_word():
+    from roll.agentic.tasks.math_check import final_answer
+
+    assert final_answer("So 3 + 4 = 7.") is None
+    assert final_answer("So 3 + 4 = 7.", lenient=True) == "7"
+    assert final_answer("a total of 1,250 coins, or -2.5 each", lenient=True) == "-2.5"
+    assert final_answer("ratio 7/2 then <answer>8</answer> and 9", lenient=True) == "8"
+    assert parse_verdict("This is incorrect, the sum is 7.", lenient=True) == "incorrect"
+    assert parse_verdict("This is incorrect, the sum is 7.") is None
+    _, played, outcome = play(math_factory(max_rounds=1, lenient_answers=True), [
+        "Ada has 3 and gets 4, so she has 8 apples.", "That is incorrect.",
+        "3 plus 4 makes 7 apples.", "Correct now."])
+    assert [p.format_error for p in played] == [None, None, None, None]
+    assert outcome.returns == [0.0, 2.0, 1.0]
+    voters = task_factory("majority_vote", {"voters": 2, "lenient_answers": True}, ITEMS)
+    _, _, outcome = play(voters, ["It is 7.", "I get 7 too"], seats=["v0", "v1"])
+    assert outcome.returns == [2.0, 2.0]

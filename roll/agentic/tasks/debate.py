@@ -16,8 +16,8 @@ is the format error ``no_answer``. Metrics: team accuracy, the debaters' mean ac
 first and the last round (and the gain between them), and how often a last-round answer agrees
 with the team answer.
 
-``closed_answers=true``: the answers are the item's ``choices`` (constrained decoding), as in
-math_team.
+``closed_answers=true``: the answers are the item's ``choices`` (constrained decoding), and
+``lenient_answers=true``: an answer may also be the last number of the text, as in math_team.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class Debate:
 
     def __init__(self, items: Sequence[dict[str, Any]], debaters: int = 3, rounds: int = 2,
                  team_weight: float = 1.0, own_weight: float = 1.0,
-                 closed_answers: bool = False, *, name: str = "debate",
+                 closed_answers: bool = False, lenient_answers: bool = False, *,
+                 name: str = "debate",
                  role: str = "debater") -> None:
         for key, value, low in (("debaters", debaters, 2), ("rounds", rounds, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -76,9 +77,10 @@ class Debate:
         for key, value in (("team_weight", team_weight), ("own_weight", own_weight)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"env.params.{key}={value!r}: must be a number >= 0")
-        if not isinstance(closed_answers, bool):
-            raise ValueError(f"env.params.closed_answers={closed_answers!r}: must be true or "
-                             "false")
+        for key, value in (("closed_answers", closed_answers),
+                           ("lenient_answers", lenient_answers)):
+            if not isinstance(value, bool):
+                raise ValueError(f"env.params.{key}={value!r}: must be true or false")
         if not items:
             raise ValueError(f"{name}: the dataset has no items")
         check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
@@ -91,6 +93,7 @@ class Debate:
         self.team_weight = float(team_weight)
         self.own_weight = float(own_weight)
         self.closed_answers = closed_answers
+        self.lenient = lenient_answers
         self.reset(0)
 
     @staticmethod
@@ -132,7 +135,7 @@ class Debate:
         seat = self.seat
         if seat is None:
             raise ValueError(f"{self.name}: the episode is over")
-        check = check_math_answer(action, str(self.item["answer"]))
+        check = check_math_answer(action, str(self.item["answer"]), self.lenient)
         self.texts[self.round].append(action.strip())
         self.answers[self.round].append(check.answer)
         self.correct[self.round].append(check.correct)
@@ -189,10 +192,11 @@ class Debate:
 
 
 def majority_vote(items: Sequence[dict[str, Any]], voters: int = 3, team_weight: float = 1.0,
-                  own_weight: float = 1.0, closed_answers: bool = False) -> Debate:
+                  own_weight: float = 1.0, closed_answers: bool = False,
+                  lenient_answers: bool = False) -> Debate:
     """Independent voters, the team answer by majority: a debate of one round."""
     if not isinstance(voters, int) or isinstance(voters, bool) or voters < 2:
         raise ValueError(f"env.params.voters={voters!r}: must be an integer >= 2")
     return Debate(items, debaters=voters, rounds=1, team_weight=team_weight,
                   own_weight=own_weight, closed_answers=closed_answers,
-                  name="majority_vote", role="voter")
+                  lenient_answers=lenient_answers, name="majority_vote", role="voter")

@@ -1,11 +1,13 @@
 """Checking a model's math answer against a gold answer with ``math-verify``.
 
 The final answer is the last ``<answer>…</answer>`` in the text, else the last ``\\boxed{…}``;
-both sides are parsed by math-verify (LaTeX or plain expressions, to sympy) and compared
-symbolically (``1/2`` equals ``0.5`` and ``\\frac{1}{2}``). Nothing is ever ``eval``'d. A text
-with no final answer, or one math-verify cannot parse, is not a crash: it comes back as
-``MathCheck(answer=None, correct=False)``, for the task to penalise as a format error. A gold
-answer that cannot be parsed is a dataset error (ValueError naming it).
+with ``lenient=True`` (small models that do not tag their answers) else the last number in the
+text (``-3``, ``2.5``, ``7/2``, thousands commas dropped). Both sides are parsed by math-verify
+(LaTeX or plain expressions, to sympy) and compared symbolically (``1/2`` equals ``0.5`` and
+``\\frac{1}{2}``). Nothing is ever ``eval``'d. A text with no final answer, or one math-verify
+cannot parse, is not a crash: it comes back as ``MathCheck(answer=None, correct=False)``, for
+the task to penalise as a format error. A gold answer that cannot be parsed is a dataset error
+(ValueError naming it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 _BOXED = "\\boxed{"
 
 
@@ -28,15 +31,16 @@ class MathCheck:
     """It equals the gold answer (False when ``answer`` is None)."""
 
 
-def final_answer(text: str) -> str | None:
+def final_answer(text: str, lenient: bool = False) -> str | None:
     """The last ``<answer>…</answer>``, else the last ``\\boxed{…}`` (braces balanced), else
-    None; stripped."""
+    (``lenient``) the last number, else None; stripped."""
     tagged = _ANSWER.findall(text)
     if tagged:
         return tagged[-1].strip()
     start = text.rfind(_BOXED)
     if start < 0:
-        return None
+        numbers = _NUMBER.findall(text) if lenient else []
+        return numbers[-1].replace(",", "") if numbers else None
     depth, begin = 1, start + len(_BOXED)
     for index in range(begin, len(text)):
         depth += {"{": 1, "}": -1}.get(text[index], 0)
@@ -85,12 +89,12 @@ def equivalent(first: str, second: str) -> bool:
     return bool(parsed_first and parsed_second and _verify(parsed_first, parsed_second))
 
 
-def check_math_answer(text: str, gold: str) -> MathCheck:
+def check_math_answer(text: str, gold: str, lenient: bool = False) -> MathCheck:
     """Whether ``text``'s final answer equals ``gold`` (module docstring)."""
     gold_parsed = _parse(gold)
     if not gold_parsed:
         raise ValueError(f"gold answer {gold!r}: math-verify cannot parse it")
-    answer = final_answer(text)
+    answer = final_answer(text, lenient)
     if not answer:
         return MathCheck(None, False)
     parsed = _parse(answer)

@@ -21,6 +21,9 @@ Metrics (``summarize``): accuracy of the initial and of the final answer, the re
 (positive = verdict Incorrect; precision = wrong among flagged, recall = flagged among wrong),
 and the refinements per episode.
 
+``lenient_answers=true`` is for small models that do not tag their answers: a solution's final
+answer may also be its last number, and a verdict the last word "correct" or "incorrect".
+
 ``closed_answers=true`` turns answers into choices for constrained decoding: the critic's legal
 answers are Correct/Incorrect and the generator's and refiner's the item's ``choices`` (a list
 of strings every item must then have) — how the tiny offline model can learn this task on CPU.
@@ -50,11 +53,13 @@ INSTRUCTIONS = {
 VERDICTS = ("Correct", "Incorrect")
 _VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.DOTALL | re.IGNORECASE)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_VERDICT_WORD = re.compile(r"\b(incorrect|correct)\b", re.IGNORECASE)
 
 
-def parse_verdict(text: str) -> str | None:
+def parse_verdict(text: str, lenient: bool = False) -> str | None:
     """'correct', 'incorrect' or None (module docstring)."""
-    found = _VERDICT.findall(text) or _ANSWER.findall(text)
+    found = (_VERDICT.findall(text) or _ANSWER.findall(text)
+             or (_VERDICT_WORD.findall(text) if lenient else []))
     if not found:
         return None
     word = found[-1].strip().strip(".*`'\" ").lower()
@@ -72,12 +77,13 @@ class MathTeam:
     required_fields = ("question", "answer")
 
     def __init__(self, items: Sequence[dict[str, Any]], max_rounds: int = 2,
-                 closed_answers: bool = False) -> None:
+                 closed_answers: bool = False, lenient_answers: bool = False) -> None:
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 0:
             raise ValueError(f"env.params.max_rounds={max_rounds!r}: must be an integer >= 0")
-        if not isinstance(closed_answers, bool):
-            raise ValueError(f"env.params.closed_answers={closed_answers!r}: must be true or "
-                             "false")
+        for key, value in (("closed_answers", closed_answers),
+                           ("lenient_answers", lenient_answers)):
+            if not isinstance(value, bool):
+                raise ValueError(f"env.params.{key}={value!r}: must be true or false")
         if not items:
             raise ValueError("math_team: the dataset has no items")
         check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
@@ -85,6 +91,7 @@ class MathTeam:
         self.items = list(items)
         self.max_rounds = max_rounds
         self.closed_answers = closed_answers
+        self.lenient = lenient_answers
         self.reset(0)
 
     @staticmethod
@@ -125,7 +132,7 @@ class MathTeam:
         self.transcript.add(ROLES[seat], action)
         format_error = None
         if seat == CRITIC:
-            verdict = parse_verdict(action)
+            verdict = parse_verdict(action, self.lenient)
             solution_correct = self.solutions[-1]
             self.judged.append((verdict, solution_correct))
             reward = float(verdict is not None and (verdict == "correct") == solution_correct)
@@ -133,7 +140,7 @@ class MathTeam:
             refinements = len(self.solutions) - 1
             self.seat = None if verdict == "correct" or refinements >= self.max_rounds else REFINER
         else:
-            check = check_math_answer(action, str(self.item["answer"]))
+            check = check_math_answer(action, str(self.item["answer"]), self.lenient)
             self.solutions.append(check.correct)
             reward = float(check.correct)
             format_error = None if check.answer is not None else "no_answer"
