@@ -12,6 +12,7 @@ from roll.algorithms.advantages import (
     gae,
     get_advantage_estimator,
     grpo,
+    magrpo,
     register_advantage,
     reinforce,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "gae",
     "get_advantage_estimator",
     "grpo",
+    "magrpo",
     "kl_loss",
     "kl_penalized_rewards",
     "kl_per_token",

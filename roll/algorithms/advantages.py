@@ -35,7 +35,8 @@ class AdvantageConfig:
     """How rewards become advantages. Checked on construction; errors name the field."""
 
     estimator: str = "grpo"
-    """Registered estimator name: "reinforce", "grpo", "gae", or one you registered first."""
+    """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", or one you registered
+    first."""
     gamma: float = 1.0
     """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
     lam: float = 1.0
@@ -173,6 +174,42 @@ def reinforce(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Ten
     return returns, returns.clone()
 
 
+def _trajectory_returns(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int]:
+    """Trajectory index (B,), each trajectory's undiscounted return (N,), N."""
+    traj, _, n_traj = _trajectories(batch)
+    episode_return = torch.zeros(n_traj, dtype=batch.rewards.dtype, device=batch.rewards.device)
+    episode_return.index_add_(0, traj, batch.rewards)  # (N,)
+    return traj, episode_return, n_traj
+
+
+def _group_relative(values: Tensor, group: Tensor, cfg: AdvantageConfig) -> Tensor:
+    """(values - group mean) / (group std + eps) for values (N,) in groups (N,) numbered
+    0..G-1 (population std; ``grpo_scale_by_std=False``: centring only); exactly 0 in a group
+    of one or whose values are all equal."""
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    size = torch.bincount(group, minlength=n_groups).to(values.dtype)  # (G,)
+    total = torch.zeros_like(size).index_add_(0, group, values)
+    centred = values - (total / size)[group]  # (N,)
+    low = size.new_full((n_groups,), float("inf")).scatter_reduce(0, group, values, "amin")
+    high = size.new_full((n_groups,), -float("inf")).scatter_reduce(0, group, values, "amax")
+    # Exactly 0 for constant groups: float rounding of the mean must not become a signal.
+    centred = torch.where((low == high)[group], torch.zeros_like(centred), centred)
+    if cfg.grpo_scale_by_std:
+        var = torch.zeros_like(size).index_add_(0, group, centred.square()) / size
+        centred = centred / (var.sqrt()[group] + cfg.eps)
+    return centred
+
+
+def _per_unit(unit: Tensor, row_key: Tensor, n_units: int, name: str) -> Tensor:
+    """The value of ``row_key`` (B,) for each unit (N,) of rows ``unit`` (B,); a unit whose
+    rows disagree is a ValueError naming ``name``."""
+    per_unit = torch.zeros(n_units, dtype=torch.long, device=unit.device)
+    per_unit[unit] = row_key
+    if (per_unit[unit] != row_key).any():
+        raise ValueError(f"rows of one {name} carry different group_id values")
+    return per_unit
+
+
 @register_advantage("grpo")
 def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), per seat.
@@ -185,28 +222,39 @@ def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     Returns (B, T) are R on the response tokens.
     """
     batch.require("rewards", "group_id")
-    traj, _, n_traj = _trajectories(batch)
-    episode_return = torch.zeros(n_traj, dtype=batch.rewards.dtype, device=batch.rewards.device)
-    episode_return.index_add_(0, traj, batch.rewards)  # (N,)
-    group_of_traj = torch.zeros(n_traj, dtype=torch.long, device=traj.device)
-    group_of_traj[traj] = group_index(batch.group_id, batch.seat)
-    if (group_of_traj[traj] != group_index(batch.group_id, batch.seat)).any():
-        raise ValueError("rows of one trajectory (env_id, seat) carry different group_id values")
-    n_groups = int(group_of_traj.max()) + 1 if n_traj else 0
-    size = torch.bincount(group_of_traj, minlength=n_groups).to(episode_return.dtype)  # (G,)
-    total = torch.zeros_like(size).index_add_(0, group_of_traj, episode_return)
-    centred = episode_return - (total / size)[group_of_traj]  # (N,)
-    low = size.new_full((n_groups,), float("inf"))
-    low = low.scatter_reduce(0, group_of_traj, episode_return, "amin")
-    high = size.new_full((n_groups,), -float("inf"))
-    high = high.scatter_reduce(0, group_of_traj, episode_return, "amax")
-    # Exactly 0 for constant groups: float rounding of the mean must not become a signal.
-    centred = torch.where((low == high)[group_of_traj], torch.zeros_like(centred), centred)
-    if cfg.grpo_scale_by_std:
-        var = torch.zeros_like(size).index_add_(0, group_of_traj, centred.square()) / size
-        centred = centred / (var.sqrt()[group_of_traj] + cfg.eps)
+    traj, episode_return, n_traj = _trajectory_returns(batch)
+    group = _per_unit(traj, group_index(batch.group_id, batch.seat), n_traj,
+                      "trajectory (env_id, seat)")
+    centred = _group_relative(episode_return, group, cfg)
     advantages = _on_response(centred[traj], batch.response_mask)
     returns = _on_response(episode_return[traj], batch.response_mask)
+    return advantages, returns
+
+
+@register_advantage("magrpo")
+def magrpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """MAGRPO (Liu et al. 2025, "LLM Collaboration With Multi-Agent Reinforcement Learning"):
+    every agent of an episode gets the group-relative advantage of the team's joint return.
+
+    The joint return J of an episode is the MEAN of its trajectories' undiscounted returns
+    (every trained seat's turn rewards summed, then averaged over the seats in the batch, so a
+    task that already pays every seat one joint reward has J = that reward). J is normalised
+    among the episodes sharing ``group_id`` exactly as GRPO normalises returns, and every
+    response token of every row of the episode gets that one advantage. Differs from ``grpo``
+    only where seats' returns differ (e.g. the math team's roles): there each agent is pushed
+    by the team's outcome, not its own. Returns (B, T) are J on the response tokens.
+    """
+    batch.require("rewards", "group_id")
+    traj, trajectory_return, n_traj = _trajectory_returns(batch)
+    episode = group_index(batch.env_id)  # (B,)
+    n_episodes = int(episode.max()) + 1 if len(batch) else 0
+    episode_of_traj = _per_unit(traj, episode, n_traj, "trajectory")
+    seats = torch.bincount(episode_of_traj, minlength=n_episodes).to(trajectory_return.dtype)
+    joint = torch.zeros_like(seats).index_add_(0, episode_of_traj, trajectory_return) / seats
+    group = _per_unit(episode, group_index(batch.group_id), n_episodes, "episode (env_id)")
+    centred = _group_relative(joint, group, cfg)  # (E,)
+    advantages = _on_response(centred[episode], batch.response_mask)
+    returns = _on_response(joint[episode], batch.response_mask)
     return advantages, returns
 
 

@@ -157,15 +157,17 @@ def _check_advantage(cfg: PipelineConfig) -> None:
                           "GAE needs value estimates, and no critic exists yet to fill "
                           "`values`; use 'grpo' or 'reinforce'")
     sampling = cfg.rollout.sampling
-    if estimator == "grpo" and cfg.rollout.group_size < 2:
+    group_relative = estimator in ("grpo", "magrpo")
+    if group_relative and cfg.rollout.group_size < 2:
         raise ConfigError("rollout.group_size", cfg.rollout.group_size,
-                          "GRPO compares the episodes of a group, so a group of 1 gives every "
-                          "turn advantage 0 and nothing trains; use >= 2 (or "
+                          f"{estimator.upper()} compares the episodes of a group, so a group of "
+                          "1 gives every turn advantage 0 and nothing trains; use >= 2 (or "
                           "advantage.estimator=reinforce)")
-    if estimator == "grpo" and sampling.temperature == 0:
+    if group_relative and sampling.temperature == 0:
         raise ConfigError("rollout.sampling.temperature", sampling.temperature,
-                          "greedy rollouts make the episodes of a GRPO group identical (same "
-                          "seed, same opponents), so every advantage is 0; sample (> 0)")
+                          f"greedy rollouts make the episodes of a {estimator.upper()} group "
+                          "identical (same seed, same opponents), so every advantage is 0; "
+                          "sample (> 0)")
 
 
 def advantage_error(error: ValueError, fields: dict[str, Any]) -> ConfigError:

@@ -13,6 +13,7 @@ from roll.algorithms import (
     gae,
     get_advantage_estimator,
     grpo,
+    magrpo,
     normalization_keys,
     normalize_advantages,
     register_advantage,
@@ -194,6 +195,54 @@ def test_grpo_refuses_trajectory_spanning_two_groups():
         grpo(make_batch(rows, length=2), AdvantageConfig())
 
 
+# --- MAGRPO -------------------------------------------------------------------------------------
+
+
+def test_magrpo_gives_every_seat_the_group_relative_joint_return():
+    # Group 7: episode 10, seats' returns (1, 4) -> joint J = mean = 2.5; episode 11 (0, 2)
+    # -> J = 1. Mean 1.75: centred +0.75 / -0.75, population std 0.75.
+    # Group 8: episode 12, seat 0 two turns 0.5 + 1.5 = 2 and seat 1 0 -> J = 1; episode 13
+    # only seat 0 in the batch, 3 -> J = 3. Mean 2: centred -1 / +1, std 1.
+    # Every row of an episode gets its episode's advantage (GRPO would give seat 0 and seat 1
+    # of episode 10 different ones: +0.5 and +1 centred).
+    rows = [
+        dict(prompt=1, response=1, reward=1.0, env=10, seat=0, group=7),
+        dict(prompt=1, response=2, reward=4.0, env=10, seat=1, group=7),
+        dict(prompt=1, response=1, reward=0.0, env=11, seat=0, group=7),
+        dict(prompt=1, response=1, reward=2.0, env=11, seat=1, group=7),
+        dict(prompt=1, response=1, reward=0.5, env=12, seat=0, group=8, turn=0),
+        dict(prompt=1, response=1, reward=1.5, env=12, seat=0, group=8, turn=1),
+        dict(prompt=1, response=1, reward=0.0, env=12, seat=1, group=8),
+        dict(prompt=1, response=1, reward=3.0, env=13, seat=0, group=8),
+    ]
+    batch = make_batch(rows, length=3)
+    centred, _ = magrpo(batch, AdvantageConfig(grpo_scale_by_std=False))
+    assert_rows(response_values(centred, batch),
+                [[0.75], [0.75, 0.75], [-0.75], [-0.75], [-1.0], [-1.0], [-1.0], [1.0]])
+    whitened, returns = magrpo(batch, AdvantageConfig())
+    a, b = 0.75 / (0.75 + 1e-6), 1.0 / (1.0 + 1e-6)
+    assert_rows(response_values(whitened, batch),
+                [[a], [a, a], [-a], [-a], [-b], [-b], [-b], [b]])
+    assert_rows(response_values(returns, batch),
+                [[2.5], [2.5, 2.5], [1.0], [1.0], [1.0], [1.0], [1.0], [3.0]])
+    assert_zero_off_response(whitened, batch)
+    assert get_advantage_estimator("magrpo") is magrpo
+
+
+def test_magrpo_equals_grpo_when_every_seat_gets_the_joint_reward():
+    rows = [dict(prompt=1, response=1, reward=r, env=env, seat=seat, group=0)
+            for env, r in ((0, 0.2), (1, 0.9), (2, 0.4)) for seat in (0, 1)]
+    batch = make_batch(rows, length=2)
+    assert torch.equal(magrpo(batch, AdvantageConfig())[0], grpo(batch, AdvantageConfig())[0])
+
+
+def test_magrpo_refuses_an_episode_spanning_two_groups():
+    rows = [dict(prompt=1, response=1, env=4, seat=0, group=0),
+            dict(prompt=1, response=1, env=4, seat=1, group=1)]
+    with pytest.raises(ValueError, match=r"episode \(env_id\) carry different group_id"):
+        magrpo(make_batch(rows, length=2), AdvantageConfig())
+
+
 # --- GAE ----------------------------------------------------------------------------------------
 
 GAE_PAD = 100.0  # values at prompt positions: garbage that must not be read
@@ -343,7 +392,7 @@ def test_config_errors_name_field_and_value(field, value):
 
 
 def test_unknown_estimator_lists_known_names():
-    with pytest.raises(ValueError, match=r"'gae', 'grpo', 'reinforce'"):
+    with pytest.raises(ValueError, match=r"'gae', 'grpo', 'magrpo', 'reinforce'"):
         get_advantage_estimator("ppo")
     with pytest.raises(ValueError, match=r"AdvantageConfig.estimator .*'gae', 'grpo'"):
         AdvantageConfig(estimator="ppo")
