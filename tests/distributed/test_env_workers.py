@@ -27,7 +27,7 @@ from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
 
 from ..multi_agent.helpers import make_team
-from .helpers import checkpoint_adapters, kuhn_config
+from .helpers import ROOT, checkpoint_adapters, kuhn_config
 
 AGENTS = ["alice", "bob"]
 pytestmark = pytest.mark.slow
@@ -106,6 +106,29 @@ def test_pipeline_with_env_workers_trains_what_the_local_run_trains(ray_cluster,
     remote = checkpoint_adapters(latest_checkpoint(tmp_path / "ray"))
     assert local.keys() == remote.keys()
     assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
+
+
+def test_a_team_task_through_env_workers_trains_what_the_local_run_trains(ray_cluster, tmp_path,
+                                                                          one_thread):
+    """The math team's episodes (dataset items, whole-text answers, task metrics) live in the
+    env workers: same adapters and same task metrics as in-process."""
+    from roll.pipeline.cli import load_config
+
+    def config(out: Path, *extra: str):
+        return load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team", [
+            "env.params.closed_answers=true", "rollout.constrained_decoding=true",
+            "rollout.num_groups=2", "rollout.group_size=2",
+            "rollout.sampling.max_new_tokens=12", "team.optim.lr=1e-2", "max_steps=2",
+            "eval.eval_steps=0", "tracking.backends=[jsonl]", f"output_dir={out}", *extra])
+
+    local = AgenticPipeline(config(tmp_path / "local")).run()
+    remote = AgenticPipeline(config(tmp_path / "ray", *WORKERS)).run()
+    assert {k: v for k, v in local.items() if k.startswith("task/")} == {
+        k: v for k, v in remote.items() if k.startswith("task/")}
+    assert any(v != 0 for k, v in remote.items() if k.startswith("task/accuracy"))
+    first = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))
+    second = checkpoint_adapters(latest_checkpoint(tmp_path / "ray"))
+    assert max(float((first[key] - second[key]).abs().max()) for key in first) < 1e-6
 
 
 def _kill_during(ray_cluster, obj, method: str, actor, after: int) -> list:
