@@ -95,6 +95,18 @@ def ratio(numerator: float, denominator: float) -> float:
     return float(numerator / denominator) if denominator else 0.0
 
 
+def choose_item(items: Sequence[dict[str, Any]], seed: int, item: int | None) -> dict[str, Any]:
+    """The episode's dataset item: ``items[item]`` (the group's), else one picked by ``seed``."""
+    return items[(seed if item is None else item) % len(items)]
+
+
+def check_flags(**flags: object) -> None:
+    """Each flag is true or false (ValueError naming ``env.params.<flag>`` otherwise)."""
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"env.params.{key}={value!r}: must be true or false")
+
+
 def check_items(items: Sequence[dict[str, Any]], required: Sequence[str], where: str) -> None:
     """Every item has every required field (ValueError naming the first missing one)."""
     for index, item in enumerate(items):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_items, mean
+from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean
 from roll.agentic.tasks.math_check import (
     check_gold_answers,
     check_math_answer,
@@ -77,10 +77,7 @@ class Debate:
         for key, value in (("team_weight", team_weight), ("own_weight", own_weight)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"env.params.{key}={value!r}: must be a number >= 0")
-        for key, value in (("closed_answers", closed_answers),
-                           ("lenient_answers", lenient_answers)):
-            if not isinstance(value, bool):
-                raise ValueError(f"env.params.{key}={value!r}: must be true or false")
+        check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
         if not items:
             raise ValueError(f"{name}: the dataset has no items")
         check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
@@ -101,7 +98,7 @@ class Debate:
         check_gold_answers(items, "debate dataset")
 
     def reset(self, seed: int, item: int | None = None) -> None:
-        self.item = self.items[(seed if item is None else item) % len(self.items)]
+        self.item = choose_item(self.items, seed, item)
         self.round = 0
         self.seat: int | None = 0
         self.texts: list[list[str]] = [[] for _ in range(self.rounds)]

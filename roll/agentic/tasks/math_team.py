@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_items, mean, ratio
+from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean, ratio
 from roll.agentic.tasks.math_check import check_gold_answers, check_math_answer
 
 ROLES = ("generator", "critic", "refiner")
@@ -80,10 +80,7 @@ class MathTeam:
                  closed_answers: bool = False, lenient_answers: bool = False) -> None:
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 0:
             raise ValueError(f"env.params.max_rounds={max_rounds!r}: must be an integer >= 0")
-        for key, value in (("closed_answers", closed_answers),
-                           ("lenient_answers", lenient_answers)):
-            if not isinstance(value, bool):
-                raise ValueError(f"env.params.{key}={value!r}: must be true or false")
+        check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
         if not items:
             raise ValueError("math_team: the dataset has no items")
         check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
@@ -101,7 +98,7 @@ class MathTeam:
 
     # ------------------------------------------------------------------ protocol
     def reset(self, seed: int, item: int | None = None) -> None:
-        self.item = self.items[(seed if item is None else item) % len(self.items)]
+        self.item = choose_item(self.items, seed, item)
         self.transcript = Transcript(f"Problem: {self.item['question']}")
         self.seat: int | None = GENERATOR
         self.rewards = [0.0] * self.num_seats

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_items, mean
+from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean
 
 PARTS = ("background", "method")
 INSTRUCTIONS = {
@@ -77,8 +77,7 @@ class WritingTeam:
                 or target_words < 1:
             raise ValueError(f"env.params.target_words={target_words!r}: must be an integer "
                              ">= 1")
-        if not isinstance(see_partner, bool):
-            raise ValueError(f"env.params.see_partner={see_partner!r}: must be true or false")
+        check_flags(see_partner=see_partner)
         parts = tuple(parts) if not isinstance(parts, str) else (parts,)
         if len(parts) < 2 or len(set(parts)) != len(parts) or not all(
                 isinstance(part, str) and part.strip() for part in parts):
@@ -95,7 +94,7 @@ class WritingTeam:
         self.reset(0)
 
     def reset(self, seed: int, item: int | None = None) -> None:
-        self.item = self.items[(seed if item is None else item) % len(self.items)]
+        self.item = choose_item(self.items, seed, item)
         self.transcript = Transcript(str(self.item["prompt"]))
         self.seat: int | None = 0
         self.scores: dict[str, float] = {}
