@@ -18,6 +18,7 @@ from roll.pipeline.cli import load_config
 from roll.utils.checkpoint import latest_checkpoint, load_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
+STEPS = 6
 ARGS = [
     "--config_path", str(ROOT / "examples" / "tictactoe"),
     "--config_name", "multi_agent_tictactoe",
@@ -26,7 +27,7 @@ OVERRIDES = [
     "env.seat_to_agent=[[agent_0,random],[random,agent_1]]",
     "rollout.constrained_decoding=true", "rollout.num_groups=2", "rollout.group_size=2",
     "rollout.sampling.max_new_tokens=12", "team.optim.lr=1e-2", "eval.eval_steps=0",
-    "tracking.backends=[jsonl]", "max_steps=8", "save_steps=2", "keep_last=10",
+    "tracking.backends=[jsonl]", f"max_steps={STEPS}", "save_steps=2", "keep_last=10",
 ]
 SCRIPT = str(ROOT / "examples" / "start_multi_agent_pipeline.py")
 pytestmark = pytest.mark.slow
@@ -64,7 +65,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path):
     survivor = latest_checkpoint(crashed)
     assert survivor is not None
     killed_at = int(survivor.name.split("_")[1])
-    assert killed_at < 8, "the run finished before the kill; the test proved nothing"
+    assert killed_at < STEPS, "the run finished before the kill; the test proved nothing"
 
     # What was saved is intact: a fresh pipeline loads exactly the saved adapters and
     # optimizer states.
@@ -88,7 +89,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path):
     proc = _launch(crashed, "resume=latest")
     assert proc.wait(timeout=300) == 0, proc.stderr.read()
     # Every step the straight run checkpointed after the kill equals the resumed run's.
-    for step in range(killed_at + 2, 9, 2):
+    for step in range(killed_at + 2, STEPS + 1, 2):
         name = f"step_{step:08d}"
         ours, theirs = _adapters(crashed / "checkpoints" / name), _adapters(
             straight / "checkpoints" / name)
