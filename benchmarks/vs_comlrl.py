@@ -69,7 +69,7 @@ def run_roll(args, agents: int) -> dict:
         f"rollout.sampling.max_new_tokens={args.max_new_tokens}",
         f"team.lora.rank={args.lora_rank}", f"team.lora.alpha={args.lora_rank}",
         f"max_steps={args.steps}", "save_steps=0", "eval.eval_steps=0",
-        "tracking.backends=[jsonl]", f"output_dir={out}"])
+        "tracking.backends=[jsonl]", f"output_dir={out}", *args.override])
     pipeline = AgenticPipeline(cfg)
     pipeline.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -164,6 +164,8 @@ def main() -> None:
                         help="roll only: prompts per step (CoMLRL takes one per step)")
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--lora_rank", type=int, default=32)
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="roll only: more Hydra overrides, e.g. trainer.micro_batch_size=8")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "framework:agents", in a child
     args = parser.parse_args()
     if args.one:
@@ -178,6 +180,8 @@ def main() -> None:
             str(args.max_new_tokens), "--lora_rank", str(args.lora_rank)]
     if args.tiny:
         base.append("--tiny")
+    if args.override:
+        base += ["--override", *args.override]
     for agents in args.agents:
         for framework in args.frameworks:
             done = subprocess.run([*base, "--one", f"{framework}:{agents}"],
