@@ -41,11 +41,21 @@ class EnvSetup:
         return bool(self.roles)
 
 
+_LAST: tuple[str, EnvSetup] | None = None
+"""The last setup built, by its env config: validation and the pipeline then read a task's
+dataset (and check its gold answers) once per run, not twice. (A dataset file edited between
+two runs of one process with the same config is not read again.)"""
+
+
 def build_env_setup(cfg: PipelineConfig) -> EnvSetup:
     """The game of ``env.game`` or the task of ``env.task`` (ConfigError on bad settings)."""
-    if cfg.env.task:
-        return _task_setup(cfg)
-    return _game_setup(cfg)
+    global _LAST
+    key = repr(cfg.env)
+    if _LAST is not None and _LAST[0] == key:
+        return _LAST[1]
+    setup = _task_setup(cfg) if cfg.env.task else _game_setup(cfg)
+    _LAST = (key, setup)
+    return setup
 
 
 def _game_setup(cfg: PipelineConfig) -> EnvSetup:
