@@ -2,8 +2,17 @@
 
 The PEFT model with every agent's adapter is built first; ``deepspeed.initialize`` then wraps it
 with ONE optimizer that has one parameter group per agent (``AgentGroupAdamW``). ZeRO-2 shards
-that optimizer's state and its fp32 master weights over the ranks. ZeRO-3 (sharding the frozen
-base too) is not built yet: ``deepspeed_config`` refuses it.
+that optimizer's state and its fp32 master weights over the ranks. ZeRO-3 shards the
+parameters as well, the frozen base included, and gathers them per layer where they are used.
+
+ZeRO-3's forwards and backwards are collectives (each layer's weights are all-gathered), so
+every rank must run the same layers in the same order the same number of times:
+- each adapted layer is one ZeRO "leaf" (its base weight and every agent's A/B gathered at
+  once), so which agents' rows a forward holds never changes what is gathered;
+- a rank with fewer forward/backward passes in a mini-batch round than another runs the
+  difference on one row with a zero loss, its gradients dropped (``_padding_pass``);
+- the adapters are gathered (``_gathered``) wherever the trainer reads or writes them whole:
+  handing gradients to ZeRO, export, load, the refusal snapshot.
 
 Why one engine with per-agent groups, not one engine per agent: a fused forward puts several
 agents' LoRA in one graph, and per-agent ZeRO engines each hook the same backward (measured on
@@ -16,8 +25,10 @@ Invariant 1 across ranks, and what DeepSpeed does or does not do:
   clips each agent by its own max_grad_norm and refuses NaN/inf BEFORE anything steps — the very
   code of the torch strategy (roll/multi_agent/worker.py);
 - the finished gradients reach DeepSpeed through one backward of ``sum(p * g)`` over every
-  adapter tensor, the same graph on every rank, so ZeRO's reduce-scatter lines up; every rank
-  feeds the same ``g``, so ZeRO's average is ``g`` exactly;
+  adapter tensor (ZeRO-2), the same graph on every rank, so ZeRO's reduce-scatter lines up, or
+  straight into ZeRO-3's reduce-scatter buckets (its own hooks fire on the leaf layers'
+  backward, which this trainer's passes must not feed); every rank feeds the same ``g``, so
+  ZeRO's average is ``g`` exactly;
 - ``AgentGroupAdamW`` steps only the groups of agents that have a gradient this round: an idle
   agent's weights and moments stay bitwise (AdamW on a zero gradient would still move both);
 - learning rates come from each agent's own LambdaLR, exactly as in the torch strategy;
@@ -31,15 +42,17 @@ import copy
 import os
 import warnings
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
 
+from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.worker import GradSync, MultiAgentTrainer, lr_lambda
 
-ZERO_STAGES = (2,)
+ZERO_STAGES = (2, 3)
 
 
 class AgentGroupAdamW(torch.optim.AdamW):
@@ -80,9 +93,13 @@ def deepspeed_config(stage: int) -> dict:
     """The engine's config: ZeRO ``stage``, no clipping or scaling of its own (the trainer
     clips per agent), fp32 reduction."""
     if stage not in ZERO_STAGES:
-        raise ValueError(f"actor_train.zero_stage={stage!r}: must be 2 (ZeRO-3 is not built "
-                         f"yet)")
+        raise ValueError(f"actor_train.zero_stage={stage!r}: must be 2 or 3")
     zero = {"stage": stage, "reduce_bucket_size": 50_000_000}
+    if stage == 3:
+        # Nothing stays gathered between uses (DeepSpeed keeps parameters under 100k elements
+        # whole by default): the frozen base is sharded all the way, and the adapters are
+        # gathered where the trainer reads them.
+        zero["stage3_param_persistence_threshold"] = 0
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -114,7 +131,14 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         import deepspeed
 
         model._all_trainable()
+        self.zero_stage = zero_stage
         self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
+        if zero_stage == 3:
+            # Each adapted layer (its base weight and every agent's A/B) is gathered as one:
+            # which agents a forward routes to then never changes the ranks' collectives.
+            from deepspeed.utils import set_z3_leaf_modules
+
+            set_z3_leaf_modules(model, [type(layer) for _, layer in model._lora_layers])
         self.inner = AgentGroupAdamW([
             dict(params=self.params[agent.name], agent=agent.name, lr=agent.optim.lr,
                  betas=tuple(agent.optim.betas), eps=agent.optim.eps,
@@ -123,6 +147,9 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         deepspeed.init_distributed(dist_backend="gloo" if self._on_cpu() else "nccl")
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.inner,
                                                config=deepspeed_config(zero_stage))
+        if zero_stage == 3:
+            for handle in self.engine.optimizer._leaf_module_hooks:
+                handle.remove()
         model.peft_model.eval()
         self.adam_steps = dict.fromkeys(self.agent_names, 0)
         # The trainer sums, clips and checks gradients on its per-agent AdamW's parameters;
@@ -131,7 +158,8 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         # hooks), the hyperparameters and the LambdaLR schedules.
         for agent in agents:
             stand_ins = [torch.zeros((), dtype=param.dtype, device=param.device)
-                         .expand(param.shape) for param in self.params[agent.name]]
+                         .expand(_whole_shape(param))
+                         for param in self.params[agent.name]]
             optimizer = torch.optim.AdamW(stand_ins, lr=agent.optim.lr,
                                           betas=tuple(agent.optim.betas), eps=agent.optim.eps,
                                           weight_decay=agent.optim.weight_decay)
@@ -143,17 +171,54 @@ class DeepSpeedTrainer(MultiAgentTrainer):
     def _on_cpu(self) -> bool:
         return str(next(iter(self.params.values()))[0].device) == "cpu"
 
+    def _gathered(self, modify: bool = False):
+        """ZeRO-3: every adapter tensor whole on every rank while inside (a collective);
+        ``modify``: what rank 0 writes is partitioned back on exit. ZeRO-2: nothing to do."""
+        if self.zero_stage != 3:
+            return nullcontext()
+        import deepspeed
+
+        params = [p for params in self.params.values() for p in params]
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
+
     # ------------------------------------------------------------------ seams
     def _stand_ins(self, name: str) -> list[Tensor]:
         return self.optimizers[name].param_groups[0]["params"]
 
+    def _grad(self, total: Tensor, params: list[Tensor]) -> tuple[Tensor | None, ...]:
+        """d total / d params, outside DeepSpeed's backward; ZeRO-3 then releases what its
+        backward hooks left gathered (layers whose input needs no gradient)."""
+        grads = torch.autograd.grad(total, params, allow_unused=True)
+        if self.zero_stage == 3:
+            self.engine.optimizer.backward_epilogue()
+        return grads
+
     def _local_backward(self, total: Tensor, names: list[str]) -> None:
         params = [p for name in names for p in self.params[name]]
-        grads = torch.autograd.grad(total, params, allow_unused=True)
+        grads = self._grad(total, params)
         stand_ins = [s for name in names for s in self._stand_ins(name)]
         for stand_in, grad in zip(stand_ins, grads, strict=True):
             if grad is not None:
                 stand_in.grad = grad if stand_in.grad is None else stand_in.grad + grad
+
+    def _padding_passes(self, passes: int) -> int:
+        """ZeRO-3 gathers each layer's weights in every forward and backward, a collective:
+        a rank with fewer passes this round than another pads with that many more (agreed
+        before any pass runs)."""
+        if self.zero_stage != 3:
+            return 0
+        import torch.distributed as dist
+
+        most = torch.tensor([passes], device=self.engine.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most) - passes
+
+    def _padding_pass(self, batch: TrajectoryBatch) -> None:
+        """The batch's first row forward and backward with a zero loss, gradients dropped."""
+        row = batch.select(torch.zeros(1, dtype=torch.long, device=batch.agent_id.device))
+        logprobs, _ = self.model(row.input_ids, row.attention_mask, row.agent_id,
+                                 positions=row.response_mask.bool(), temperature=self.temperature)
+        self._grad(logprobs.sum() * 0.0, self.params[self.agent_names[int(row.agent_id[0])]])
 
     def _step(self, names: list[str]) -> None:
         stepping = [name for name in names
@@ -169,13 +234,16 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         # What engine.forward() would do first (the surrogate stands in for a forward): reset
         # ZeRO's per-backward hook counters.
         self.engine.optimizer.clear_backward_seen_flag()
-        surrogate = torch.zeros((), device=self.engine.device)
-        for name, params in self.params.items():
-            for param, grad in zip(params, grads[name], strict=True):
-                if grad is None:
-                    grad = torch.zeros_like(param)
-                surrogate = surrogate + (param * grad.detach()).sum()
-        self.engine.backward(surrogate)
+        if self.zero_stage == 3:
+            self._reduce_directly(grads)
+        else:
+            surrogate = torch.zeros((), device=self.engine.device)
+            for name, params in self.params.items():
+                for param, grad in zip(params, grads[name], strict=True):
+                    if grad is None:
+                        grad = torch.zeros_like(param)
+                    surrogate = surrogate + (param * grad.detach()).sum()
+            self.engine.backward(surrogate)
         self.engine.step()
         self.inner.active = set()
         with warnings.catch_warnings():  # the per-agent AdamW never step: LambdaLR warns
@@ -185,15 +253,29 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         for name in stepping:
             self.adam_steps[name] += 1
 
+    def _reduce_directly(self, grads: dict[str, list[Tensor | None]]) -> None:
+        """ZeRO-3: hand the finished gradients to ZeRO's reduce-scatter buckets as its own
+        backward hooks would (those hooks sit on the adapted layers as leaf modules and were
+        removed: the trainer's passes must not feed them)."""
+        optimizer = self.engine.optimizer
+        with self._gathered():
+            for name, params in self.params.items():
+                for param, grad in zip(params, grads[name], strict=True):
+                    param.grad = torch.zeros_like(param) if grad is None else grad.detach()
+                    optimizer.reduce_independent_p_g_buckets_and_remove_grads(param)
+        optimizer.independent_gradient_partition_epilogue()
+
     # ------------------------------------------------------------------ state
     def export_adapters(self, names: Sequence[str]) -> dict[str, dict[str, Tensor]]:
-        return {name: self.model.export_adapter(name) for name in names}
+        with self._gathered():
+            return {name: self.model.export_adapter(name) for name in names}
 
     def load_adapters(self, adapters: dict[str, dict[str, Tensor]]) -> None:
         """The model's tensors AND ZeRO's fp32 master copies (which the next step updates)."""
         from deepspeed.utils import safe_set_full_fp32_param
 
-        super().load_adapters(adapters)
+        with self._gathered(modify=True):
+            super().load_adapters(adapters)
         for name, tensors in adapters.items():
             for key, param in self.model.named_agent_tensors(name):
                 safe_set_full_fp32_param(param, tensors[key].to(self.engine.device).float())
@@ -225,20 +307,25 @@ class DeepSpeedTrainer(MultiAgentTrainer):
             self.adam_steps[name] = steps
             for index, param in enumerate(params):
                 for key in ("exp_avg", "exp_avg_sq"):
-                    value = saved[index][key] if saved else torch.zeros(param.shape)
+                    value = saved[index][key] if saved else torch.zeros(_whole_shape(param))
                     safe_set_full_optimizer_state(param, value.to(param.device).float(), key)
             flat = self._shards()[self.agent_names.index(name)]
             self.inner.state[flat]["step"] = torch.tensor(float(steps))
 
     def _shards(self) -> list[Tensor]:
         """This rank's ZeRO fp32 shard of each agent's group (what the inner AdamW steps)."""
-        return self.engine.optimizer.single_partition_of_fp32_groups
+        optimizer = self.engine.optimizer
+        if self.zero_stage == 3:
+            return optimizer.fp32_partitioned_groups_flat
+        return optimizer.single_partition_of_fp32_groups
 
     def _snapshot(self, names: list[str]) -> dict:
         """This rank's own copy of what a step changes: the model's adapter tensors, its fp32
         shards and their AdamW state, the schedules. No collective: each rank restores its own."""
+        with self._gathered():
+            params = [p.detach().clone() for params in self.params.values() for p in params]
         return {
-            "params": [p.detach().clone() for params in self.params.values() for p in params],
+            "params": params,
             "shards": [shard.detach().clone() for shard in self._shards()],
             "moments": [{key: value.clone() for key, value in self.inner.state[shard].items()}
                         for shard in self._shards()],
@@ -250,8 +337,9 @@ class DeepSpeedTrainer(MultiAgentTrainer):
     @torch.no_grad()
     def _restore(self, snapshot: dict) -> None:
         params = [p for params in self.params.values() for p in params]
-        for param, saved in zip(params, snapshot["params"], strict=True):
-            param.copy_(saved)
+        with self._gathered(modify=True):
+            for param, saved in zip(params, snapshot["params"], strict=True):
+                param.copy_(saved)
         for shard, saved, moments in zip(self._shards(), snapshot["shards"], snapshot["moments"],
                                          strict=True):
             shard.copy_(saved)
@@ -260,6 +348,11 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         for name, state in snapshot["schedulers"].items():
             self.schedulers[name].load_state_dict(state)
         self.adam_steps = dict(snapshot["adam_steps"])
+
+
+def _whole_shape(param: Tensor) -> torch.Size:
+    """A parameter's shape, also while ZeRO-3 holds only this rank's partition of it."""
+    return getattr(param, "ds_shape", param.shape)
 
 
 __all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config"]

@@ -69,6 +69,12 @@ class TrainRank:
         state = self.trainer.state_dict()
         return state if self.rank == 0 else None
 
+    def resident_elements(self) -> int:
+        """Parameter elements this rank holds at rest (ZeRO-3: its partitions of the base and
+        the adapters; otherwise the whole model)."""
+        return sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor")
+                                    else 0) for param in self.model.parameters())
+
     def digest(self) -> str:
         """SHA-256 of every adapter tensor and optimizer state tensor (replicas must agree)."""
         sha = hashlib.sha256()
@@ -133,6 +139,10 @@ class RayTrainGroup:
         adapters = {name: self.model.export_adapter(name) for name in self.model.agent_names}
         self._get([rank.load.remote(adapters, state) for rank in self.ranks], "resume")
         self.global_step = state["global_step"]
+
+    def resident_elements(self) -> list[int]:
+        """Each rank's parameter elements at rest (what ZeRO-3 shards)."""
+        return self._get([rank.resident_elements.remote() for rank in self.ranks], "memory")
 
     def digests(self) -> list[str]:
         """Each rank's digest of adapters + optimizer states (equal when in step)."""

@@ -269,8 +269,10 @@ class MultiAgentTrainer:
             mine = {name: rows[sync.rank::sync.world_size] for name, rows in minis.items()}
             mine = {name: rows for name, rows in mine.items() if len(rows)}
             stream = f"dropout/rank{sync.rank}"
+        groups = self._micro_groups(mine) if mine else []
+        padding = self._padding_passes(len(groups))
         with self.model.training_forward(steps, stream):
-            for group in self._micro_groups(mine) if mine else []:
+            for group in groups:
                 micro = batch.select(torch.cat([rows for _, rows in group]))
                 self.rows_forwarded += len(micro)
                 logprobs, entropy = self.model(
@@ -289,6 +291,8 @@ class MultiAgentTrainer:
                     for key, value in parts.items():
                         parts_of[name][key] = parts_of[name][key] + value.detach()
                 self._local_backward(total, [name for name, _ in group])
+            for _ in range(padding):
+                self._padding_pass(batch)
         if sync is not None and sync.world_size > 1:
             self._sum_over_ranks(list(minis), parts_of, mask.device)
         checks = {}
@@ -331,6 +335,16 @@ class MultiAgentTrainer:
         """Add the gradient of one forward's loss to the ``.grad`` of these agents' optimizer
         parameters."""
         total.backward()
+
+    def _padding_passes(self, passes: int) -> int:
+        """How many ``_padding_pass`` to run after this rank's ``passes`` forward/backward
+        passes of a round: none here (a strategy whose forwards are collectives makes every
+        rank run as many as the busiest one)."""
+        return 0
+
+    def _padding_pass(self, batch: TrajectoryBatch) -> None:
+        """One forward/backward that changes nothing (see ``_padding_passes``)."""
+        raise NotImplementedError
 
     def _step(self, names: list[str]) -> None:
         """Apply these agents' (summed, clipped) gradients: one optimizer and scheduler step

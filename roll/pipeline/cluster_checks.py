@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from roll.distributed.deepspeed_strategy import ZERO_STAGES
 from roll.multi_agent.config import ConfigError, require_int
 from roll.pipeline.config import PipelineConfig
 
@@ -33,9 +34,8 @@ def check_cluster(cfg: PipelineConfig) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("actor_train.strategy", "deepspeed", "deepspeed is not installed "
                               "(pip install 'roll[deepspeed]')")
-        if train.zero_stage != 2:
-            raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 (ZeRO-3 "
-                              "is not built yet)")
+        if train.zero_stage not in ZERO_STAGES:
+            raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 or 3")
     if not train.cpus_per_rank > 0:
         raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
     if train.gpus_per_rank is not None and train.gpus_per_rank < 0:

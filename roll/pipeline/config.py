@@ -238,7 +238,8 @@ class ActorTrainSchema:
     GPUs), every rank holds every agent's AdamW. 'deepspeed': the same gradients, the agents'
     optimizer (one param group per agent) sharded by a DeepSpeed ZeRO engine."""
     zero_stage: int = 2
-    """ZeRO stage of strategy=deepspeed: 2 (optimizer state and fp32 masters sharded)."""
+    """ZeRO stage of strategy=deepspeed: 2 (optimizer state and fp32 masters sharded) or 3
+    (the parameters too, the frozen base included: each rank holds 1/world_size of it)."""
     cpus_per_rank: float = 1.0
     """CPUs reserved per rank (and its torch threads on CPU)."""
     gpus_per_rank: float | None = None

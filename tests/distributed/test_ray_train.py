@@ -37,7 +37,8 @@ def max_gap(left, right):
 
 
 STRATEGIES = [pytest.param(("torch", 2), id="torch"),
-              pytest.param(("deepspeed", 2), id="zero2")]
+              pytest.param(("deepspeed", 2), id="zero2"),
+              pytest.param(("deepspeed", 3), id="zero3")]
 
 
 @pytest.fixture
@@ -73,8 +74,15 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
             ray_rows.append(group.rows_per_rank)
         digests = group.digests()
         state = group.state_dict()
+        resident = group.resident_elements()
     finally:
         group.close()
+
+    whole = sum(param.numel() for param in driver_model.parameters())
+    if strategy == ("deepspeed", 3):  # each rank holds its half of base and adapters
+        assert all(0.45 * whole < held < 0.55 * whole for held in resident), (resident, whole)
+    else:
+        assert resident == [whole, whole]
 
     assert group.global_step == local.global_step == 2
     # Each rank forwarded its share only; together, the local run's rows.
@@ -158,12 +166,13 @@ def test_bad_backend_and_world_size_are_refused(spec_and_team):
         build_train_group(spec, model, "local", world_size=2)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moments(
-        ray_cluster, spec_and_team, one_thread):
+        ray_cluster, spec_and_team, one_thread, stage):
     """A NaN first met in mini-batch round 2 of 4: round 1 had stepped; the refusal puts back the
     model's adapters, ZeRO's fp32 masters and moments, and the next step equals a run that never
     saw the bad batch. (One rank in a Ray worker: DeepSpeed needs torch.distributed.)"""
-    spec, local_model, agents = spec_and_team(("deepspeed", 2))
+    spec, local_model, agents = spec_and_team(("deepspeed", stage))
     good = batches()[0]
     local = MultiAgentTrainer(local_model, agents, TRAINER)
     local.train_step(good)
@@ -174,8 +183,8 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
     advantages[later[0]] = float("nan")
     bad = good.with_fields(advantages=advantages)
 
-    @ray.remote(num_cpus=1)
-    def deepspeed_rank(spec, bad, good):
+    @ray.remote(num_cpus=1, max_calls=1)  # a fresh process: one torch.distributed group each
+    def deepspeed_rank(spec, bad, good, stage):
         import torch
 
         from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
@@ -188,7 +197,7 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
         init_ranks(0, 1, f"127.0.0.1:{free_port()}", "cpu")
         model = MultiAgentLoRAModel(load_model(spec.model_path), list(spec.agents), seed=0)
         trainer = DeepSpeedTrainer(model, list(spec.agents), spec.trainer, 1.0,
-                                   TorchDistributedSync(), 2)
+                                   TorchDistributedSync(), stage)
         trainer.train_step(good)  # every agent has moments and masters to lose
         before = (trainer.export_adapters(model.agent_names), trainer.state_dict())
         refused = ""
@@ -200,7 +209,7 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
         trainer.train_step(good)
         return refused, before, after, trainer.export_adapters(model.agent_names)
 
-    refused, before, after, final = ray.get(deepspeed_rank.remote(spec, bad, good))
+    refused, before, after, final = ray.get(deepspeed_rank.remote(spec, bad, good, stage))
     assert "agent 'a': loss is nan" in refused and "round 2 of 4" in refused
     for name in AGENTS:
         for key, tensor in before[0][name].items():
