@@ -11,7 +11,9 @@ tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3'
 step: the time split (rollout / reference / train / sync), generated tokens and tok/s inside
 the rollout, decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak
 GPU memory and, as the engine-only reference at the same concurrency, the same engine serving
-``lanes`` requests of the run's prompt length and token budget with nothing else to do.
+``lanes`` requests of the run's prompt length and token budget with nothing else to do, and
+the same at ``busy_lanes`` requests (the rows decoding per step on average, generated tokens
+over decode steps, when fewer than the lanes).
 The first step includes warm-up (graph capture); the summary averages the later steps.
 Prints JSON lines, then one summary object; writes $OUT/pipeline_step.json when OUT is set.
 """
@@ -123,8 +125,15 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
         lanes = int(later[-1].get("rollout/lanes", 0))
         if lanes:
             prompt_len = 200 if example == "hanabi" else 120
-            summary["engine_only"] = engine_only(pipeline, lanes, prompt_len,
-                                                 cfg.rollout.sampling.max_new_tokens)
+            max_new = cfg.rollout.sampling.max_new_tokens
+            summary["engine_only"] = engine_only(pipeline, lanes, prompt_len, max_new)
+            # Rows actually decoding per step on average (sequential episodes leave lanes
+            # idle): the engine serving that many rows is the reference at equal concurrency.
+            busy = round(statistics.mean(s["rollout/generated_tokens"] / s["rollout/decode_steps"]
+                                         for s in later if s.get("rollout/decode_steps")) or 0)
+            if 0 < busy < lanes:
+                summary["busy_lanes"] = busy
+                summary["engine_only_busy"] = engine_only(pipeline, busy, prompt_len, max_new)
     close = getattr(pipeline.engine, "close", None)
     if close:
         close()

@@ -9,7 +9,9 @@ every rank holds the Qwen3-0.6B-shaped base (random bf16) with 4 agents (LoRA r 
 projections), gets the whole batch of ``--rows`` x world_size rows (``--tokens`` each, agents
 round-robin), forwards its share and sums gradients with the others. Timed: one train_step after
 an untimed warm-up (median of ``--repeats``). Reported per world size: seconds, tokens/s over
-all ranks, and the speed-up over one rank (goal: >= 1.8x on 2 GPUs). Prints one JSON object;
+all ranks, the speed-up over one rank (goal: >= 1.8x on 2 GPUs), rank 0's peak memory and the
+parameter elements it holds at rest. ``--strategy deepspeed --zero_stage 2|3`` runs the
+DeepSpeed trainer instead (ZeRO-3: each rank holds 1/k of the parameters). Prints one JSON object;
 writes $OUT/train_data_parallel.json when OUT is set.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,6 +49,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        os.environ["LOCAL_RANK"] = str(rank)  # DeepSpeed places its engine by it
     init_ranks(rank, world_size, address, "cpu" if args.tiny else "cuda")
     torch.manual_seed(0)
     with device:
@@ -54,9 +58,17 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(args.agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
-    sync = TorchDistributedSync() if world_size > 1 else None
-    trainer = MultiAgentTrainer(model, agents, TrainerConfig(micro_batch_size=args.micro),
-                                grad_sync=sync)
+    config = TrainerConfig(micro_batch_size=args.micro)
+    if args.strategy == "deepspeed":
+        from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+
+        trainer = DeepSpeedTrainer(model, agents, config, 1.0, TorchDistributedSync(),
+                                   args.zero_stage)
+    else:
+        sync = TorchDistributedSync() if world_size > 1 else None
+        trainer = MultiAgentTrainer(model, agents, config, grad_sync=sync)
+    resident = sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor")
+                                    else 0) for param in model.parameters())
     rows, tokens = args.rows * world_size, args.tokens
     batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,
                             torch.arange(rows) % args.agents).to(device)
@@ -79,7 +91,9 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     times = [step() for _ in range(args.repeats)]
     if rank == 0:
         seconds = statistics.median(times)
-        results.put({"world_size": world_size, "rows_per_rank": args.rows,
+        results.put({"world_size": world_size, "strategy": args.strategy,
+                     "zero_stage": args.zero_stage if args.strategy == "deepspeed" else None,
+                     "resident_params_rank0": resident, "rows_per_rank": args.rows,
                      "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
                      "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
                      "tokens_per_s": round(rows * tokens / seconds),
@@ -99,6 +113,8 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--strategy", default="torch", choices=["torch", "deepspeed"])
+    parser.add_argument("--zero_stage", type=int, default=2, choices=[2, 3])
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.tokens, args.prompt = 8, 64, 32
