@@ -99,17 +99,20 @@ def test_cluster_settings_are_checked_before_any_model_loads(tmp_path):
         check_ray_resources(cfg, {"CPU": 8.0})
 
 
-EXAMPLES = {"tictactoe": "multi_agent_tictactoe", "kuhn_poker": "multi_agent_kuhn_poker",
-            "connect_four": "multi_agent_connect_four", "leduc_poker": "multi_agent_leduc_poker",
-            "hanabi": "multi_agent_hanabi"}
+GAMES = {"tictactoe": "multi_agent_tictactoe", "kuhn_poker": "multi_agent_kuhn_poker",
+         "connect_four": "multi_agent_connect_four", "leduc_poker": "multi_agent_leduc_poker",
+         "hanabi": "multi_agent_hanabi"}
+TEAMS = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo",
+         "debate": "multi_agent_debate", "majority_vote": "multi_agent_majority_vote"}
 
 
-@pytest.mark.parametrize("example", sorted(EXAMPLES))
+@pytest.mark.parametrize("example", sorted(GAMES) + sorted(TEAMS))
 def test_every_example_trains_with_two_ray_ranks(ray_cluster, tmp_path, example):
-    cfg = load_config(str(ROOT / "examples" / example), EXAMPLES[example], [
+    own = (["rollout.constrained_decoding=true", "rollout.sampling.max_new_tokens=40"]
+           if example in GAMES else ["rollout.sampling.max_new_tokens=12", "team.optim.lr=1e-2"])
+    cfg = load_config(str(ROOT / "examples" / example), {**GAMES, **TEAMS}[example], [
         "cluster.backend=ray", "actor_train.world_size=2", "max_steps=1",
-        "rollout.num_groups=2", "rollout.group_size=4", "rollout.sampling.max_new_tokens=40",
-        "rollout.constrained_decoding=true", "eval.eval_steps=0",
+        "rollout.num_groups=2", "rollout.group_size=4", *own, "eval.eval_steps=0",
         "tracking.backends=[jsonl]", f"output_dir={tmp_path}"])
     pipeline = AgenticPipeline(cfg)
     start = {name: pipeline.model.export_adapter(name) for name in pipeline.agent_names}
@@ -119,12 +122,13 @@ def test_every_example_trains_with_two_ray_ranks(ray_cluster, tmp_path, example)
     assert trained
     # The driver's model holds what the ranks trained: an agent moved iff it had a gradient
     # (all-tied group rewards give zero advantages; the tiny model scores 0 in every Hanabi
-    # game, so there no agent learns, elsewhere some agent does).
+    # game and answers no team task's question right, so there no agent learns; in the other
+    # games and the writing task, whose reward is graded, some agent does).
     moved = {name: any(not torch.equal(tensor, start[name][key])
                        for key, tensor in pipeline.model.export_adapter(name).items())
              for name in trained}
     for name in trained:
         assert moved[name] == (metrics[f"{name}/grad_norm"] > 0), name
-    if example != "hanabi":
+    if example not in ("hanabi", "math_team", "debate", "majority_vote"):
         assert any(moved.values())
     assert latest_checkpoint(tmp_path).name == "step_00000001"
