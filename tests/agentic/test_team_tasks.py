@@ -156,11 +156,11 @@ def test_writing_joint_reward_by_hand_and_both_writers_get_it():
     a = "Bees pollinate city parks"          # 4 words
     b = "Place hives on roofs and count bees"  # 7 words, shares 'bees'
     scores = joint_scores([a, b], target_words=4)
-    assert scores["length"] == pytest.approx((1.0 + 1.0) / 2)
+    assert scores["length"] == pytest.approx((1.0 + (1 - 3 / 4)) / 2)  # 7 words: 3 over
     assert scores["balance"] == pytest.approx(4 / 7)
     assert scores["diversity"] == pytest.approx(10 / 11)  # 10 distinct of 11 words
     assert scores["distinct"] == pytest.approx(1 - 1 / 10)  # 1 shared of 10 distinct
-    joint = (1.0 + 4 / 7 + 10 / 11 + 0.9) / 4
+    joint = (0.625 + 4 / 7 + 10 / 11 + 0.9) / 4
     assert scores["joint"] == pytest.approx(joint)
     factory = task_factory("writing_team", {"target_words": 4},
                            [{"prompt": "Topic: urban bees."}])
@@ -168,6 +168,7 @@ def test_writing_joint_reward_by_hand_and_both_writers_get_it():
     assert outcome.returns == pytest.approx([joint, joint])
     assert outcome.turn_rewards[0] == pytest.approx([joint])
     assert outcome.turn_rewards[1] == pytest.approx([joint])
+    assert (outcome.metrics["words_background"], outcome.metrics["words_method"]) == (4, 7)
     assert [p.format_error for p in played] == [None, None]
     # the method writer does not see the background part unless see_partner=true
     assert a not in asks[1].prompt.text
@@ -194,6 +195,16 @@ def test_four_writers_share_one_joint_reward_over_four_parts():
     assert asks[2].prompt.text == ("P\n\nYou are the results writer. Write only the results "
                                    "section for this topic; do not repeat what the other "
                                    "sections say.")
+    # one target per part, and a joint reward of the length score alone: 4 words against
+    # targets 4, 2, 8, 4 -> 1, 0, 0.5, 1
+    only_length = joint_scores(parts, target_words=[4, 2, 8, 4], scores=["length"])
+    assert only_length["length"] == only_length["joint"] == pytest.approx(2.5 / 4)
+    with pytest.raises(ValueError, match=r"env.params.target_words=\[4, 2\]: must be an "
+                                         r"integer >= 1, or a list of one per part \(4\)"):
+        task_factory("writing_team", {"target_words": [4, 2], "parts": ["a", "b", "c", "d"]},
+                     [{"prompt": "P"}])
+    with pytest.raises(ValueError, match=r"env.params.scores=\['style'\]: must name one"):
+        task_factory("writing_team", {"scores": ["style"]}, [{"prompt": "P"}])
     with pytest.raises(ValueError, match=r"env.params.parts=\['a', 'a'\]: must name two"):
         task_factory("writing_team", {"parts": ["a", "a"]}, [{"prompt": "P"}])
 
