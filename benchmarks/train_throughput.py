@@ -12,7 +12,9 @@ agent at a time) we time, after an untimed warm-up, the median of ``--repeats`` 
 Reported: seconds, tokens/s (all tokens of all rows), MFU = 6 * P * tokens / s / peak (P = base
 parameters; the usual dense-training estimate, LoRA's own FLOPs ignored) for the train step,
 peak memory, and each time relative to the 1-agent team on the same path.
-Prints one JSON object; writes $OUT/train_throughput.json when OUT is set.
+``--profile TOP`` adds one profiled train step per point (kernel launches, GPU busy fraction,
+the TOP operators by GPU time). Prints one JSON object; writes $OUT/train_throughput.json when
+OUT is set.
 """
 
 from __future__ import annotations
@@ -32,6 +34,39 @@ from report import emit  # noqa: E402
 
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12}
 """Dense bf16 peak (no sparsity) of the GPUs we run on."""
+
+
+def profile_step(step, top: int) -> dict:
+    """One call of ``step`` under torch.profiler: kernels launched, their summed GPU time
+    against the call's wall time (a GPU busy well under 100% is launch- or host-bound), and
+    the ``top`` operators by their own GPU time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+
+    def own_gpu_us(event) -> float:
+        return float(getattr(event, "self_device_time_total", 0.0))
+
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    gpu_s = sum(own_gpu_us(e) for e in kernels) / 1e6
+    ranked = sorted(events, key=own_gpu_us if cuda else lambda e: e.self_cpu_time_total,
+                    reverse=True)
+    return {
+        "wall_s": round(wall, 3), "kernel_launches": sum(e.count for e in kernels),
+        "kernel_gpu_s": round(gpu_s, 3), "gpu_busy": round(gpu_s / wall, 3) if cuda else None,
+        "top": [{"name": e.key[:80], "calls": e.count, "self_gpu_ms": round(own_gpu_us(e) / 1e3, 2),
+                 "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in ranked[:top]],
+    }
 
 
 def run(args, num_agents: int, fused: bool, base, batch) -> dict:
@@ -56,6 +91,8 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
               "old_logprob": measure(old_logprob, batch.input_ids.device, args.repeats),
               "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device,
                                     args.repeats)}
+    if args.profile:
+        result["profile"] = profile_step(lambda: trainer.train_step(filled), args.profile)
     # Remove this team's adapters from the shared base before the next team is built.
     base_model = model.peft_model.unload()
     assert base_model is base
@@ -72,11 +109,14 @@ def main() -> None:
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed calls per point after the warm-up (the median is reported)")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="also profile one train step per point; report the TOP operators")
+    parser.add_argument("--paths", nargs="+", default=["fused", "sequential"],
+                        choices=["fused", "sequential"])
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.tokens, args.prompt = 16, 64, 32
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
 
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     torch.manual_seed(0)
@@ -92,7 +132,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     results = []
-    for fused in (True, False):
+    for fused in [path == "fused" for path in args.paths]:
         for num_agents in args.agents:
             entry = run(args, num_agents, fused, base, batch)
             seconds = entry["train_step"]["seconds"]
