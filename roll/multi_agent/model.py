@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
@@ -377,10 +378,12 @@ class MultiAgentLoRAModel(nn.Module):
     def _segment_lora(self, segments: list[tuple[str, int, int]]) -> Iterator[None]:
         """While active, rows [first, stop) of every adapted layer's output get agent
         ``name``'s LoRA delta, ``B(A(dropout(x))) * scaling`` with that agent's own dropout,
-        as PEFT computes it for one adapter; a forward hook on each base layer (call the
-        PEFT model with no adapter of its own). Differentiable: each agent's A/B get gradients
-        from its own rows only. Instead of PEFT's mixed-batch routing, which gathers and
-        scatters every agent's rows in every adapted layer."""
+        as PEFT computes it for one adapter (in the base layer's dtype: bf16 products with
+        fp32 master weights on a bf16 base, as under autocast; exact on an fp32 base); a
+        forward hook on each base layer (call the PEFT model with no adapter of its own).
+        Differentiable: each agent's A/B get gradients from its own rows only. Instead of
+        PEFT's mixed-batch routing, which gathers and scatters every agent's rows in every
+        adapted layer."""
         rows = segments[-1][2] if segments else 0
 
         def hook(layer, module, args, output):
@@ -390,10 +393,15 @@ class MultiAgentLoRAModel(nn.Module):
                 if name not in layer.lora_A:
                     parts.append(output[first:stop])
                     continue
-                lora_a = layer.lora_A[name]
+                # In the base layer's dtype, the adapter weights cast down (their gradients
+                # reach the fp32 weights through the cast): casting the activations up to
+                # fp32 and back cost more GPU time than the products themselves (profiled).
+                dtype = output.dtype
                 part = x if stop - first == rows else x[first:stop]
-                delta = layer.lora_B[name](lora_a(layer.lora_dropout[name](
-                    part.to(lora_a.weight.dtype)))) * layer.scaling[name]
+                hidden = F.linear(layer.lora_dropout[name](part.to(dtype)),
+                                  layer.lora_A[name].weight.to(dtype))
+                delta = F.linear(hidden, layer.lora_B[name].weight.to(dtype)) \
+                    * layer.scaling[name]
                 if stop - first == rows:  # one agent: PEFT's own sum
                     return (output + delta).to(output.dtype)
                 parts.append(output[first:stop] + delta.to(output.dtype))
