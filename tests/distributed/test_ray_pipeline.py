@@ -27,8 +27,9 @@ def config(out: Path, *extra: str):
 def test_ray_ranks_train_what_the_local_run_trains(ray_cluster, tmp_path, one_thread):
     AgenticPipeline(config(tmp_path / "local", "max_steps=2")).run()
     local = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))
-    # ZeRO-2 shards the agents' optimizer, ZeRO-3 the base and the adapters as well
-    for strategy, stage in (("torch", 2), ("deepspeed", 2), ("deepspeed", 3)):
+    # ZeRO-3 shards the base and the adapters as well as the agents' optimizer (ZeRO-2, which
+    # shares its optimizer code, is compared with the local trainer in test_ray_train.py)
+    for strategy, stage in (("torch", 2), ("deepspeed", 3)):
         ray_pipeline = AgenticPipeline(config(
             tmp_path / f"{strategy}{stage}", "max_steps=2", "cluster.backend=ray",
             "actor_train.world_size=2", f"actor_train.strategy={strategy}",
@@ -102,8 +103,10 @@ def test_cluster_settings_are_checked_before_any_model_loads(tmp_path):
 GAMES = {"tictactoe": "multi_agent_tictactoe", "kuhn_poker": "multi_agent_kuhn_poker",
          "connect_four": "multi_agent_connect_four", "leduc_poker": "multi_agent_leduc_poker",
          "hanabi": "multi_agent_hanabi"}
+# majority_vote is the debate task with one round (the same class): debate's extra rounds add
+# nothing the Ray path sees but time.
 TEAMS = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo",
-         "debate": "multi_agent_debate", "majority_vote": "multi_agent_majority_vote"}
+         "majority_vote": "multi_agent_majority_vote"}
 
 
 @pytest.mark.parametrize("example", sorted(GAMES) + sorted(TEAMS))
@@ -129,6 +132,6 @@ def test_every_example_trains_with_two_ray_ranks(ray_cluster, tmp_path, example)
              for name in trained}
     for name in trained:
         assert moved[name] == (metrics[f"{name}/grad_norm"] > 0), name
-    if example not in ("hanabi", "math_team", "debate", "majority_vote"):
+    if example not in ("hanabi", "math_team", "majority_vote"):
         assert any(moved.values())
     assert latest_checkpoint(tmp_path).name == "step_00000001"
