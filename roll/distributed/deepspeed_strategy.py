@@ -321,7 +321,9 @@ class DeepSpeedTrainer(MultiAgentTrainer):
 
     def _snapshot(self, names: list[str]) -> dict:
         """This rank's own copy of what a step changes: the model's adapter tensors, its fp32
-        shards and their AdamW state, the schedules. No collective: each rank restores its own."""
+        shards and their AdamW state, the schedules. Each rank restores its own (under ZeRO-3
+        gathering the adapters is a collective: every rank snapshots and restores together, as
+        every rank plans the same rounds and refuses the same non-finite step)."""
         with self._gathered():
             params = [p.detach().clone() for params in self.params.values() for p in params]
         return {

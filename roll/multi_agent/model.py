@@ -403,8 +403,8 @@ class MultiAgentLoRAModel(nn.Module):
                 delta = F.linear(hidden, layer.lora_B[name].weight.to(dtype)) \
                     * layer.scaling[name]
                 if stop - first == rows:  # one agent: PEFT's own sum
-                    return (output + delta).to(output.dtype)
-                parts.append(output[first:stop] + delta.to(output.dtype))
+                    return output + delta
+                parts.append(output[first:stop] + delta)
             return torch.cat(parts) if parts else output
 
         handles = [layer.base_layer.register_forward_hook(partial(hook, layer))
