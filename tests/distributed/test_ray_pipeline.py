@@ -103,10 +103,11 @@ def test_cluster_settings_are_checked_before_any_model_loads(tmp_path):
 GAMES = {"tictactoe": "multi_agent_tictactoe", "kuhn_poker": "multi_agent_kuhn_poker",
          "connect_four": "multi_agent_connect_four", "leduc_poker": "multi_agent_leduc_poker",
          "hanabi": "multi_agent_hanabi"}
-# majority_vote is the debate task with one round (the same class): debate's extra rounds add
-# nothing the Ray path sees but time.
-TEAMS = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo",
-         "majority_vote": "multi_agent_majority_vote"}
+# Two of the four team examples (suite time): the Ray ranks see a task only through its rows,
+# and these two cover both advantage estimators of the team examples (grpo, magrpo); debate and
+# majority_vote differ only in their env class, which runs in the pipeline's process either
+# way (all four run in-process in tests/pipeline/test_team_pipeline.py).
+TEAMS = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo"}
 
 
 @pytest.mark.parametrize("example", sorted(GAMES) + sorted(TEAMS))
@@ -132,6 +133,6 @@ def test_every_example_trains_with_two_ray_ranks(ray_cluster, tmp_path, example)
              for name in trained}
     for name in trained:
         assert moved[name] == (metrics[f"{name}/grad_norm"] > 0), name
-    if example not in ("hanabi", "math_team", "majority_vote"):
+    if example not in ("hanabi", "math_team"):
         assert any(moved.values())
     assert latest_checkpoint(tmp_path).name == "step_00000001"
