@@ -129,8 +129,9 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
             summary["engine_only"] = engine_only(pipeline, lanes, prompt_len, max_new)
             # Rows actually decoding per step on average (sequential episodes leave lanes
             # idle): the engine serving that many rows is the reference at equal concurrency.
-            busy = round(statistics.mean(s["rollout/generated_tokens"] / s["rollout/decode_steps"]
-                                         for s in later if s.get("rollout/decode_steps")) or 0)
+            per_step = [s["rollout/generated_tokens"] / s["rollout/decode_steps"]
+                        for s in later if s.get("rollout/decode_steps")]
+            busy = round(statistics.mean(per_step)) if per_step else 0
             if 0 < busy < lanes:
                 summary["busy_lanes"] = busy
                 summary["engine_only_busy"] = engine_only(pipeline, busy, prompt_len, max_new)

@@ -42,6 +42,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from roll.distributed.data_parallel import TorchDistributedSync, init_ranks
+    from roll.distributed.deepspeed_strategy import resident_elements
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
     from roll.multi_agent.worker import MultiAgentTrainer
@@ -67,8 +68,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     else:
         sync = TorchDistributedSync() if world_size > 1 else None
         trainer = MultiAgentTrainer(model, agents, config, grad_sync=sync)
-    resident = sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor")
-                                    else 0) for param in model.parameters())
+    resident = resident_elements(model)
     rows, tokens = args.rows * world_size, args.tokens
     batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,
                             torch.arange(rows) % args.agents).to(device)

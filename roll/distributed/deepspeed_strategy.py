@@ -352,9 +352,17 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         self.adam_steps = dict(snapshot["adam_steps"])
 
 
+def resident_elements(module: torch.nn.Module) -> int:
+    """Parameter elements a process holds at rest: under ZeRO-3 its partitions (plus whatever
+    is gathered now), otherwise every parameter whole."""
+    return sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor") else 0)
+               for param in module.parameters())
+
+
 def _whole_shape(param: Tensor) -> torch.Size:
     """A parameter's shape, also while ZeRO-3 holds only this rank's partition of it."""
     return getattr(param, "ds_shape", param.shape)
 
 
-__all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config"]
+__all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config",
+           "resident_elements"]

@@ -72,8 +72,9 @@ class TrainRank:
     def resident_elements(self) -> int:
         """Parameter elements this rank holds at rest (ZeRO-3: its partitions of the base and
         the adapters; otherwise the whole model)."""
-        return sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor")
-                                    else 0) for param in self.model.parameters())
+        from roll.distributed.deepspeed_strategy import resident_elements
+
+        return resident_elements(self.model)
 
     def digest(self) -> str:
         """SHA-256 of every adapter tensor and optimizer state tensor (replicas must agree)."""
