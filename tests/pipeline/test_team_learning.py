@@ -10,6 +10,7 @@ adapter, or train another adapter on its rows, and that probability does not ris
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,32 @@ def test_each_debater_learns_from_its_own_correctness_only(tmp_path):
     after = [p_gold(pipeline, f"agent_{seat}", seat) for seat in (0, 1)]
     for seat in (0, 1):
         assert after[seat] > before[seat] + 0.2, (before, after)
+
+
+def test_each_writer_learns_its_own_part_length_from_the_joint_reward(tmp_path):
+    """MAGRPO on the writing team, the joint reward = the length score only, with a short
+    background (1 word) and a long method (4 words, the token budget): both writers get the
+    same joint reward, yet each adapter must learn ITS part's length. Sampling from the top 4
+    tokens makes the random-weight model's choices few enough to learn in a few dozen steps
+    (from all 611 tokens it does not move in 60). Train an adapter on the other writer's rows,
+    or route a part's turns to the other adapter, and the two parts cannot move apart."""
+    cfg = load_config(str(ROOT / "examples" / "writing_magrpo"), "multi_agent_writing_magrpo", [
+        "env.params.target_words=[1,4]", "env.params.scores=[length]",
+        "env.data.builtin_size=2", "rollout.num_groups=4", "rollout.group_size=8",
+        "rollout.sampling.max_new_tokens=4", "rollout.sampling.temperature=1.0",
+        "rollout.sampling.top_p=1.0", "rollout.sampling.top_k=4",
+        "team.optim.lr=1e-2", "team.lora.rank=8", "team.lora.alpha=16",
+        "team.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        "trainer.micro_batch_size=64", "eval.eval_steps=30", "eval.num_episodes=4",
+        "max_steps=30", "save_steps=0", "tracking.backends=[jsonl]", f"output_dir={tmp_path}"])
+    metrics = AgenticPipeline(cfg).run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = next(row for row in rows if row.get("step") == 1)
+    before = next(row for row in rows if row.get("step") == 0)
+    # at first the method is far from its 4 words (and the base's greedy parts have none)
+    assert first["task/words_method"] < 2.0 and first["task/joint"] < 0.5, first
+    assert before["eval/task/joint"] < 0.5, before
+    # greedy evaluation after training: each part at its own target
+    assert metrics["eval/task/words_background"] == pytest.approx(1.0), metrics
+    assert metrics["eval/task/words_method"] == pytest.approx(4.0), metrics
+    assert metrics["eval/task/joint"] == pytest.approx(1.0), metrics
