@@ -80,11 +80,15 @@ def build(args):
 
 def measure(fn, device, repeats: int = 1) -> dict:
     """Seconds of ``fn`` after one warm-up call: the median of ``repeats`` timed calls (with
-    their range when more than one), and the peak memory above what was allocated before."""
+    their range when more than one), the warm-up's own seconds, and the peak memory above what
+    was allocated before."""
     cuda = device.type == "cuda"
-    fn()  # warm-up (kernels, allocator)
+    start = time.perf_counter()
+    fn()  # warm-up (kernels, allocator, compiles)
     if cuda:
         torch.cuda.synchronize()
+    warmup = time.perf_counter() - start
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     times = []
@@ -94,7 +98,7 @@ def measure(fn, device, repeats: int = 1) -> dict:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    result = {"seconds": round(statistics.median(times), 3)}
+    result = {"seconds": round(statistics.median(times), 3), "warmup_seconds": round(warmup, 1)}
     if repeats > 1:
         result["range"] = [round(min(times), 3), round(max(times), 3)]
     if cuda:

@@ -12,9 +12,10 @@ agent at a time) we time, after an untimed warm-up, the median of ``--repeats`` 
 Reported: seconds, tokens/s (all tokens of all rows), MFU = 6 * P * tokens / s / peak (P = base
 parameters; the usual dense-training estimate, LoRA's own FLOPs ignored) for the train step,
 peak memory, and each time relative to the 1-agent team on the same path.
-``--profile TOP`` adds one profiled train step per point (kernel launches, GPU busy fraction,
-the TOP operators by GPU time). Prints one JSON object; writes $OUT/train_throughput.json when
-OUT is set.
+``--compile`` runs the trainer with ``trainer.compile=true`` (roll/multi_agent/compiled.py) and
+reports each team's warm-up seconds and compiled graphs. ``--profile TOP`` adds one profiled
+train step per point (kernel launches, GPU busy fraction, the TOP operators by GPU time).
+Prints one JSON object; writes $OUT/train_throughput.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
-    config = TrainerConfig(micro_batch_size=args.micro, fused=fused)
+    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile)
+    if args.compile:
+        torch._dynamo.reset()  # each team compiles afresh: its warm-up and graphs are its own
     trainer = MultiAgentTrainer(model, agents, config)
     batch = batch.with_fields(agent_id=torch.arange(len(batch), device=batch.input_ids.device)
                               % num_agents)
@@ -91,6 +94,10 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
               "old_logprob": measure(old_logprob, batch.input_ids.device, args.repeats),
               "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device,
                                     args.repeats)}
+    if args.compile:
+        from roll.multi_agent.compiled import compile_count
+
+        result["compiled_graphs"] = compile_count()  # after warm-ups AND timed calls
     if args.profile:
         result["profile"] = profile_step(lambda: trainer.train_step(filled), args.profile)
     # Remove this team's adapters from the shared base before the next team is built.
@@ -111,6 +118,8 @@ def main() -> None:
                         help="timed calls per point after the warm-up (the median is reported)")
     parser.add_argument("--profile", type=int, default=0, metavar="TOP",
                         help="also profile one train step per point; report the TOP operators")
+    parser.add_argument("--compile", action="store_true",
+                        help="trainer.compile=true: compiled decoder layers, gated LoRA rows")
     parser.add_argument("--paths", nargs="+", default=["fused", "sequential"],
                         choices=["fused", "sequential"])
     args = parser.parse_args()
@@ -149,7 +158,7 @@ def main() -> None:
                 entry[phase]["seconds"] / one[phase]["seconds"], 3)
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
                "rows": rows, "tokens": tokens, "prompt": args.prompt,
-               "micro_batch_size": args.micro, "results": results}
+               "micro_batch_size": args.micro, "compile": args.compile, "results": results}
     emit(summary, "train_throughput.json")
 
 

@@ -232,6 +232,14 @@ class TrainerConfig:
     """Pack micro-batches of several agents into one forward/backward of at most
     micro_batch_size rows, each row through its own adapter (fewer forwards when agents have
     few rows each); false: one agent's micro-batch per forward (the reference path)."""
+    compile: bool = False
+    """Run the trainer's forwards (training, old-log-prob, reference) through compiled
+    decoder layers with stacked, row-masked LoRA (roll/multi_agent/compiled.py): fused kernels on
+    a GPU, after a warm-up of one compile per input signature. Needs LoRA dropout 0 and the
+    torch strategy."""
+    compile_backend: str = "inductor"
+    """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
+    generating kernels: a quick check when a compiled run misbehaves)."""
     ppo_mini_batch_size: int | None = None
     """Rows of one agent per optimizer step: each pass shuffles the agent's rows (its own
     generator) and takes one optimizer step per mini-batch of this many rows (the last may be

@@ -133,6 +133,7 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
             self.base_model.forward
         ).parameters
+        self._compiled = None  # compiled.CompiledForward once enable_compile() ran
         self.set_active_agent(self.agent_names[0])
 
     def _install_dropout(self, name: str, p: float) -> None:
@@ -277,11 +278,13 @@ class MultiAgentLoRAModel(nn.Module):
         """Logits (B, stop - first, V) of the positions predicting tokens first..stop-1,
         each row through its agent's adapter (None: the reference)."""
         first, stop = window
-        kwargs = {}
+        kwargs = {"use_cache": False}  # scoring: no KV cache to build
         if self._takes_logits_to_keep:
             # Only the positions that predict a scored token get logits: (B, stop-first, V).
             kwargs["logits_to_keep"] = torch.arange(first - 1, stop - 1, device=input_ids.device)
-        if agent_id is None:
+        if self._compiled is not None:
+            logits = self._compiled.logits(input_ids, attention_mask, agent_id, kwargs)
+        elif agent_id is None:
             with self.reference():
                 logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                          **kwargs).logits
@@ -295,6 +298,19 @@ class MultiAgentLoRAModel(nn.Module):
         if not self._takes_logits_to_keep:
             logits = logits[:, first - 1 : stop - 1]
         return logits
+
+    def enable_compile(self, backend: str = "inductor") -> None:
+        """Route every forward of this model through compiled decoder layers with stacked,
+        row-masked LoRA (compiled.py; ``trainer.compile``). Refused with LoRA dropout on."""
+        from roll.multi_agent.compiled import CompiledForward
+
+        for name, layers in self._dropouts.items():
+            if layers and layers[0].p > 0:
+                raise ValueError(f"trainer.compile=true needs LoRA dropout 0; agent {name!r} "
+                                 f"has dropout {layers[0].p}")
+        self._compiled = CompiledForward(self.peft_model, [layer for _, layer in
+                                                           self._lora_layers],
+                                         self.agent_names, self._all_trainable, backend)
 
     @torch.no_grad()
     def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,

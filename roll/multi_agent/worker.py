@@ -106,6 +106,8 @@ class MultiAgentTrainer:
             raise ValueError(f"temperature={temperature!r}: must be > 0 (greedy rollouts: use 1)")
         self.model = model
         self.config = config.validate()
+        if self.config.compile:
+            model.enable_compile(self.config.compile_backend)
         self.temperature = float(temperature)
         self.agent_names = model.agent_names
         self.optimizers: dict[str, torch.optim.Optimizer] = {}

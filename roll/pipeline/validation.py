@@ -61,6 +61,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
             raise ConfigError(f"team.agents[{i}].name", name,
                               f"is a metric namespace ({', '.join(NAMESPACES)}); rename the agent")
     cfg.trainer.validate()
+    _check_compile(cfg)
     _check_advantage(cfg)
     _check_action(cfg.env.action)
     setup = build_env_setup(cfg)
@@ -75,6 +76,20 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     if check_paths:
         _check_resume(cfg, agents)
     return cfg
+
+
+def _check_compile(cfg: PipelineConfig) -> None:
+    """trainer.compile's needs (roll/multi_agent/compiled.py)."""
+    if not cfg.trainer.compile:
+        return
+    if cfg.actor_train.strategy != "torch":
+        raise ConfigError("trainer.compile", True, "runs with actor_train.strategy=torch only "
+                          f"(got {cfg.actor_train.strategy!r})")
+    for agent in cfg.team.resolved_agents():
+        if agent.lora.dropout > 0:
+            raise ConfigError("trainer.compile", True, f"needs LoRA dropout 0 (agent "
+                              f"{agent.name!r} has dropout {agent.lora.dropout}): each "
+                              "agent's dropout masks come from its own generator, eager only")
 
 
 def _check_model(model: ModelConfig, check_paths: bool) -> None:

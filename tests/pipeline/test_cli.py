@@ -56,6 +56,10 @@ BAD = [
     (["env.action.fallback=pass"], "env.action.fallback='pass'"),
     (["resume=/no/such/checkpoint"], ("resume='/no/such/checkpoint'", "no such folder")),
     (["model.device=cuda:99"], "model.device='cuda:99'"),
+    (["trainer.compile=true", "team.lora.dropout=0.1"],
+     ("trainer.compile=True", "dropout 0.1")),
+    (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
+     ("trainer.compile=True", "actor_train.strategy=torch only")),
 ]
 if importlib.util.find_spec("vllm") is not None:  # without vllm, rollout.engine=vllm is refused
     BAD.append((["rollout.engine=vllm", "rollout.vllm.max_model_len=512"],
