@@ -24,6 +24,7 @@ from roll.algorithms.losses import (
     kl_penalized_rewards,
     kl_per_token,
     ppo_policy_loss,
+    value_loss,
 )
 from roll.algorithms.normalize import normalization_keys, normalize_advantages
 
@@ -46,4 +47,5 @@ __all__ = [
     "ppo_policy_loss",
     "register_advantage",
     "reinforce",
+    "value_loss",
 ]

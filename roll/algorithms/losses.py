@@ -1,4 +1,5 @@
-"""Mask-aware losses: aggregation, PPO clipped policy loss, KL to the reference, entropy.
+"""Mask-aware losses: aggregation, PPO clipped policy loss, KL to the reference, entropy, and
+the critic's clipped value loss.
 
 All per-token inputs are (B, T) and aligned with ``TrajectoryBatch.input_ids``; ``mask`` is the
 response mask. Positions outside the mask (prompt, padding after EOS) are replaced by 0 with
@@ -122,6 +123,54 @@ def ppo_policy_loss(
             "dual_clip_frac": aggregate(is_dual_clipped.to(ratio.dtype), keep),
             "approx_kl": aggregate((ratio - 1.0) - log_ratio, keep),
             "ratio_mean": aggregate(ratio, keep),
+        }
+    return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    agg: AggMode = "token-mean",
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss of a critic (PPO's value clipping, as in OpenAI baselines' ppo2).
+
+    Per token, with V the critic's new value, V_old its value when the rows were scored and R
+    the return target (e.g. GAE's A + V_old):
+        V_clip = V_old + clip(V - V_old, -clip, +clip)
+        loss   = 0.5 * max((V - R)^2, (V_clip - R)^2)
+    so one update cannot move a value more than ``clip`` away from V_old to gain on the loss;
+    ``clip=None`` gives 0.5 (V - R)^2. ``old_values`` and ``returns`` are constants.
+
+    Returns:
+        (scalar loss aggregated with ``agg``/``normalizer``, metrics) with detached 0-dim
+        tensors over the masked tokens: ``value_clip_frac`` (share where the clipped term is the
+        larger loss), ``value_error`` (mean (V - R)^2), ``value_mean``.
+    """
+    if clip is not None and not clip > 0.0:
+        raise ValueError(f"value clip must be > 0 (or None), got {clip!r}")
+    keep = mask.bool()
+    returns = _masked(returns.detach(), keep)
+    old_values = _masked(old_values.detach(), keep)
+    values = _masked(values, keep)  # (B, T)
+    unclipped = (values - returns).square()
+    if clip is None:
+        per_token, is_clipped = 0.5 * unclipped, torch.zeros_like(keep)
+    else:
+        clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped = (clipped_values - returns).square()
+        is_clipped = clipped > unclipped
+        per_token = 0.5 * torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token, keep, agg, normalizer)
+    with torch.no_grad():
+        metrics = {
+            "value_clip_frac": aggregate(is_clipped.to(values.dtype), keep),
+            "value_error": aggregate(unclipped, keep),
+            "value_mean": aggregate(values, keep),
         }
     return loss, {name: value.detach() for name, value in metrics.items()}
 

@@ -15,6 +15,7 @@ from roll.algorithms import (
     kl_penalized_rewards,
     kl_per_token,
     ppo_policy_loss,
+    value_loss,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -273,3 +274,31 @@ def test_entropy_loss_ignores_prompt_and_padding():
     loss.backward()
     assert torch.all(logits.grad[~mask.bool()] == 0)
     assert torch.isfinite(logits.grad).all()
+
+
+# --- value loss ---------------------------------------------------------------------------------
+
+
+def test_clipped_value_loss_by_hand():
+    """V, V_old, R per token (clip 0.2), the last position padding (NaN everywhere):
+    t1 V 1.1, V_old 0.8 -> V_clip 1.0; (1.1-2)^2 = 0.81 < (1.0-2)^2 = 1.00: clipped, 0.5.
+    t2 V 0.5, V_old 0.8 -> V_clip 0.6; (0.5-0)^2 = 0.25 < 0.6^2 = 0.36: clipped, 0.18.
+    t3 V 3.0, V_old 2.0 -> V_clip 2.2; (3-1)^2 = 4 > 1.2^2 = 1.44: unclipped, 2.0.
+    t4 V = V_old = 2.0, R 2.5: both 0.25, 0.125.
+    token-mean (0.5 + 0.18 + 2.0 + 0.125) / 4 = 0.70125; a clipped term does not depend on V
+    (the clamp saturates), so dL/dV = [0, 0, 0.5 * 2 * (3 - 1), 2.0 - 2.5] / 4."""
+    values = torch.tensor([[1.1, 0.5, 3.0, 2.0, NAN]], requires_grad=True)
+    old_values = torch.tensor([[0.8, 0.8, 2.0, 2.0, NAN]])
+    returns = torch.tensor([[2.0, 0.0, 1.0, 2.5, INF]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    loss, metrics = value_loss(values, old_values, returns, mask, clip=0.2)
+    assert loss.item() == pytest.approx(0.70125)
+    loss.backward()
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, 0.0, 0.5, -0.125, 0.0]]))
+    assert metrics["value_clip_frac"].item() == pytest.approx(0.5)
+    assert metrics["value_error"].item() == pytest.approx((0.81 + 0.25 + 4 + 0.25) / 4)
+    assert metrics["value_mean"].item() == pytest.approx((1.1 + 0.5 + 3 + 2) / 4)
+    unclipped, _ = value_loss(values, old_values, returns, mask, clip=None)
+    assert unclipped.item() == pytest.approx(0.5 * (0.81 + 0.25 + 4 + 0.25) / 4)
+    with pytest.raises(ValueError, match="value clip must be > 0"):
+        value_loss(values, old_values, returns, mask, clip=0.0)
