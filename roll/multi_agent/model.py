@@ -97,20 +97,27 @@ class MultiAgentLoRAModel(nn.Module):
             dropout masks (with the agent's optimizer step).
     """
 
-    def __init__(self, base_model: nn.Module, agents: Sequence[AgentConfig], seed: int = 0):
+    def __init__(self, base_model: nn.Module, agents: Sequence[AgentConfig], seed: int = 0,
+                 critics: Sequence[AgentConfig] = ()):
         super().__init__()
         from peft import get_peft_model
         from peft.tuners.lora import LoraLayer
 
         if not agents:
             raise ValueError("MultiAgentLoRAModel needs at least one agent")
+        clash = sorted({a.name for a in agents} & {c.name for c in critics})
+        if clash:
+            raise ValueError(f"critic names {clash} are also agent names")
         base_path = getattr(base_model.config, "_name_or_path", None) or None
         for param in base_model.parameters():
             param.requires_grad_(False)
         self.agent_names: list[str] = [agent.name for agent in agents]
+        self.critic_names: list[str] = [critic.name for critic in critics]
+        """Adapters of value models (roll/multi_agent/critic.py): in the same PEFT model, never
+        synced to an engine."""
         self.seed = seed
         peft_model = None
-        for agent in agents:
+        for agent in [*agents, *critics]:
             config = _peft_lora_config(agent.lora, base_path)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(adapter_init_seed(seed, agent.name))
@@ -128,7 +135,7 @@ class MultiAgentLoRAModel(nn.Module):
         """(module path, PEFT LoRA layer) of every adapted projection, in module order."""
         self._dropout_generators: dict[str, dict[torch.device, torch.Generator]] = {}
         self._dropouts: dict[str, list[AgentDropout]] = {}
-        for agent in agents:
+        for agent in [*agents, *critics]:
             self._install_dropout(agent.name, agent.lora.dropout)
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
             self.base_model.forward
@@ -158,6 +165,10 @@ class MultiAgentLoRAModel(nn.Module):
         except ValueError:
             raise KeyError(f"unknown agent {name!r}; agents are {self.agent_names}") from None
 
+    def _check_adapter(self, name: str) -> None:
+        if name not in self.critic_names:
+            self.agent_index(name)
+
     def set_active_agent(self, name: str) -> None:
         """The adapter PEFT's own forward applies when ``peft_model`` is called directly
         (``forward`` routes every row itself and does not depend on it).
@@ -174,7 +185,7 @@ class MultiAgentLoRAModel(nn.Module):
         """PEFT leaves only the active adapter trainable (set_adapter, and again when
         disable_adapter ends); every agent's tensors stay trainable here (a mixed forward
         trains several), and a tensor outside the graph simply gets no gradient."""
-        for agent in self.agent_names:
+        for agent in [*self.agent_names, *self.critic_names]:
             for param in self.agent_parameters(agent):
                 param.requires_grad_(True)
 
@@ -186,9 +197,10 @@ class MultiAgentLoRAModel(nn.Module):
         """(PEFT on-disk key, tensor) of each of this agent's adapter tensors, module order.
 
         Read from each LoRA layer's per-adapter containers (``lora_A[name]`` …), so one agent's
-        name can never select another agent's tensors, whatever the names.
+        name can never select another agent's tensors, whatever the names. Critics' names
+        (``critic_names``) are accepted too.
         """
-        self.agent_index(name)
+        self._check_adapter(name)
         for path, layer in self._lora_layers:
             for container_name in layer.adapter_layer_names:
                 container = getattr(layer, container_name, None)
@@ -459,8 +471,8 @@ class MultiAgentLoRAModel(nn.Module):
             param.copy_(tensors[key].to(device=param.device, dtype=param.dtype))
 
     def lora_config(self, name: str):
-        """The PEFT LoraConfig of one agent."""
-        self.agent_index(name)
+        """The PEFT LoraConfig of one agent (or critic)."""
+        self._check_adapter(name)
         return self.peft_model.peft_config[name]
 
     def save_agent(self, name: str, directory: str | os.PathLike) -> Path:
