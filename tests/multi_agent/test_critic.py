@@ -4,6 +4,8 @@ saves and loads bit-exactly."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -95,3 +97,111 @@ def test_critic_names_must_differ_from_agent_names(tiny_model_path):
     with pytest.raises(ValueError, match=r"critic names \['alice'\] are also agent names"):
         MultiAgentLoRAModel(load_model(tiny_model_path), [AgentConfig("alice", lora=LORA)],
                             critics=[AgentConfig("alice", lora=LORA)])
+
+
+# --- the critic trainer -------------------------------------------------------------------------
+
+
+def _critic_team(path, names):
+    from roll.multi_agent.config import OptimConfig
+
+    critics = [AgentConfig(name, lora=LORA, optim=OptimConfig(lr=1e-2)) for name in names]
+    model = MultiAgentLoRAModel(load_model(path), [AgentConfig("alice", lora=LORA)], seed=0,
+                                critics=critics)
+    heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size)
+    return model, heads, critics
+
+
+def _targets(batch, critic_id, trainer, row_target=None):
+    """Old values from the critics themselves; returns ``row_target`` (B,) on each row's
+    response (default +1 on critic 0's rows, -2 on the others')."""
+    values = trainer.values(batch, critic_id)
+    if row_target is None:
+        row_target = torch.where(critic_id == 0, 1.0, -2.0)
+    return batch.with_fields(values=values, returns=row_target[:, None] * batch.response_mask)
+
+
+def test_critics_trained_together_equal_each_alone_and_fit_their_returns(tiny_model_path):
+    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
+
+    batch = make_rows([0] * 7, seed=6)
+    critic_id = torch.tensor([0, 1, 1, 0, 0, 1, 0])
+    model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
+    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig(micro_batch_size=3))
+    errors = []
+    for _ in range(25):
+        step_batch = _targets(batch, critic_id, trainer)
+        metrics = trainer.train_step(step_batch, critic_id)
+        errors.append({name: m["value_error"] for name, m in metrics.items()})
+    # Each critic fits its own rows' returns (+1 and -2): the squared error falls tenfold.
+    for name in ("critic_a", "critic_b"):
+        assert errors[-1][name] < 0.1 * errors[0][name], errors
+    final = trainer.values(batch, critic_id)
+    mask = batch.response_mask.bool()
+    assert final[critic_id == 0][mask[critic_id == 0]].mean() > 0.5
+    assert final[critic_id == 1][mask[critic_id == 1]].mean() < -1.0
+    # Alone: one critic, its own rows only, the same number of steps.
+    for index, name in enumerate(["critic_a", "critic_b"]):
+        alone, alone_heads, alone_critics = _critic_team(tiny_model_path, [name])
+        solo = CriticTrainer(alone, alone_heads, alone_critics,
+                             CriticTrainConfig(micro_batch_size=3))
+        own = batch.select(critic_id == index)
+        zeros = torch.zeros(len(own), dtype=torch.long)
+        target = torch.full((len(own),), 1.0 if index == 0 else -2.0)
+        for _ in range(25):
+            solo.train_step(_targets(own, zeros, solo, target), zeros)
+        for key, value in alone.export_adapter(name).items():
+            torch.testing.assert_close(model.export_adapter(name)[key], value, rtol=0, atol=1e-6)
+        for got, want in zip(heads.heads[name].parameters(),
+                             alone_heads.heads[name].parameters(), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_an_idle_critic_keeps_its_weights_and_state_and_resume_is_bit_exact(tiny_model_path):
+    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
+
+    batch = make_rows([0] * 5, seed=7)
+    only_a = torch.zeros(5, dtype=torch.long)
+    model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
+    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig())
+    before = {key: value.clone() for key, value in model.export_adapter("critic_b").items()}
+    steps = [_targets(batch, only_a, trainer)]
+    trainer.train_step(steps[0], only_a)
+    assert trainer.optimizers["critic_b"].state == {}
+    assert all(torch.equal(model.export_adapter("critic_b")[k], v) for k, v in before.items())
+    # Save after step 1, then step 2 in the original and in a resumed copy: bitwise equal.
+    state = copy.deepcopy(trainer.state_dict())  # as a checkpoint on disk holds it
+    saved = {name: (model.export_adapter(name), {k: v.clone() for k, v in
+                                                 heads.heads[name].state_dict().items()})
+             for name in model.critic_names}
+    step2 = _targets(batch, only_a, trainer)
+    trainer.train_step(step2, only_a)
+    resumed, resumed_heads, _ = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
+    for name, (adapter, head) in saved.items():
+        resumed.import_adapter(name, adapter)
+        resumed_heads.heads[name].load_state_dict(head)
+    again = CriticTrainer(resumed, resumed_heads, critics, CriticTrainConfig())
+    again.load_state_dict(state)
+    again.train_step(step2, only_a)
+    for key, value in model.export_adapter("critic_a").items():
+        assert torch.equal(resumed.export_adapter("critic_a")[key], value), key
+    assert all(torch.equal(a, b) for a, b in zip(heads.parameters(), resumed_heads.parameters(),
+                                                 strict=True))
+
+
+def test_a_non_finite_critic_loss_refuses_the_whole_step(tiny_model_path):
+    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
+    from roll.multi_agent.worker import NonFiniteLossError
+
+    batch = make_rows([0] * 4, seed=8)
+    critic_id = torch.tensor([0, 1, 0, 1])
+    model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
+    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig())
+    step = _targets(batch, critic_id, trainer)
+    returns = step.returns.clone()
+    returns[1, batch.response_mask[1].bool()] = float("inf")  # a row of critic_b
+    before = [p.clone() for p in heads.parameters()]
+    with pytest.raises(NonFiniteLossError, match="critic 'critic_b'"):
+        trainer.train_step(step.with_fields(returns=returns), critic_id)
+    assert all(torch.equal(a, b) for a, b in zip(heads.parameters(), before, strict=True))
+    assert trainer.optimizers["critic_a"].state == {}
