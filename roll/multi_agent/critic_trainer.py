@@ -28,7 +28,7 @@ from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import AgentConfig, ConfigError
 from roll.multi_agent.critic import ValueHeads, critic_values
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.worker import NonFiniteLossError, lr_lambda
+from roll.multi_agent.worker import NonFiniteLossError, clip_gradients, lr_lambda
 
 
 @dataclass
@@ -155,13 +155,7 @@ class CriticTrainer:
                              positions=batch.response_mask[rows].bool())
 
     def _clip(self, name: str) -> Tensor:
-        params = [p for p in self.parameters(name) if p.grad is not None]
-        if not params:
-            return torch.zeros(())
-        limit = self.max_grad_norm[name]
-        if limit > 0:
-            return torch.nn.utils.clip_grad_norm_(params, limit)
-        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        return clip_gradients(self.parameters(name), self.max_grad_norm[name])
 
     def _refuse_non_finite(self, losses: dict[str, Tensor], norms: dict[str, Tensor]) -> None:
         for name in losses:

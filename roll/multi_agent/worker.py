@@ -60,6 +60,18 @@ class NonFiniteLossError(FloatingPointError):
     """A loss or gradient norm was NaN/inf: the step is refused, never masked."""
 
 
+def clip_gradients(params: Sequence[torch.nn.Parameter], limit: float) -> Tensor:
+    """Clip the gradients of ``params`` (those that have one) to total norm ``limit`` (0: no
+    clipping); the norm before clipping, 0 when none has a gradient (rows without a response
+    token: nothing to learn, a zero update)."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return torch.zeros((), device=params[0].device)
+    if limit > 0:
+        return torch.nn.utils.clip_grad_norm_(with_grad, limit)
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))
+
+
 def lr_lambda(optim: OptimConfig):
     """Multiplier of the peak LR after ``step`` optimizer steps of one agent."""
 
@@ -399,14 +411,8 @@ class MultiAgentTrainer:
 
     def _clip(self, name: str) -> Tensor:
         """Clip this agent's gradient norm to its max_grad_norm; the norm before clipping."""
-        limit = self.max_grad_norm[name]
-        with_grad = [p for p in self.optimizers[name].param_groups[0]["params"]
-                     if p.grad is not None]
-        if not with_grad:  # rows without a response token: nothing to learn, a zero update
-            return torch.zeros((), device=self.optimizers[name].param_groups[0]["params"][0].device)
-        if limit > 0:
-            return torch.nn.utils.clip_grad_norm_(with_grad, limit)
-        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))
+        return clip_gradients(self.optimizers[name].param_groups[0]["params"],
+                              self.max_grad_norm[name])
 
     def _refuse_non_finite(
         self, checks: dict[str, tuple[Tensor, Tensor]], round_index: int, rounds: int
