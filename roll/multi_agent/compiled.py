@@ -103,10 +103,13 @@ class StackedRouting:
         self.base_layers: list[nn.Module] = []
         for layer in lora_layers:
             names = [name for name in self.agent_names if name in layer.lora_A]
+            if not names:  # a layer only critics adapt
+                continue
             # Column j of the stacked product belongs to agent column_agent[j].
+            device = layer.lora_A[names[0]].weight.device
             column_agent = torch.cat([torch.full((layer.lora_A[name].out_features,),
-                                                 self.agent_names.index(name), dtype=torch.long)
-                                      for name in names])
+                                                 self.agent_names.index(name), dtype=torch.long,
+                                                 device=device) for name in names])
             base = layer.base_layer
             base.agent_rows = None  # (capacity >= B, N) while a route is open
             base.register_forward_hook(partial(_add_delta, layer, names, column_agent))
@@ -148,7 +151,7 @@ def _add_delta(layer, names, column_agent, module, args, output):
     a_stack = torch.cat([layer.lora_A[name].weight for name in names]).to(dtype)  # (C, in)
     b_stack = torch.cat([layer.lora_B[name].weight * layer.scaling[name]
                          for name in names], dim=1).to(dtype)  # (out, C)
-    mask = rows[:, column_agent.to(rows.device)].unsqueeze(1)  # (B, 1, C)
+    mask = rows[:, column_agent].unsqueeze(1)  # (B, 1, C)
     hidden = F.linear(args[0].to(dtype), a_stack) * mask  # (B, T, C)
     return output + F.linear(hidden, b_stack)
 

@@ -93,3 +93,22 @@ def test_compile_refuses_lora_dropout(tiny_model_path):
     model, resolved = make_team(tiny_model_path, agents)
     with pytest.raises(ValueError, match="trainer.compile=true needs LoRA dropout 0; agent 'bob'"):
         MultiAgentTrainer(model, resolved, TrainerConfig(compile=True))
+
+
+def test_stacked_routing_skips_layers_only_critics_adapt(tiny_model_path):
+    """Critics may adapt projections no agent does: the stacked routing hooks only layers with
+    an agent (a critic's delta is never added by it), and the compiled forward builds."""
+    from roll.models import load_model
+    from roll.multi_agent.compiled import StackedRouting
+    from roll.multi_agent.model import MultiAgentLoRAModel
+
+    agent_lora = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj"])
+    critic_lora = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
+    model = MultiAgentLoRAModel(load_model(tiny_model_path),
+                                [AgentConfig("alice", lora=agent_lora)],
+                                critics=[AgentConfig("critic", lora=critic_lora)])
+    layers = [layer for _, layer in model._lora_layers]
+    routing = StackedRouting(layers, model.agent_names)
+    hooked = {id(base) for base in routing.base_layers}
+    for path, layer in model._lora_layers:
+        assert (id(layer.base_layer) in hooked) == path.endswith("q_proj"), path
