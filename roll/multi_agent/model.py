@@ -316,7 +316,8 @@ class MultiAgentLoRAModel(nn.Module):
         row-masked LoRA (compiled.py; ``trainer.compile``). Refused with LoRA dropout on."""
         from roll.multi_agent.compiled import CompiledForward
 
-        for name, layers in self._dropouts.items():
+        for name in self.agent_names:  # critics are not compiled: their dropout may stay
+            layers = self._dropouts[name]
             if layers and layers[0].p > 0:
                 raise ValueError(f"trainer.compile=true needs LoRA dropout 0; agent {name!r} "
                                  f"has dropout {layers[0].p}")
