@@ -8,7 +8,19 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The compiled-path tests compile afresh: no graphs from torch's on-disk caches of earlier runs
+# (they persist on this machine between runs of different code).
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_restored():
+    """Every test starts with gradients on, whatever a test before it left behind."""
+    torch.set_grad_enabled(True)
+    yield
+    torch.set_grad_enabled(True)
 
 
 @pytest.fixture(scope="session")
