@@ -31,13 +31,17 @@ trainer's forwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+MIN_ROW_CAPACITY = 256
+"""Rows of the routing mask allocated at first: forwards of up to this many rows share one
+compiled graph."""
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -124,9 +128,9 @@ class StackedRouting:
         if rows is None or rows.shape[0] < need or rows.dtype != dtype \
                 or rows.device != input_ids.device:
             # A compiled graph sees a module's tensor attribute with a fixed shape; the hook
-            # takes the forward's first B rows of it. Capacity grows by powers of two (each
-            # growth is one more compile).
-            capacity = 1 << max(need - 1, 0).bit_length()
+            # takes the forward's first B rows of it. Capacity: at least 256 rows, then powers
+            # of two (each growth is one more compile).
+            capacity = max(MIN_ROW_CAPACITY, 1 << max(need - 1, 0).bit_length())
             rows = self._rows = torch.zeros(capacity, count, dtype=dtype,
                                             device=input_ids.device)
         rows.zero_()
@@ -161,26 +165,25 @@ class CompiledForward:
     adapter) and each row's own agent's delta added by the stacked routing."""
 
     def __init__(self, peft_model: nn.Module, lora_layers: Sequence[nn.Module],
-                 agent_names: Sequence[str], all_trainable: Callable[[], None],
-                 backend: str = "inductor") -> None:
+                 agent_names: Sequence[str], backend: str = "inductor") -> None:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
         self.routing = StackedRouting(self.lora_layers, agent_names)
-        self._all_trainable = all_trainable  # PEFT's set_adapter freezes inactive adapters
         self.dtype = next(peft_model.get_base_model().parameters()).dtype
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
                kwargs: dict) -> Tensor:
-        previous = [layer.active_adapters for layer in self.lora_layers]
+        # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
+        # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
+        # with 8 agents those flips (and undoing them) cost more host time than the forward.
+        previous = [layer._active_adapter for layer in self.lora_layers]
         for layer in self.lora_layers:
-            layer.set_adapter([])
-        self._all_trainable()
+            layer._active_adapter = []
         try:
             with self.routing.route(agent_id, input_ids, self.dtype), self.layers.active():
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs).logits
         finally:
             for layer, active in zip(self.lora_layers, previous, strict=True):
-                layer.set_adapter(active)
-            self._all_trainable()
+                layer._active_adapter = active

@@ -142,6 +142,7 @@ class MultiAgentLoRAModel(nn.Module):
         ).parameters
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
         self.set_active_agent(self.agent_names[0])
+        self._all_trainable()  # PEFT's add_adapter left the later adapters frozen
 
     def _install_dropout(self, name: str, p: float) -> None:
         generators: dict[torch.device, torch.Generator] = {}
@@ -323,7 +324,7 @@ class MultiAgentLoRAModel(nn.Module):
                                  f"has dropout {layers[0].p}")
         self._compiled = CompiledForward(self.peft_model, [layer for _, layer in
                                                            self._lora_layers],
-                                         self.agent_names, self._all_trainable, backend)
+                                         self.agent_names, backend)
 
     @torch.no_grad()
     def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,
