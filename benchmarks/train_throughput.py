@@ -100,7 +100,8 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
         result["compiled_graphs"] = compile_count()  # after warm-ups AND timed calls
     if args.profile:
         result["profile"] = profile_step(lambda: trainer.train_step(filled), args.profile)
-    # Remove this team's adapters from the shared base before the next team is built.
+    # Remove this team's hooks and adapters from the shared base before the next team is built.
+    model.disable_compile()
     base_model = model.peft_model.unload()
     assert base_model is base
     return result

@@ -8,19 +8,19 @@ all of them and warm-up costs one layer's compile, not the whole model's.
 
 Routing without data-dependent code. The eager path gives each contiguous run of an agent's rows
 that agent's LoRA delta by slicing at Python-int row offsets, which a compiled graph would
-specialise on (a recompile per mix of agents). Here, as in the engine's fused multi-LoRA
-(roll/inference/fused_lora.py), a forward hook on each adapted base layer stacks every agent's
-factors, A_stack = [A_1; ...; A_N] (sum r_j, in) and B_stack = [B_1 s_1, ..., B_N s_N]
-(out, sum r_j), and a per-row one-hot over the agents selects the row's block:
+specialise on (a recompile per mix of agents). Here each row gets its own agent's factors as
+data: a forward hook on each adapted base layer stacks every agent's factors, A_all (N, r, in)
+and B_all = [B_j s_j] (N, out, r), picks each row's pair with the rows' one-hot agent matrix
+(B, N) (a matmul over the weights, not over the tokens), and adds one batched product per row:
 
-    y = W x + B_stack ((A_stack x) * m_row)          = W x + B_a A_a x s_a on a row of agent a,
+    A_b = onehot[b] @ A_all,  B_b = onehot[b] @ B_all,  delta[b] = x[b] A_b^T B_b^T,
 
-where m_row is 1 on the columns of the row's agent and 0 elsewhere. A row gets exactly its own
-agent's delta (the other blocks add exact zeros), and agent j's A/B get gradients from agent j's
-rows only (the mask zeroes the rest exactly). Two products per layer whatever the number of
-agents, and one saved input (not one per agent). The reference policy is every mask at 0 (the
-same graph; no second copy, no adapter switch). PEFT's own LoRA is switched off meanwhile (no
-active adapter). The cost: N x the eager path's (small) LoRA FLOPs.
+so each row costs its own agent's rank only (not N times it, as a product over every agent's
+stacked factors with a per-row mask would), rows may come in any order, and one graph serves
+every mix of agents and row counts (the one-hot is a tensor input of shape (B, N)). Agent j's
+A/B get gradients from agent j's rows only: the one-hot's transpose sums the rows' weight
+gradients per agent (exact zeros for an agent without rows). The reference policy is no delta
+at all (a graph of its own). PEFT's own LoRA is switched off meanwhile (no active adapter).
 
 Simplifications, stated: LoRA dropout is refused (each agent's masks come from its own
 generator in the eager path; a compiled graph cannot keep that). LoRA products run in the base
@@ -38,10 +38,6 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-MIN_ROW_CAPACITY = 256
-"""Rows of the routing mask allocated at first: forwards of up to this many rows share one
-compiled graph."""
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -97,80 +93,119 @@ class CompiledLayers:
                 layer._compiled_call_impl = None
 
 
-class StackedRouting:
-    """Forward hooks that add every row's own agent's LoRA delta from stacked factors while a
-    route is open (module docstring); no-ops otherwise (eager forwards, the engines)."""
+ROW_CAPACITY = 256
+"""Rows the routing one-hot holds at least (more rows in one forward: the next power of two)."""
+
+
+class RowRouting:
+    """Forward hooks that add each row's own agent's LoRA delta while a route is open (module
+    docstring); no-ops otherwise (eager forwards, the engines)."""
 
     def __init__(self, lora_layers: Sequence[nn.Module], agent_names: Sequence[str]) -> None:
         self.agent_names = list(agent_names)
-        self._rows: Tensor | None = None  # (capacity, N) one-hot of each row's agent
         self.base_layers: list[nn.Module] = []
+        self._handles = []
         for layer in lora_layers:
-            names = [name for name in self.agent_names if name in layer.lora_A]
-            if not names:  # a layer only critics adapt
-                continue
-            # Column j of the stacked product belongs to agent column_agent[j].
-            device = layer.lora_A[names[0]].weight.device
-            column_agent = torch.cat([torch.full((layer.lora_A[name].out_features,),
-                                                 self.agent_names.index(name), dtype=torch.long,
-                                                 device=device) for name in names])
+            if not any(name in layer.lora_A for name in self.agent_names):
+                continue  # a layer only critics adapt
             base = layer.base_layer
-            base.agent_rows = None  # (capacity >= B, N) while a route is open
-            base.register_forward_hook(partial(_add_delta, layer, names, column_agent))
+            if hasattr(base, "lora_rows"):
+                # A second team's hook would also read this layer's one-hot and pick its own
+                # (fewer) agents' factors with it.
+                self.close()
+                raise ValueError("trainer.compile: this base model's layers are already routed "
+                                 "by another team's compiled forward; call disable_compile() "
+                                 "on that team first")
+            base.lora_rows = None  # (capacity, N): one-hot of row b's agent, while routed
+            # Permanent while compiled (not per forward): a hook registered anew each forward
+            # would be a new object to dynamo's guards, i.e. a recompile per forward.
+            self._handles.append(base.register_forward_hook(
+                partial(_add_row_delta, layer, self.agent_names)))
             self.base_layers.append(base)
 
-    @contextmanager
-    def route(self, agent_id: Tensor | None, input_ids: Tensor, dtype: torch.dtype
-              ) -> Iterator[None]:
-        """Rows of ``agent_id`` (B,) through their agents' deltas (None: the reference)."""
-        count, need = len(self.agent_names), input_ids.shape[0]
-        rows = self._rows
-        if rows is None or rows.shape[0] < need or rows.dtype != dtype \
-                or rows.device != input_ids.device:
-            # A compiled graph sees a module's tensor attribute with a fixed shape; the hook
-            # takes the forward's first B rows of it. Capacity: at least 256 rows, then powers
-            # of two (each growth is one more compile).
-            capacity = max(MIN_ROW_CAPACITY, 1 << max(need - 1, 0).bit_length())
-            rows = self._rows = torch.zeros(capacity, count, dtype=dtype,
-                                            device=input_ids.device)
-        rows.zero_()
-        if agent_id is not None:
-            rows[:need] = F.one_hot(agent_id, count).to(dtype)
+    def close(self) -> None:
+        """Remove the hooks (the base layers become plain again)."""
+        for handle in self._handles:
+            handle.remove()
         for base in self.base_layers:
-            base.agent_rows = rows
+            del base.lora_rows
+        self._handles, self.base_layers = [], []
+
+    @contextmanager
+    def route(self, agent_id: Tensor | None, dtype: torch.dtype) -> Iterator[None]:
+        """Rows with these agent indices (B,) through their agents' deltas, in any order;
+        None: the reference (no delta)."""
+        rows = None
+        if agent_id is not None:
+            # Dynamo gives a module attribute's tensor a static shape: a (B, N) one-hot would
+            # recompile for every new B. A fixed capacity of rows (the hook takes the first B)
+            # changes only when B outgrows it.
+            capacity = max(ROW_CAPACITY, 1 << (len(agent_id) - 1).bit_length())
+            rows = torch.zeros(capacity, len(self.agent_names), dtype=dtype,
+                               device=agent_id.device)
+            rows[torch.arange(len(agent_id), device=agent_id.device), agent_id.long()] = 1
+        for base in self.base_layers:
+            base.lora_rows = rows
         try:
             yield
         finally:
             for base in self.base_layers:
-                base.agent_rows = None
+                base.lora_rows = None
 
 
-def _add_delta(layer, names, column_agent, module, args, output):
-    """Forward hook of an adapted base layer: + B_stack((A_stack x) * mask) (module docstring)."""
-    rows = module.agent_rows
-    if rows is None:
+def _stacked_factors(layer: nn.Module, agent_names: Sequence[str], dtype: torch.dtype
+                     ) -> tuple[Tensor, Tensor]:
+    """Every agent's A (N, r, in) and B*scaling (N, out, r) of one LoRA layer, in ``dtype``;
+    ranks padded with zeros to the largest one, agents that do not adapt this layer all zeros
+    (exact: the padding adds nothing and gets no gradient that reaches a parameter)."""
+    present = [name for name in agent_names if name in layer.lora_A]
+    rank = max(layer.lora_A[name].out_features for name in present)
+    weight = layer.lora_A[present[0]].weight
+    fan_in, fan_out = weight.shape[1], layer.lora_B[present[0]].weight.shape[0]
+    a_blocks, b_blocks = [], []
+    for name in agent_names:
+        if name not in layer.lora_A:
+            a_blocks.append(weight.new_zeros(rank, fan_in))
+            b_blocks.append(weight.new_zeros(fan_out, rank))
+            continue
+        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight * layer.scaling[name]
+        pad = rank - a.shape[0]
+        a_blocks.append(F.pad(a, (0, 0, 0, pad)) if pad else a)
+        b_blocks.append(F.pad(b, (0, pad)) if pad else b)
+    return torch.stack(a_blocks).to(dtype), torch.stack(b_blocks).to(dtype)
+
+
+def _add_row_delta(layer, agent_names, module, args, output):
+    """Forward hook of an adapted base layer: + each row's own agent's LoRA delta."""
+    if module.lora_rows is None:
         return output
-    rows = rows[: args[0].shape[0]]  # (B, N): this forward's rows
+    x = args[0]  # (B, T, in)
     dtype = output.dtype
-    a_stack = torch.cat([layer.lora_A[name].weight for name in names]).to(dtype)  # (C, in)
-    b_stack = torch.cat([layer.lora_B[name].weight * layer.scaling[name]
-                         for name in names], dim=1).to(dtype)  # (out, C)
-    mask = rows[:, column_agent].unsqueeze(1)  # (B, 1, C)
-    hidden = F.linear(args[0].to(dtype), a_stack) * mask  # (B, T, C)
-    return output + F.linear(hidden, b_stack)
+    rows = module.lora_rows[: x.shape[0]].to(dtype)  # (B, N) one-hot
+    a_all, b_all = _stacked_factors(layer, agent_names, dtype)  # (N, r, in), (N, out, r)
+    agents, rank, fan_in = a_all.shape
+    fan_out = b_all.shape[1]
+    a_rows = (rows @ a_all.reshape(agents, -1)).view(-1, rank, fan_in)  # (B, r, in)
+    b_rows = (rows @ b_all.reshape(agents, -1)).view(-1, fan_out, rank)  # (B, out, r)
+    hidden = torch.bmm(x.to(dtype), a_rows.transpose(1, 2))  # (B, T, r)
+    return output + torch.bmm(hidden, b_rows.transpose(1, 2))  # (B, T, out)
 
 
 class CompiledForward:
     """Logits of a PEFT model through the compiled layers, PEFT's own LoRA off (no active
-    adapter) and each row's own agent's delta added by the stacked routing."""
+    adapter) and each row's own agent's delta added by the row routing."""
 
     def __init__(self, peft_model: nn.Module, lora_layers: Sequence[nn.Module],
                  agent_names: Sequence[str], backend: str = "inductor") -> None:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
-        self.routing = StackedRouting(self.lora_layers, agent_names)
-        self.dtype = next(peft_model.get_base_model().parameters()).dtype
+        self.routing = RowRouting(self.lora_layers, agent_names)
+
+    def close(self) -> None:
+        """Back to the eager model: routing hooks removed (the compiled layers are switched in
+        only inside ``logits``)."""
+        self.routing.close()
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
                kwargs: dict) -> Tensor:
@@ -181,7 +216,8 @@ class CompiledForward:
         for layer in self.lora_layers:
             layer._active_adapter = []
         try:
-            with self.routing.route(agent_id, input_ids, self.dtype), self.layers.active():
+            with self.routing.route(agent_id, self.layers.embeddings.weight.dtype), \
+                    self.layers.active():
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs).logits
         finally:

@@ -234,9 +234,9 @@ class TrainerConfig:
     few rows each); false: one agent's micro-batch per forward (the reference path)."""
     compile: bool = False
     """Run the trainer's forwards (training, old-log-prob, reference) through compiled
-    decoder layers with stacked, row-masked LoRA (roll/multi_agent/compiled.py): fused kernels on
-    a GPU, after a warm-up of one compile per input signature. Needs LoRA dropout 0 and the
-    torch strategy."""
+    decoder layers, each row's own agent's LoRA picked per row (roll/multi_agent/compiled.py):
+    fused kernels on a GPU, after a warm-up of one compile per input signature. Needs LoRA
+    dropout 0 and the torch strategy."""
     compile_backend: str = "inductor"
     """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
     generating kernels: a quick check when a compiled run misbehaves)."""

@@ -313,8 +313,9 @@ class MultiAgentLoRAModel(nn.Module):
         return logits
 
     def enable_compile(self, backend: str = "inductor") -> None:
-        """Route every forward of this model through compiled decoder layers with stacked,
-        row-masked LoRA (compiled.py; ``trainer.compile``). Refused with LoRA dropout on."""
+        """Route every forward of this model through compiled decoder layers, each row's
+        own agent's LoRA picked per row (compiled.py; ``trainer.compile``). Refused with LoRA
+        dropout on."""
         from roll.multi_agent.compiled import CompiledForward
 
         for name in self.agent_names:  # critics are not compiled: their dropout may stay
@@ -325,6 +326,13 @@ class MultiAgentLoRAModel(nn.Module):
         self._compiled = CompiledForward(self.peft_model, [layer for _, layer in
                                                            self._lora_layers],
                                          self.agent_names, backend)
+
+    def disable_compile(self) -> None:
+        """Undo ``enable_compile``: eager forwards, no hooks left on the base model's layers
+        (needed before another team compiles on the same base)."""
+        if self._compiled is not None:
+            self._compiled.close()
+            self._compiled = None
 
     @torch.no_grad()
     def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,

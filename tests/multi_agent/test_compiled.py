@@ -1,4 +1,4 @@
-"""``trainer.compile``: compiled decoder layers with stacked, row-masked LoRA (compiled.py).
+"""``trainer.compile``: compiled decoder layers, each row routed to its own agent's LoRA.
 
 The compiled path must give every agent exactly what the eager path gives (fp32: 1e-6), for a
 mixed batch of uneven agents, in the no-grad passes (policy and reference) and in the
@@ -95,11 +95,11 @@ def test_compile_refuses_lora_dropout(tiny_model_path):
         MultiAgentTrainer(model, resolved, TrainerConfig(compile=True))
 
 
-def test_stacked_routing_skips_layers_only_critics_adapt(tiny_model_path):
-    """Critics may adapt projections no agent does: the stacked routing hooks only layers with
+def test_row_routing_skips_layers_only_critics_adapt(tiny_model_path):
+    """Critics may adapt projections no agent does: the row routing hooks only layers with
     an agent (a critic's delta is never added by it), and the compiled forward builds."""
     from roll.models import load_model
-    from roll.multi_agent.compiled import StackedRouting
+    from roll.multi_agent.compiled import RowRouting
     from roll.multi_agent.model import MultiAgentLoRAModel
 
     agent_lora = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj"])
@@ -108,7 +108,68 @@ def test_stacked_routing_skips_layers_only_critics_adapt(tiny_model_path):
                                 [AgentConfig("alice", lora=agent_lora)],
                                 critics=[AgentConfig("critic", lora=critic_lora)])
     layers = [layer for _, layer in model._lora_layers]
-    routing = StackedRouting(layers, model.agent_names)
+    routing = RowRouting(layers, model.agent_names)
     hooked = {id(base) for base in routing.base_layers}
     for path, layer in model._lora_layers:
         assert (id(layer.base_layer) in hooked) == path.endswith("q_proj"), path
+
+
+def test_row_routing_with_uneven_ranks_targets_and_interleaved_rows(tiny_model_path):
+    """Agents of different ranks and target modules (zero-padded stacked factors), rows of one
+    agent in several runs, in no order: log-probs and every agent's
+    gradients equal the eager path's (fp32, 1e-6)."""
+    agents = [AgentConfig("alice", lora=LoRAConfig(rank=4, alpha=8)),
+              AgentConfig("bob", lora=LoRAConfig(rank=8, alpha=4,
+                                                 target_modules=["q_proj", "v_proj"])),
+              AgentConfig("carol", lora=LoRAConfig(rank=2, alpha=2,
+                                                   target_modules=["up_proj", "o_proj"]))]
+    batch = make_rows([1, 0, 2, 1, 0, 0, 2, 1], seed=21)
+    positions = batch.response_mask.bool()
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model, _ = make_team(tiny_model_path, agents)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name in model.agent_names:
+                for _, tensor in model.named_agent_tensors(name):
+                    tensor.add_(0.1 * torch.randn(tensor.shape, generator=generator))
+        if compiled:
+            model.enable_compile("aot_eager")
+        with model.training_forward(dict.fromkeys(model.agent_names, 0)):
+            logprobs, _ = model(batch.input_ids, batch.attention_mask, batch.agent_id,
+                                positions=positions)
+        (logprobs * batch.advantages).sum().backward()
+        grads = {name: [p.grad.clone() for p in model.agent_parameters(name)]
+                 for name in model.agent_names}
+        results.append((logprobs.detach(), grads))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for name, grads in want_grads.items():
+        assert any(g.abs().max() > 1e-4 for g in grads), name
+        for got_grad, want_grad in zip(got_grads[name], grads, strict=True):
+            torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-6)
+
+
+def test_a_second_compiled_team_on_one_base_needs_the_first_disabled(tiny_model_path):
+    """Routing hooks live on the base layers while a team is compiled: a second team on the
+    same base would run both teams' hooks (a stale team picking its factors with the new
+    team's one-hot), so it is refused until the first is disabled."""
+    from roll.models import load_model
+    from roll.multi_agent.model import MultiAgentLoRAModel
+
+    lora = LoRAConfig(rank=4, alpha=8)
+    base = load_model(tiny_model_path)
+    first = MultiAgentLoRAModel(base, [AgentConfig("alice", lora=lora)])
+    first.enable_compile("aot_eager")
+    assert base is first.peft_model.unload()
+    second = MultiAgentLoRAModel(base, [AgentConfig("bob", lora=lora),
+                                        AgentConfig("carol", lora=lora)])
+    with pytest.raises(ValueError, match="already routed by another team"):
+        second.enable_compile("aot_eager")
+    first.disable_compile()
+    assert not any(module._forward_hooks for module in base.modules())
+    second.enable_compile("aot_eager")
+    rows = make_rows([0, 0, 1], seed=3)
+    logprobs, _ = second(rows.input_ids, rows.attention_mask, rows.agent_id)
+    assert torch.isfinite(logprobs).all()
