@@ -35,8 +35,8 @@ class AdvantageConfig:
     """How rewards become advantages. Checked on construction; errors name the field."""
 
     estimator: str = "grpo"
-    """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", or one you registered
-    first."""
+    """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo", or one
+    you registered first (gae, ippo and mappo read the critics' values: critic.mode)."""
     gamma: float = 1.0
     """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
     lam: float = 1.0
@@ -295,3 +295,30 @@ def gae(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     advantages[rows, cols] = seq_adv[seq_traj, seq_pos]
     returns = torch.where(keep, advantages + values, 0.0)
     return advantages, returns
+
+
+@register_advantage("ippo")
+def ippo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """IPPO (de Witt et al. 2020, "Is Independent Learning All You Need in the StarCraft
+    Multi-Agent Challenge?"): every agent is its own PPO learner with its own critic.
+
+    The advantage is GAE (``gae``) over each seat's trajectory; what makes it IPPO is where
+    ``values`` come from: each row's values are its own agent's critic's (critic.mode=
+    per_agent, which the pipeline requires for this name), fitted on its own agent's returns
+    only. Token-level values (each response token's state), as for ``gae``.
+    """
+    return gae(batch, cfg)
+
+
+@register_advantage("mappo")
+def mappo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """MAPPO (Yu et al. 2022, "The Surprising Effectiveness of PPO in Cooperative Multi-Agent
+    Games"): per-agent PPO policies with ONE centralised critic shared by every agent.
+
+    The advantage is GAE (``gae``) over each seat's trajectory, with every row's values from
+    the one shared critic (critic.mode=shared, which the pipeline requires for this name),
+    fitted on every agent's returns. Simplification, stated: the critic reads the acting
+    agent's own prompt (what the task renders for that seat), not a separately rendered
+    global state.
+    """
+    return gae(batch, cfg)

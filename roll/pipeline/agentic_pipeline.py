@@ -5,8 +5,10 @@
         [engine awake]  sync adapters → engine   (only LoRA tensors travel)
                         train rollouts           (all pending turns → one mixed-adapter batch)
         old/reference log-probs       (trainer's forward at the sampling temperature)
+        values                        (critic.mode: the critics' V, roll/pipeline/critics.py)
         advantages                    (roll/algorithms: estimator, then per-agent normalisation)
         per-agent update              (roll/multi_agent/worker.py; trainer.global_step += 1)
+        critics' update               (on the advantages' returns)
         [engine awake]  sync adapters → engine, validation rollouts  (every eval.eval_steps
                         and at the last step: evaluation sees the update it reports)
         metrics → trackers; checkpoint every save_steps
@@ -48,6 +50,7 @@ from roll.pipeline.builders import (
 )
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
+from roll.pipeline.critics import Critics, critic_agents
 from roll.pipeline.env_setup import build_env_setup
 from roll.pipeline.evaluation import before_after, policy_divergences, summarize_episodes
 from roll.pipeline.snapshot_pool import SnapshotPool
@@ -89,7 +92,10 @@ class AgenticPipeline:
         agents = cfg.team.resolved_agents()
         self.agent_names = [a.name for a in agents]
         base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
-        self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed)
+        critics = critic_agents(cfg.critic, self.agent_names)
+        self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
+        self.critics = Critics(cfg.critic, self.model, critics) if critics else None
+        """Value models (adapters on the same base) when critic.mode asks for them."""
         # Sampling temperature is part of the policy: every log-prob is taken at it (greedy
         # rollouts have none; their log-probs are taken at 1).
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
@@ -359,10 +365,16 @@ class AgenticPipeline:
         times["time/reference"] = time.perf_counter() - start
 
         start = time.perf_counter()
+        if self.critics is not None:
+            batch = self.critics.with_values(batch)
         batch = compute_advantages(batch, cfg.advantage)
         per_agent = self.trainer.train_step(batch)
         times["time/train"] = time.perf_counter() - start
         metrics.update(agent_metrics(per_agent))
+        if self.critics is not None:
+            start = time.perf_counter()
+            metrics.update(self.critics.train_step(batch))
+            times["time/critic"] = time.perf_counter() - start
         metrics.update(times)
         metrics["time/step"] = sum(times.values())
         return metrics
@@ -436,6 +448,7 @@ class AgenticPipeline:
             "agent_names": self.agent_names,
             "tracking_run_id": self.run_id,
             "data": None if self.items is None else self.items.state_dict(),
+            "critics": None if self.critics is None else self.critics.state_dict(),
         }
 
     def save(self) -> Path:
@@ -445,6 +458,8 @@ class AgenticPipeline:
         def save_agents(folder: Path) -> None:
             for name in self.agent_names:
                 self.model.save_agent(name, folder / name)
+            if self.critics is not None:
+                self.critics.save(folder.parent)  # <checkpoint>/critics/<critic>/
 
         return save_checkpoint(
             self.output_dir, self.step, self.trainer_state(), save_agents, self.cfg.keep_last
@@ -472,6 +487,8 @@ class AgenticPipeline:
                 # one, which vLLM refuses): forget the slot so the next sync pushes them.
                 self.engine.remove_adapter(name)
         self.trainer.load_state_dict(state["trainer"])
+        if self.critics is not None:
+            self.critics.load(path, state.get("critics"))
         self.pool.load_state_dict(state["pool"])
         if self.items is not None and state.get("data") is not None:
             self.items.load_state_dict(state["data"])

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from roll.algorithms.advantages import AdvantageConfig
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.multi_agent.config import ConfigError, require_int
+from roll.multi_agent.critic_trainer import CriticTrainConfig
 from roll.pipeline.cluster_checks import check_cluster
 from roll.pipeline.config import (
+    CRITIC_MODES,
     ENGINES,
     ActionSchema,
     ModelConfig,
@@ -63,6 +65,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     cfg.trainer.validate()
     _check_compile(cfg)
     _check_advantage(cfg)
+    _check_critic(cfg, _module_names(cfg) if check_paths else None)
     _check_action(cfg.env.action)
     setup = build_env_setup(cfg)
     agents = cfg.team.agent_names
@@ -167,10 +170,6 @@ def _check_advantage(cfg: PipelineConfig) -> None:
     except ValueError as error:
         raise advantage_error(error, fields) from None
     estimator = cfg.advantage.estimator
-    if estimator == "gae":
-        raise ConfigError("advantage.estimator", "gae",
-                          "GAE needs value estimates, and no critic exists yet to fill "
-                          "`values`; use 'grpo' or 'reinforce'")
     sampling = cfg.rollout.sampling
     group_relative = estimator in ("grpo", "magrpo")
     if group_relative and cfg.rollout.group_size < 2:
@@ -183,6 +182,38 @@ def _check_advantage(cfg: PipelineConfig) -> None:
                           f"greedy rollouts make the episodes of a {estimator.upper()} group "
                           "identical (same seed, same opponents), so every advantage is 0; "
                           "sample (> 0)")
+
+
+CRITIC_ESTIMATORS = {"gae": ("per_agent", "shared"), "ippo": ("per_agent",),
+                     "mappo": ("shared",)}
+"""Estimators that read values -> the critic modes that can give them."""
+
+
+def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
+    """critic.* values, and that critics exist exactly when the estimator reads values."""
+    critic, estimator = cfg.critic, cfg.advantage.estimator
+    if critic.mode not in CRITIC_MODES:
+        raise ConfigError("critic.mode", critic.mode, f"must be one of {CRITIC_MODES}")
+    needs = CRITIC_ESTIMATORS.get(estimator)
+    if needs is not None and critic.mode not in needs:
+        raise ConfigError("critic.mode", critic.mode,
+                          f"advantage.estimator={estimator} reads values, which need critic.mode "
+                          + " or ".join(repr(mode) for mode in needs))
+    if critic.mode == "none":
+        return
+    if needs is None:
+        raise ConfigError("critic.mode", critic.mode,
+                          f"advantage.estimator={estimator} reads no values, so the critics "
+                          "would train for nothing; use critic.mode=none (or estimator gae, "
+                          "ippo, mappo)")
+    if cfg.cluster.backend != "local":
+        raise ConfigError("critic.mode", critic.mode,
+                          "critics run with cluster.backend=local only so far (the Ray train "
+                          f"ranks hold no critics); got cluster.backend={cfg.cluster.backend!r}")
+    critic.lora.validate("critic.lora", model_modules)
+    critic.optim.validate("critic.optim")
+    CriticTrainConfig(value_clip=critic.value_clip,
+                      micro_batch_size=critic.micro_batch_size).validate()
 
 
 def advantage_error(error: ValueError, fields: dict[str, Any]) -> ConfigError:

@@ -40,6 +40,7 @@ import roll
 
 CHECKPOINTS_DIR = "checkpoints"
 AGENTS_DIR = "agents"
+CRITICS_DIR = "critics"
 TRAINER_STATE_FILE = "trainer_state.pt"
 META_FILE = "meta.json"
 TMP_PREFIX = ".tmp"
@@ -65,6 +66,11 @@ def checkpoints_root(output_dir: str | os.PathLike[str]) -> Path:
 def agent_dir(ckpt_path: str | os.PathLike[str], agent_name: str) -> Path:
     """The PEFT adapter folder of one agent inside a checkpoint."""
     return Path(ckpt_path) / AGENTS_DIR / agent_name
+
+
+def critic_dir(ckpt_path: str | os.PathLike[str], critic_name: str) -> Path:
+    """The folder of one critic inside a checkpoint (PEFT adapter + value head)."""
+    return Path(ckpt_path) / CRITICS_DIR / critic_name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ BACKENDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-NAMESPACES = ("team", "time", "rollout", "eval", "train")
+NAMESPACES = ("team", "time", "rollout", "eval", "train", "critic")
 """Top-level metric namespaces that are not agents (no agent may take one of these names)."""
 # Keys a JSON line holds besides the metrics; a metric must not take these names.
 RESERVED_KEYS = ("step", "wall_time")

@@ -262,7 +262,9 @@ def gae_batch() -> TrajectoryBatch:
     return make_batch(rows, length=6)
 
 
-def test_gae_three_turns_gamma_lambda():
+@pytest.mark.parametrize("estimator", ["gae", "ippo", "mappo"])
+def test_gae_three_turns_gamma_lambda(estimator):
+    """IPPO and MAPPO are GAE by name (they differ in where values come from: critic.mode)."""
     # gamma = 0.9, lam = 0.8, gamma*lam = 0.72; V after the last token = 0.
     #   d3 = 2 + 0        - 1.5 = 0.5
     #   d2 = 0 + 0.9*1.5  - 0.2 = 1.15
@@ -275,7 +277,8 @@ def test_gae_three_turns_gamma_lambda():
     #   returns = A + V = (1.812384, 2.2672, 1.71, 2.0)
     # Seat 1: d = 1 - 0.4 = 0.6 = A; return 1.0.
     batch = gae_batch()
-    advantages, returns = gae(batch, AdvantageConfig(estimator="gae", gamma=0.9, lam=0.8))
+    out = compute_advantages(batch, AdvantageConfig(estimator=estimator, gamma=0.9, lam=0.8))
+    advantages, returns = out.advantages, out.returns
     assert_rows(response_values(advantages, batch), [[0.5], [1.312384, 1.2672], [0.6], [1.51]])
     assert_rows(response_values(returns, batch), [[2.0], [1.812384, 2.2672], [1.0], [1.71]])
     assert_zero_off_response(advantages, batch)
@@ -392,7 +395,7 @@ def test_config_errors_name_field_and_value(field, value):
 
 
 def test_unknown_estimator_lists_known_names():
-    with pytest.raises(ValueError, match=r"'gae', 'grpo', 'magrpo', 'reinforce'"):
+    with pytest.raises(ValueError, match=r"'gae', 'grpo', 'ippo', 'magrpo', 'mappo', 'reinforce'"):
         get_advantage_estimator("ppo")
     with pytest.raises(ValueError, match=r"AdvantageConfig.estimator .*'gae', 'grpo'"):
         AdvantageConfig(estimator="ppo")
