@@ -12,12 +12,14 @@ from roll.algorithms.advantages import (
     gae,
     get_advantage_estimator,
     grpo,
+    happo,
     ippo,
     magrpo,
     mappo,
     register_advantage,
     reinforce,
 )
+from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
 from roll.algorithms.losses import (
     aggregate,
     entropy_from_logits,
@@ -37,9 +39,13 @@ __all__ = [
     "compute_advantages",
     "entropy_from_logits",
     "entropy_loss",
+    "episode_log_ratio",
     "gae",
     "get_advantage_estimator",
     "grpo",
+    "happo",
+    "happo_factors",
+    "happo_order",
     "ippo",
     "magrpo",
     "mappo",

@@ -35,8 +35,9 @@ class AdvantageConfig:
     """How rewards become advantages. Checked on construction; errors name the field."""
 
     estimator: str = "grpo"
-    """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo", or one
-    you registered first (gae, ippo and mappo read the critics' values: critic.mode)."""
+    """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo",
+    "happo", or one you registered first (gae, ippo, mappo and happo read the critics' values:
+    critic.mode; happo also updates the agents one after another, roll/algorithms/happo.py)."""
     gamma: float = 1.0
     """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
     lam: float = 1.0
@@ -320,5 +321,15 @@ def mappo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
     fitted on every agent's returns. Simplification, stated: the critic reads the acting
     agent's own prompt (what the task renders for that seat), not a separately rendered
     global state.
+    """
+    return gae(batch, cfg)
+
+
+@register_advantage("happo")
+def happo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """HAPPO (Kuba et al. 2022): the advantage is GAE (``gae``) with the centralised critic's
+    values (critic.mode=shared, as MAPPO); what makes it HAPPO is the update that follows —
+    agents one after another in a random order, each agent's advantage weighted by the ratio of
+    the agents updated before it (roll/algorithms/happo.py, driven by the pipeline).
     """
     return gae(batch, cfg)

@@ -7,7 +7,8 @@
         old/reference log-probs       (trainer's forward at the sampling temperature)
         values                        (critic.mode: the critics' V, roll/pipeline/critics.py)
         advantages                    (roll/algorithms: estimator, then per-agent normalisation)
-        per-agent update              (roll/multi_agent/worker.py; trainer.global_step += 1)
+        per-agent update              (roll/multi_agent/worker.py; trainer.global_step += 1;
+                                       happo: one agent after another, sequential.py)
         critics' update               (on the advantages' returns)
         [engine awake]  sync adapters → engine, validation rollouts  (every eval.eval_steps
                         and at the last step: evaluation sees the update it reports)
@@ -53,6 +54,7 @@ from roll.pipeline.config import PipelineConfig
 from roll.pipeline.critics import Critics, critic_agents
 from roll.pipeline.env_setup import build_env_setup
 from roll.pipeline.evaluation import before_after, policy_divergences, summarize_episodes
+from roll.pipeline.sequential import happo_update
 from roll.pipeline.snapshot_pool import SnapshotPool
 from roll.pipeline.validation import run_seatings
 from roll.utils.checkpoint import (
@@ -368,7 +370,11 @@ class AgenticPipeline:
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         batch = compute_advantages(batch, cfg.advantage)
-        per_agent = self.trainer.train_step(batch)
+        if cfg.advantage.estimator == "happo":  # agents one after another (sequential.py)
+            per_agent = happo_update(self.trainer, self.model, batch, cfg.seed, self.step,
+                                     self.policy_temperature, cfg.trainer.forward_rows)
+        else:
+            per_agent = self.trainer.train_step(batch)
         times["time/train"] = time.perf_counter() - start
         metrics.update(agent_metrics(per_agent))
         if self.critics is not None:

@@ -185,7 +185,7 @@ def _check_advantage(cfg: PipelineConfig) -> None:
 
 
 CRITIC_ESTIMATORS = {"gae": ("per_agent", "shared"), "ippo": ("per_agent",),
-                     "mappo": ("shared",)}
+                     "mappo": ("shared",), "happo": ("shared",)}
 """Estimators that read values -> the critic modes that can give them."""
 
 
@@ -205,7 +205,7 @@ def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
         raise ConfigError("critic.mode", critic.mode,
                           f"advantage.estimator={estimator} reads no values, so the critics "
                           "would train for nothing; use critic.mode=none (or estimator gae, "
-                          "ippo, mappo)")
+                          "ippo, mappo, happo)")
     if cfg.cluster.backend != "local":
         raise ConfigError("critic.mode", critic.mode,
                           "critics run with cluster.backend=local only so far (the Ray train "

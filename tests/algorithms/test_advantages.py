@@ -262,9 +262,9 @@ def gae_batch() -> TrajectoryBatch:
     return make_batch(rows, length=6)
 
 
-@pytest.mark.parametrize("estimator", ["gae", "ippo", "mappo"])
+@pytest.mark.parametrize("estimator", ["gae", "ippo", "mappo", "happo"])
 def test_gae_three_turns_gamma_lambda(estimator):
-    """IPPO and MAPPO are GAE by name (they differ in where values come from: critic.mode)."""
+    """IPPO, MAPPO and HAPPO are GAE by name (where their values come from differs)."""
     # gamma = 0.9, lam = 0.8, gamma*lam = 0.72; V after the last token = 0.
     #   d3 = 2 + 0        - 1.5 = 0.5
     #   d2 = 0 + 0.9*1.5  - 0.2 = 1.15
@@ -395,7 +395,8 @@ def test_config_errors_name_field_and_value(field, value):
 
 
 def test_unknown_estimator_lists_known_names():
-    with pytest.raises(ValueError, match=r"'gae', 'grpo', 'ippo', 'magrpo', 'mappo', 'reinforce'"):
+    with pytest.raises(ValueError,
+                       match=r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'reinforce'"):
         get_advantage_estimator("ppo")
     with pytest.raises(ValueError, match=r"AdvantageConfig.estimator .*'gae', 'grpo'"):
         AdvantageConfig(estimator="ppo")

@@ -41,6 +41,8 @@ BAD = [
     (["advantage.estimator=mappo", "critic.mode=per_agent"],
      ("critic.mode='per_agent'", "advantage.estimator=mappo", "'shared'")),
     (["advantage.estimator=ippo", "critic.mode=shared"], ("critic.mode='shared'", "'per_agent'")),
+    (["advantage.estimator=happo", "critic.mode=per_agent"],
+     ("critic.mode='per_agent'", "advantage.estimator=happo", "'shared'")),
     (["critic.mode=per_agent"], ("critic.mode='per_agent'", "reads no values")),
     (["critic.mode=both", "advantage.estimator=gae"], "critic.mode='both'"),
     (["advantage.estimator=ippo", "critic.mode=per_agent", "critic.value_clip=0"],

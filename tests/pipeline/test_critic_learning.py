@@ -1,11 +1,11 @@
-"""Critic-based learners end to end (critic.mode; roll/pipeline/critics.py): IPPO and MAPPO.
+"""Critic-based learners end to end (critic.mode; roll/pipeline/critics.py): IPPO, MAPPO, HAPPO.
 
 Two agents see the SAME prompt; agent 0 is paid 0.5 for 'left', agent 1 is paid 1.5 for
 'right'. With IPPO each agent has its own critic: on the same state (the prompt) critic_agent_0
 must come to predict about 0.5 x P(left) and critic_agent_1 about 1.5 x P(right), so crossing
 the critics' rows or targets swaps the two values, and crossing the agents' rows makes them
-learn the wrong sides. With MAPPO one critic fits both agents' returns: on that same state it
-predicts their mean, between the two.
+learn the wrong sides. With MAPPO (and HAPPO) one critic fits both agents' returns: on that
+same state it predicts their mean, between the two.
 """
 
 from __future__ import annotations
@@ -94,8 +94,10 @@ def test_ippo_each_critic_fits_its_own_agents_returns(tmp_path):
     assert 0.2 < values[0] < 0.7 and 1.0 < values[1] < 1.7, values
 
 
-def test_mappo_one_critic_fits_every_agents_returns(tmp_path):
-    pipeline = _run(tmp_path, "shared", "mappo")
+@pytest.mark.parametrize("estimator", ["mappo", "happo"])
+def test_one_shared_critic_fits_every_agents_returns(tmp_path, estimator):
+    """MAPPO, and HAPPO (the same critic, agents updated one after another)."""
+    pipeline = _run(tmp_path, "shared", estimator)
     assert pipeline.model.critic_names == ["critic"]
     p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
     assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left

@@ -1,0 +1,53 @@
+"""HAPPO's sequential update, as pure functions (Kuba et al. 2022, "Trust Region Policy
+Optimisation in Multi-Agent Reinforcement Learning", Algorithm 2).
+
+Each step the agents are updated one after another in a fresh random order i_1 … i_n. Agent
+i_m maximises the PPO surrogate with its advantage weighted by
+
+    M^{i_{1:m}} = prod_{j < m} pi_new^{i_j}(a^{i_j} | s) / pi_old^{i_j}(a^{i_j} | s),
+
+the ratio of the agents already updated this step (their new policies against the rollout's),
+held fixed (no gradient) while i_m trains.
+
+Simplification, stated — turn-based episodes. In the paper every agent acts at every timestep,
+so the ratios multiply per timestep. Here agents take turns, so the joint action whose ratio
+the factor carries is an EPISODE's: an earlier agent's ratio is the product over all of its
+response tokens in that episode (every turn it took), and every row of a later agent in that
+episode gets the same factor. The factor is not clipped (the paper does not clip it; each
+agent's own PPO clip bounds how far its ratios move).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from roll.algorithms.normalize import group_index
+
+
+def happo_order(agent_names: Sequence[str], seed: int, step: int) -> list[str]:
+    """The agents' update order at training step ``step``: a uniformly random permutation
+    drawn from (run seed, step) alone, so a resumed run draws the same orders."""
+    digest = hashlib.sha256(f"{seed}/happo/{step}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return [agent_names[i] for i in torch.randperm(len(agent_names), generator=generator)]
+
+
+def episode_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor
+                      ) -> Tensor:
+    """(B,) sum over each row's response tokens of log pi_new - log pi_old (inputs (B, T))."""
+    mask = response_mask.to(new_logprobs.dtype)
+    return ((new_logprobs - old_logprobs) * mask).sum(dim=-1)
+
+
+def happo_factors(log_ratio: Tensor, updated: Tensor, episode: Tensor) -> Tensor:
+    """M per row (B,): exp of the summed ``log_ratio`` (B,) of the rows already ``updated``
+    (B,) bool in the row's ``episode`` (B,) (1 where none is); detached."""
+    index = group_index(episode)  # (B,) dense episode index
+    per_episode = torch.zeros(int(index.max()) + 1 if len(index) else 0,
+                              dtype=log_ratio.dtype, device=log_ratio.device)
+    per_episode.index_add_(0, index, torch.where(updated, log_ratio, 0.0).detach())
+    return torch.exp(per_episode[index])

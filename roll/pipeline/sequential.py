@@ -1,0 +1,48 @@
+"""HAPPO's update in a run (``advantage.estimator=happo``): agents one after another.
+
+Each step draws the order (``happo_order``: from the run seed and the step), then for each agent
+in turn: its rows only, its advantages times the factor M of the agents already updated in the
+same episodes (``happo_factors``), one ``train_step`` (the others idle: bitwise unchanged), then
+its new log-probs on its rows give its episode log-ratios for the agents after it. The trainer's
+adapter version therefore advances once per agent with rows, not once per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
+from roll.batch import TrajectoryBatch
+from roll.distributed.train_group import TrainGroup
+from roll.multi_agent.model import MultiAgentLoRAModel
+
+
+def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: TrajectoryBatch,
+                 seed: int, step: int, temperature: float, micro_batch_size: int
+                 ) -> dict[str, dict[str, float]]:
+    """Update every agent with rows, in HAPPO's order; per-agent metrics of each update plus
+    ``happo_position`` (0 = first) and ``happo_factor`` (the mean M its rows were weighted by).
+    ``batch`` carries old log-probs and advantages."""
+    batch.require("old_logprobs", "advantages", "env_id")
+    names = list(model.agent_names)
+    updated = torch.zeros(len(batch), dtype=torch.bool, device=batch.agent_id.device)
+    log_ratio = torch.zeros(len(batch), dtype=torch.float32, device=batch.agent_id.device)
+    metrics: dict[str, dict[str, float]] = {}
+    for position, name in enumerate(happo_order(names, seed, step)):
+        rows = (batch.agent_id == names.index(name)).nonzero().squeeze(-1)
+        if not rows.numel():
+            continue
+        factor = happo_factors(log_ratio, updated, batch.env_id)[rows]  # (b,)
+        own = batch.select(rows)
+        own = own.with_fields(advantages=own.advantages * factor.unsqueeze(-1).to(
+            own.advantages.dtype))
+        metrics[name] = dict(trainer.train_step(own)[name])
+        metrics[name]["happo_position"] = float(position)
+        metrics[name]["happo_factor"] = float(factor.mean())
+        with torch.no_grad():
+            new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
+                                 positions=own.response_mask.bool(), temperature=temperature,
+                                 micro_batch_size=micro_batch_size)
+        log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
+        updated[rows] = True
+    return metrics

@@ -1,0 +1,46 @@
+"""HAPPO's pieces by hand: the factor M, the episode log-ratio, the seeded order."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
+
+
+def test_factor_is_the_product_of_the_updated_agents_ratios_in_the_episode():
+    # rows:         0     1     2     3     4
+    # episode:      7     7     3     3     7
+    # updated:      yes   no    yes   no    yes
+    # log ratio:    0.1   9     -0.2  9     0.3     (not-updated rows' values must not count)
+    # episode 7: exp(0.1 + 0.3) = exp(0.4) = 1.4918247; episode 3: exp(-0.2) = 0.8187308
+    factors = happo_factors(torch.tensor([0.1, 9.0, -0.2, 9.0, 0.3]),
+                            torch.tensor([True, False, True, False, True]),
+                            torch.tensor([7, 7, 3, 3, 7]))
+    want = [1.4918247, 1.4918247, 0.8187308, 0.8187308, 1.4918247]
+    assert torch.allclose(factors, torch.tensor(want), atol=1e-6)
+
+
+def test_no_agent_updated_yet_gives_factor_one():
+    factors = happo_factors(torch.tensor([2.0, -1.0]), torch.tensor([False, False]),
+                            torch.tensor([0, 1]))
+    assert torch.equal(factors, torch.ones(2))
+
+
+def test_episode_log_ratio_sums_response_tokens_only():
+    new = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.3, 0.6]]))
+    old = torch.log(torch.tensor([[0.25, 0.8, 0.1], [0.2, 0.1, 0.6]]))
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # row 0: log(0.4/0.8) + log(0.9/0.1) = log(4.5); row 1: log(1) + log(3) = log(3)
+    got = episode_log_ratio(new, old, mask)
+    assert torch.allclose(got, torch.tensor([math.log(4.5), math.log(3.0)]), atol=1e-6)
+
+
+def test_order_is_a_seeded_permutation_that_changes_between_steps():
+    names = ["a", "b", "c", "d"]
+    orders = [happo_order(names, seed=5, step=step) for step in range(1, 13)]
+    assert all(sorted(order) == names for order in orders)
+    assert orders == [happo_order(names, seed=5, step=step) for step in range(1, 13)]
+    assert len({tuple(order) for order in orders}) >= 4  # 12 draws of 24 permutations
+    assert orders != [happo_order(names, seed=6, step=step) for step in range(1, 13)]
