@@ -291,7 +291,10 @@ class AgenticPipeline:
             wandb_mode=cfg.tracking.wandb_mode,
             run_id=self.run_id,
         )
-        train_scheduler = self.scheduler(self.train_seatings, evaluation=False)
+        train_schedulers = [self.scheduler(self.train_seatings, evaluation=False)]
+        if cfg.env.swap_roles_every:  # the same seatings with the two seats' players swapped
+            train_schedulers.append(self.scheduler(
+                [Seating(tuple(reversed(s.seats))) for s in self.train_seatings], False))
         eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
         last: dict[str, float] = {}
         first_eval: dict[str, float] = {}
@@ -302,7 +305,11 @@ class AgenticPipeline:
                 tracker.log(first_eval, step=0)
             while self.step < cfg.max_steps:
                 self.step += 1
-                metrics = self.train_step(train_scheduler, tracker)
+                block = (self.step - 1) // max(1, cfg.env.swap_roles_every)
+                scheduler = train_schedulers[block % len(train_schedulers)]
+                metrics = self.train_step(scheduler, tracker)
+                if cfg.env.swap_roles_every:
+                    metrics["team/roles_swapped"] = float(block % 2)
                 if cfg.eval.eval_steps and (
                     self.step % cfg.eval.eval_steps == 0 or self.step == cfg.max_steps
                 ):

@@ -77,8 +77,8 @@ class EnvConfig:
     game: str = "tic_tac_toe"
     """OpenSpiel short name, e.g. hanabi, tic_tac_toe, kuhn_poker, connect_four, leduc_poker."""
     task: str = ""
-    """A team task instead of a game: 'math_team', 'writing_team', 'debate' or
-    'majority_vote' (roll/agentic/tasks). Empty: play ``game``."""
+    """A team task instead of a game: 'math_team', 'writing_team', 'debate',
+    'majority_vote' or 'cory' (roll/agentic/tasks). Empty: play ``game``."""
     params: dict[str, Any] = field(default_factory=dict)
     """Game parameters (e.g. hanabi: players, colors, ranks, hand_size, max_life_tokens), or
     the task's (e.g. math_team: max_rounds, closed_answers; debate: debaters, rounds,
@@ -96,6 +96,10 @@ class EnvConfig:
     [[agent_0, random], [random, agent_1]]). Empty: seat i is agent i."""
     action: ActionSchema = field(default_factory=ActionSchema)
     """Answer parsing and format penalty."""
+    swap_roles_every: int = 0
+    """Role exchange (CORY; any game or task of two seats): every this many training steps the
+    two seats' players swap (steps 1..K as configured, K+1..2K swapped, and so on); 0: never.
+    Evaluation keeps the configured seats."""
 
 
 @dataclass

@@ -71,6 +71,11 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     agents = cfg.team.agent_names
     train, evaluation = run_seatings(cfg, setup, agents)
     _check_training_seats(cfg, train, agents)
+    require_int("env.swap_roles_every", cfg.env.swap_roles_every, 0)
+    if cfg.env.swap_roles_every and any(len(seating) != 2 for seating in train):
+        raise ConfigError("env.swap_roles_every", cfg.env.swap_roles_every,
+                          f"swaps the players of two seats; {setup.name} has "
+                          f"{len(train[0])} seats")
     if setup.is_task:
         _check_task(cfg)
     else:

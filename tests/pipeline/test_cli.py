@@ -36,6 +36,9 @@ BAD = [
     (["eval.opponent=mcts:x"], "eval.opponent"),
     (["rollout.engine=trt"], "rollout.engine"),
     (["keep_last=0"], "keep_last"),
+    (["env.swap_roles_every=-1"], "env.swap_roles_every=-1"),
+    (["env.game=hanabi", "env.params.players=3", "env.seat_to_agent=[agent_0,agent_1,agent_0]",
+      "env.swap_roles_every=2"], ("env.swap_roles_every=2", "3 seats")),
     # Settings that would only fail (or silently do nothing) after the model loads.
     (["advantage.estimator=gae"], ("critic.mode='none'", "advantage.estimator=gae")),
     (["advantage.estimator=mappo", "critic.mode=per_agent"],

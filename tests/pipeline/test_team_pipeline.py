@@ -2,6 +2,7 @@
 end, roles reach their agents' adapters, parameter sharing, joint rewards, dataset position in
 checkpoints, and config errors before any model loads."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from roll.utils.checkpoint import latest_checkpoint, load_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"math_team": "multi_agent_math_team", "writing_magrpo": "multi_agent_writing_magrpo",
-            "debate": "multi_agent_debate", "majority_vote": "multi_agent_majority_vote"}
+            "debate": "multi_agent_debate", "majority_vote": "multi_agent_majority_vote",
+            "cory": "multi_agent_cory"}
 SMALL = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
          "eval.num_episodes=2", "tracking.backends=[jsonl]", "team.optim.lr=1e-2"]
 
@@ -29,7 +31,8 @@ def test_team_examples_train_evaluate_and_checkpoint(tmp_path, example, capsys):
                                       "save_steps=1"))
     metrics = pipeline.run()
     task_keys = {"math_team": "task/accuracy_final", "writing_magrpo": "task/joint",
-                 "debate": "task/team_accuracy", "majority_vote": "task/team_accuracy"}
+                 "debate": "task/team_accuracy", "majority_vote": "task/team_accuracy",
+                 "cory": "task/accuracy_observer"}
     assert task_keys[example] in metrics and f"eval/{task_keys[example]}" in metrics
     assert not any(key.endswith("win_rate") for key in metrics)  # roles have no winners
     # How far apart the agents' policies are. The writers' joint rewards differ within groups,
@@ -145,3 +148,24 @@ def test_bad_task_config_is_one_line_before_any_model_loads(override, needle, ca
     assert code == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_cory_swaps_the_roles_every_k_steps(tmp_path):
+    """env.swap_roles_every=2: steps 1-2 pioneer = agent_0, steps 3-4 pioneer = agent_1, step 5
+    back; seen in the rows the trainer gets (seat 0 is the pioneer) and in the metrics."""
+    pipeline = AgenticPipeline(config("cory", tmp_path, "max_steps=5", "env.swap_roles_every=2",
+                                      "eval.eval_steps=0", "save_steps=0"))
+    seen = []
+    train_step = pipeline.trainer.train_step
+
+    def recording(batch):
+        pairs = zip(batch.agent_id.tolist(), batch.seat.tolist(), strict=True)
+        seen.append(sorted(set(pairs)))
+        return train_step(batch)
+
+    pipeline.trainer.train_step = recording
+    pipeline.run()
+    configured, swapped = [(0, 0), (1, 1)], [(0, 1), (1, 0)]
+    assert seen == [configured, configured, swapped, swapped, configured]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["team/roles_swapped"] for line in lines] == [0.0, 0.0, 1.0, 1.0, 0.0]

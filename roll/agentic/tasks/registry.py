@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll.agentic.env.renderers import RenderedPrompt
+from roll.agentic.tasks.cory import Cory
 from roll.agentic.tasks.debate import Debate, majority_vote
 from roll.agentic.tasks.math_team import MathTeam
 from roll.agentic.tasks.writing_team import WritingTeam
@@ -26,6 +27,7 @@ TASKS: dict[str, TaskSpec] = {
     "writing_team": TaskSpec(WritingTeam, WritingTeam.required_fields),
     "debate": TaskSpec(Debate, Debate.required_fields),
     "majority_vote": TaskSpec(majority_vote, Debate.required_fields),
+    "cory": TaskSpec(Cory, Cory.required_fields),
 }
 
 
