@@ -51,6 +51,15 @@ class TrajectoryBatch:
     """(B, T) float. Per-token advantages (zero outside ``response_mask``)."""
     returns: Tensor | None = None
     """(B, T) float. Per-token returns (targets for a value head, when there is one)."""
+    critic_input_ids: Tensor | None = None
+    """(B, T') long. What a centralised critic reads (``critic.input=global``): the row's
+    global view, then the SAME response tokens, right-padded; None: the critic reads
+    ``input_ids``. ``values``/``returns`` stay in the (B, T) layout."""
+    critic_attention_mask: Tensor | None = None
+    """(B, T') long. 1 on the real tokens of ``critic_input_ids``."""
+    critic_response_mask: Tensor | None = None
+    """(B, T') float. 1 on the response tokens of ``critic_input_ids`` (as many per row as
+    ``response_mask`` has)."""
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:

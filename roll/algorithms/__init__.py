@@ -18,6 +18,7 @@ from roll.algorithms.advantages import (
     mappo,
     register_advantage,
     reinforce,
+    vdn,
 )
 from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
 from roll.algorithms.losses import (
@@ -58,4 +59,5 @@ __all__ = [
     "register_advantage",
     "reinforce",
     "value_loss",
+    "vdn",
 ]

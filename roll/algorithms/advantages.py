@@ -36,8 +36,9 @@ class AdvantageConfig:
 
     estimator: str = "grpo"
     """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo",
-    "happo", or one you registered first (gae, ippo, mappo and happo read the critics' values:
-    critic.mode; happo also updates the agents one after another, roll/algorithms/happo.py)."""
+    "happo", "vdn", or one you registered first (gae, ippo, mappo, happo and vdn read the
+    critics' values: critic.mode; happo also updates the agents one after another,
+    roll/algorithms/happo.py)."""
     gamma: float = 1.0
     """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
     lam: float = 1.0
@@ -232,6 +233,19 @@ def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     return advantages, returns
 
 
+def _joint_returns(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int, Tensor, Tensor]:
+    """The team's joint return per episode: trajectory index (B,), number of trajectories N,
+    episode index (B,), the episode of each trajectory (N,), and the joint return J (E,) = the
+    MEAN of the episode's trajectories' undiscounted returns (the seats in the batch)."""
+    traj, trajectory_return, n_traj = _trajectory_returns(batch)
+    episode = group_index(batch.env_id)  # (B,)
+    n_episodes = int(episode.max()) + 1 if len(batch) else 0
+    episode_of_traj = _per_unit(traj, episode, n_traj, "trajectory")  # (N,)
+    seats = torch.bincount(episode_of_traj, minlength=n_episodes).to(trajectory_return.dtype)
+    joint = torch.zeros_like(seats).index_add_(0, episode_of_traj, trajectory_return) / seats
+    return traj, n_traj, episode, episode_of_traj, joint
+
+
 @register_advantage("magrpo")
 def magrpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """MAGRPO (Liu et al. 2025, "LLM Collaboration With Multi-Agent Reinforcement Learning"):
@@ -246,13 +260,8 @@ def magrpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor
     by the team's outcome, not its own. Returns (B, T) are J on the response tokens.
     """
     batch.require("rewards", "group_id")
-    traj, trajectory_return, n_traj = _trajectory_returns(batch)
-    episode = group_index(batch.env_id)  # (B,)
-    n_episodes = int(episode.max()) + 1 if len(batch) else 0
-    episode_of_traj = _per_unit(traj, episode, n_traj, "trajectory")
-    seats = torch.bincount(episode_of_traj, minlength=n_episodes).to(trajectory_return.dtype)
-    joint = torch.zeros_like(seats).index_add_(0, episode_of_traj, trajectory_return) / seats
-    group = _per_unit(episode, group_index(batch.group_id), n_episodes, "episode (env_id)")
+    _, _, episode, _, joint = _joint_returns(batch)
+    group = _per_unit(episode, group_index(batch.group_id), len(joint), "episode (env_id)")
     centred = _group_relative(joint, group, cfg)  # (E,)
     advantages = _on_response(centred[episode], batch.response_mask)
     returns = _on_response(joint[episode], batch.response_mask)
@@ -318,9 +327,9 @@ def mappo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
 
     The advantage is GAE (``gae``) over each seat's trajectory, with every row's values from
     the one shared critic (critic.mode=shared, which the pipeline requires for this name),
-    fitted on every agent's returns. Simplification, stated: the critic reads the acting
-    agent's own prompt (what the task renders for that seat), not a separately rendered
-    global state.
+    fitted on every agent's returns. What the critic reads is ``critic.input``: the acting
+    agent's own prompt ('local'), or that prompt plus every seat's observation ('global', the
+    centralised state of the paper, hidden information included).
     """
     return gae(batch, cfg)
 
@@ -333,3 +342,42 @@ def happo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
     the agents updated before it (roll/algorithms/happo.py, driven by the pipeline).
     """
     return gae(batch, cfg)
+
+
+@register_advantage("vdn")
+def vdn(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """VDN (Sunehag et al. 2018, "Value-Decomposition Networks for Cooperative Multi-Agent
+    Learning"): the team's value is the SUM of the agents' own values, fitted on the joint
+    reward; each agent's advantage comes from its own value head.
+
+    Simplification, stated — turn-based episodes and an actor-critic form (as VDAC-sum, Su et
+    al. 2021, rather than VDN's Q-learning). Agents act at different times, so the decomposition
+    is taken at each trajectory's start: V_i = agent i's critic's value before its first
+    response token in the episode, V_tot = sum_i V_i over the episode's trajectories, and the
+    team target is the joint return J (as ``magrpo``: the mean of the seats' undiscounted
+    returns). Trajectory i is credited
+
+        c_i = J - sum_{j != i} V_j          (what the others' heads do not already claim)
+
+    on its last response token (its own turn rewards are replaced by c_i), and then ``gae``
+    runs over its tokens with its OWN values. At its first token, with gamma = lam = 1, the
+    advantage is c_i - V_i = J - V_tot (the team's error, the same for every agent) and the
+    critic's target there is c_i, whose squared-error gradient w.r.t. V_i is V_tot - J: VDN's
+    joint loss, each head taking its own gradient. Needs critic.mode=per_agent (one head per
+    agent); with one trajectory per episode it is plain GAE on the return.
+    """
+    batch.require("rewards", "values")
+    traj, n_traj, _, episode_of_traj, joint = _joint_returns(batch)
+    _, rank, _ = _trajectories(batch)
+    response = batch.response_mask.bool()  # (B, T)
+    first_token = torch.argmax(response.long(), dim=1)  # (B,) first response position
+    row_value = batch.values.detach().to(joint.dtype)[torch.arange(len(batch)), first_token]
+    first_turn = rank == 0
+    value_first = torch.zeros(n_traj, dtype=joint.dtype, device=joint.device)
+    value_first.index_add_(0, traj[first_turn], row_value[first_turn])  # (N,) V_i
+    team_value = torch.zeros_like(joint).index_add_(0, episode_of_traj, value_first)  # (E,)
+    credit = joint[episode_of_traj] - (team_value[episode_of_traj] - value_first)  # (N,) c_i
+    turns = torch.bincount(traj, minlength=n_traj)  # (N,)
+    last_turn = rank == turns[traj] - 1  # (B,)
+    rewards = torch.where(last_turn, credit[traj], torch.zeros_like(credit[traj]))
+    return gae(batch.with_fields(rewards=rewards.to(batch.rewards.dtype)), cfg)

@@ -176,6 +176,7 @@ class AgenticPipeline:
             constrained_decoding=cfg.rollout.constrained_decoding,
             enable_thinking=cfg.model.enable_thinking,
             continuous=cfg.rollout.continuous,
+            critic_view=cfg.critic.input == "global" and not evaluation,
         )
         setup = self.env_setup
         return RolloutScheduler(

@@ -16,6 +16,7 @@ from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig, T
 TINY_MODEL = "tiny"
 ENGINES = ("hf", "vllm")
 CRITIC_MODES = ("none", "per_agent", "shared")
+CRITIC_INPUTS = ("local", "global")
 
 
 @dataclass
@@ -288,12 +289,18 @@ class EnvWorkersSchema:
 class CriticSchema:
     """Value models as adapters on the shared base (roll/multi_agent/critic.py): each is its
     own LoRA adapter + a scalar value head, trained on the clipped value loss after the agents'
-    update. Needed by advantage.estimator gae, ippo and mappo; refused with the others."""
+    update. Needed by advantage.estimator gae, ippo, mappo, happo and vdn; refused with the
+    others."""
 
     mode: str = "none"
     """'none'; 'per_agent': one critic per trained agent (``critic_<agent>``), each fitting its
     own agent's rows (IPPO); 'shared': one centralised critic (``critic``) fitting every
     agent's rows (MAPPO)."""
+    input: str = "local"
+    """What a critic reads before each response: 'local', the acting agent's own prompt;
+    'global', that prompt plus every seat's observation (the state as the whole table knows
+    it, hidden cards included: roll/agentic/env/base.py ``global_view``), the centralised
+    critic of MAPPO. The agents' prompts are the same either way."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Every critic's LoRA shape."""
     optim: OptimConfig = field(default_factory=OptimConfig)

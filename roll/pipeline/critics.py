@@ -12,6 +12,11 @@ so the base stays one copy (invariant 2); engines never see them. In a step:
 
 The values the advantages use are the critics' before their update, and the same values are
 the clip anchors of the value loss.
+
+``critic.input=global``: the critics read each row's global view (``critic_input_ids``: the
+acting seat's prompt plus every seat's observation, then the same response tokens) instead of
+the agent's prompt. Values and returns stay in the agents' (B, T) layout; they move between
+the two layouts by response-token order (``relayout``), which both layouts share.
 """
 
 from __future__ import annotations
@@ -41,12 +46,25 @@ def critic_agents(cfg: CriticSchema, agent_names: list[str]) -> list[AgentConfig
     return [AgentConfig(name, lora=cfg.lora, optim=cfg.optim) for name in names]
 
 
+def relayout(x: Tensor, source_mask: Tensor, target_mask: Tensor) -> Tensor:
+    """``x`` (B, T) moved from the response tokens of ``source_mask`` (B, T) to those of
+    ``target_mask`` (B, T'), in order; zero elsewhere. Both masks must mark as many tokens per
+    row (the same responses under different prompts)."""
+    source, target = source_mask.bool(), target_mask.bool()
+    if not torch.equal(source.sum(dim=1), target.sum(dim=1)):
+        raise ValueError("relayout: the two layouts mark different response lengths")
+    out = torch.zeros(target.shape, dtype=x.dtype, device=x.device)
+    out[target] = x[source]  # row-major order: row by row, left to right in both
+    return out
+
+
 class Critics:
     """The run's critics on ``model`` (which must hold ``critic_agents(cfg, ...)``)."""
 
     def __init__(self, cfg: CriticSchema, model: MultiAgentLoRAModel,
                  critics: list[AgentConfig]) -> None:
         self.mode = cfg.mode
+        self.input = cfg.input
         self.model = model
         device = model.base_model.get_input_embeddings().weight.device
         self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size, device)
@@ -65,13 +83,22 @@ class Critics:
 
     def with_values(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """``batch`` with ``values`` (B, T): each row's critic's V before each response token."""
-        return batch.with_fields(values=self.trainer.values(batch, self.critic_id(batch)))
+        view = self._view(batch)
+        values = self.trainer.values(view, self.critic_id(batch))
+        if view is not batch:
+            values = relayout(values, view.response_mask, batch.response_mask)
+        return batch.with_fields(values=values)
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, float]:
         """One update of every critic with rows (``batch`` has ``values`` and ``returns``);
         metrics ``critic/<critic>/<name>`` plus ``critic/explained_variance`` of the values
         it was given (1: the values predicted the returns, 0: no better than their mean)."""
-        per_critic = self.trainer.train_step(batch, self.critic_id(batch))
+        view = self._view(batch)
+        if view is not batch:
+            view = view.with_fields(**{
+                name: relayout(getattr(batch, name), batch.response_mask, view.response_mask)
+                for name in ("values", "returns")})
+        per_critic = self.trainer.train_step(view, self.critic_id(batch))
         metrics = {f"critic/{critic}/{key}": value
                    for critic, parts in per_critic.items() for key, value in parts.items()}
         mask = batch.response_mask.bool()
@@ -82,6 +109,18 @@ class Critics:
             metrics["critic/explained_variance"] = float(
                 1.0 - residual / variance) if variance > 0 else 0.0
         return metrics
+
+    def _view(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """The rows as the critics read them: ``batch`` itself (critic.input=local) or its
+        global-view layout (critic.input=global)."""
+        if self.input == "local":
+            return batch
+        if batch.critic_input_ids is None:
+            raise ValueError("critic.input='global': the batch has no critic_input_ids (the "
+                             "rollout must render global views: RolloutConfig.critic_view)")
+        return batch.with_fields(input_ids=batch.critic_input_ids,
+                                 attention_mask=batch.critic_attention_mask,
+                                 response_mask=batch.critic_response_mask)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpoint: Path) -> None:

@@ -21,6 +21,7 @@ from roll.multi_agent.config import ConfigError, require_int
 from roll.multi_agent.critic_trainer import CriticTrainConfig
 from roll.pipeline.cluster_checks import check_cluster
 from roll.pipeline.config import (
+    CRITIC_INPUTS,
     CRITIC_MODES,
     ENGINES,
     ActionSchema,
@@ -190,7 +191,7 @@ def _check_advantage(cfg: PipelineConfig) -> None:
 
 
 CRITIC_ESTIMATORS = {"gae": ("per_agent", "shared"), "ippo": ("per_agent",),
-                     "mappo": ("shared",), "happo": ("shared",)}
+                     "mappo": ("shared",), "happo": ("shared",), "vdn": ("per_agent",)}
 """Estimators that read values -> the critic modes that can give them."""
 
 
@@ -204,13 +205,18 @@ def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
         raise ConfigError("critic.mode", critic.mode,
                           f"advantage.estimator={estimator} reads values, which need critic.mode "
                           + " or ".join(repr(mode) for mode in needs))
+    if critic.input not in CRITIC_INPUTS:
+        raise ConfigError("critic.input", critic.input, f"must be one of {CRITIC_INPUTS}")
     if critic.mode == "none":
+        if critic.input != "local":
+            raise ConfigError("critic.input", critic.input,
+                              "there are no critics to read it (critic.mode='none')")
         return
     if needs is None:
         raise ConfigError("critic.mode", critic.mode,
                           f"advantage.estimator={estimator} reads no values, so the critics "
                           "would train for nothing; use critic.mode=none (or estimator gae, "
-                          "ippo, mappo, happo)")
+                          "ippo, mappo, happo, vdn)")
     if cfg.cluster.backend != "local":
         raise ConfigError("critic.mode", critic.mode,
                           "critics run with cluster.backend=local only so far (the Ray train "

@@ -63,7 +63,8 @@ def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, si
         sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
         action=ActionConfig(format_penalty=penalty, fallback=fallback),
         config=RolloutConfig(num_groups=groups, group_size=size, constrained_decoding=constrained,
-                             enable_thinking=options.pop("enable_thinking", False)),
+                             enable_thinking=options.pop("enable_thinking", False),
+                             critic_view=options.pop("critic_view", False)),
         **options,
     )
 
@@ -373,3 +374,25 @@ def test_continuous_rollout_plays_the_same_episodes_as_rounds(team_engine, game,
         assert continuous.metrics.get(f"{agent}/turns") == rounds.metrics.get(f"{agent}/turns")
         if constrained:
             assert continuous.metrics.get(f"{agent}/format_error_rate", 0.0) == 0.0
+
+
+def test_global_views_show_the_critic_every_seats_cards_with_the_same_responses(team_engine):
+    """critic.input=global: each trained row also comes as (global view, same response)."""
+    team, engine, tokenizer = team_engine
+    batch = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], critic_view=True,
+                       groups=2).rollout(seed=5).batch
+    assert batch.critic_input_ids is not None and len(batch) >= 4
+    for row in range(len(batch)):
+        response = batch.input_ids[row][batch.response_mask[row].bool()]
+        critic_response = batch.critic_input_ids[row][batch.critic_response_mask[row].bool()]
+        assert torch.equal(response, critic_response)
+        prompt = batch.input_ids[row][: int(batch.response_mask[row].argmax())]
+        critic_prompt = batch.critic_input_ids[row][
+            : int(batch.critic_response_mask[row].argmax())]
+        text = tokenizer.decode(critic_prompt)
+        assert "Seat 0 sees:" in text and "Seat 1 sees:" in text
+        assert len(critic_prompt) > len(prompt)
+        assert int(batch.critic_attention_mask[row].sum()) == len(critic_prompt) + len(response)
+    plain = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=2).rollout(seed=5)
+    assert plain.batch.critic_input_ids is None
+    assert torch.equal(plain.batch.input_ids, batch.input_ids)  # the agents' rows unchanged

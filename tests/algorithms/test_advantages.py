@@ -18,6 +18,7 @@ from roll.algorithms import (
     normalize_advantages,
     register_advantage,
     reinforce,
+    vdn,
 )
 from roll.batch import TrajectoryBatch
 
@@ -294,6 +295,50 @@ def test_gae_lambda_one_gamma_one_returns_are_monte_carlo():
     assert_rows(response_values(advantages, batch), [[0.5], [2.5, 2.0], [0.6], [1.8]])
 
 
+# --- VDN ----------------------------------------------------------------------------------------
+
+
+def vdn_batch() -> TrajectoryBatch:
+    # Env 0: seat 0 (agent 0) takes two turns, tokens s0 s1 | s2 with V = (0.3, 0.6, 0.8) and
+    # turn rewards 1, 0; seat 1 (agent 1) one token, V = 0.5, reward 3. Env 1: seat 0 alone,
+    # one token, V = 0.2, reward 2. Rows out of order; prompt positions hold garbage values.
+    P, N = GAE_PAD, NAN
+    rows = [
+        dict(prompt=1, response=1, reward=3.0, seat=1, agent=1, values=[P, 0.5, N, N]),
+        dict(prompt=2, response=1, reward=0.0, turn=1, values=[P, P, 0.8, N]),
+        dict(prompt=1, response=1, reward=2.0, env=1, values=[P, 0.2, N, N]),
+        dict(prompt=1, response=2, reward=1.0, turn=0, values=[P, 0.3, 0.6, N]),
+    ]
+    return make_batch(rows, length=4)
+
+
+def test_vdn_credits_each_trajectory_the_joint_return_minus_the_others_values():
+    # Env 0: returns 1 (seat 0) and 3 (seat 1): J = 2. First values V_0 = 0.3, V_1 = 0.5.
+    #   c_0 = 2 - 0.5 = 1.5 on s2;  c_1 = 2 - 0.3 = 1.7.
+    # Seat 0, gamma 0.9, lam 0.8 (0.72):
+    #   d2 = 1.5 - 0.8 = 0.7;  d1 = 0.9*0.8 - 0.6 = 0.12;  d0 = 0.9*0.6 - 0.3 = 0.24
+    #   A2 = 0.7;  A1 = 0.12 + 0.72*0.7 = 0.624;  A0 = 0.24 + 0.72*0.624 = 0.68928
+    #   returns = (0.98928, 1.224, 1.5)
+    # Seat 1: A = 1.7 - 0.5 = 1.2, return 1.7.  Env 1 (alone): J = 2, A = 2 - 0.2 = 1.8.
+    batch = vdn_batch()
+    out = compute_advantages(batch, AdvantageConfig(estimator="vdn", gamma=0.9, lam=0.8))
+    assert_rows(response_values(out.advantages, batch), [[1.2], [0.7], [1.8], [0.68928, 0.624]])
+    assert_rows(response_values(out.returns, batch), [[1.7], [1.5], [2.0], [0.98928, 1.224]])
+    assert_zero_off_response(out.advantages, batch)
+    assert_zero_off_response(out.returns, batch)
+
+
+def test_vdn_first_advantage_is_the_teams_error_for_every_agent():
+    # gamma = lam = 1: at each trajectory's first token A = c_i - V_i = J - V_tot
+    # = 2 - (0.3 + 0.5) = 1.2 for both seats of env 0 (a seat's own rewards do not matter).
+    batch = vdn_batch()
+    advantages, returns = vdn(batch, AdvantageConfig(estimator="vdn", gamma=1.0, lam=1.0))
+    firsts = [row[0] for row in response_values(advantages, batch)]
+    assert firsts == pytest.approx([1.2, 1.5 - 0.8, 1.8, 1.2])
+    # the critics' targets at the first tokens sum with the others' values to J
+    assert response_values(returns, batch)[3][0] + 0.5 == pytest.approx(2.0)
+
+
 def test_gae_refuses_row_without_response_tokens():
     rows = [dict(prompt=2, response=0, values=[0.0, 0.0])]
     with pytest.raises(ValueError, match="row 0 has no response tokens"):
@@ -395,8 +440,8 @@ def test_config_errors_name_field_and_value(field, value):
 
 
 def test_unknown_estimator_lists_known_names():
-    with pytest.raises(ValueError,
-                       match=r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'reinforce'"):
+    known = r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'reinforce', 'vdn'"
+    with pytest.raises(ValueError, match=known):
         get_advantage_estimator("ppo")
     with pytest.raises(ValueError, match=r"AdvantageConfig.estimator .*'gae', 'grpo'"):
         AdvantageConfig(estimator="ppo")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll.agentic.env.base import StepResult
+from roll.agentic.env.base import StepResult, global_view
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.algorithms.advantages import AdvantageConfig
 from roll.models import apply_chat_template
@@ -46,14 +46,16 @@ class ScaledPickSideEnv(PickSideEnv):
         return StepResult([r * PAY[s] for s, r in enumerate(result.rewards)], result.done)
 
 
-def _run(tmp_path, mode: str, estimator: str) -> AgenticPipeline:
+def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
+         critic_input: str = "local") -> AgenticPipeline:
     cfg = PipelineConfig(
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=8, alpha=16),
                               optim=OptimConfig(lr=2e-2)),
         trainer=TrainerConfig(micro_batch_size=32),
         advantage=AdvantageConfig(estimator=estimator),
         critic=CriticSchema(mode=mode, lora=LoRAConfig(rank=8, alpha=16),
-                            optim=OptimConfig(lr=1e-2), micro_batch_size=16),
+                            optim=OptimConfig(lr=1e-2), micro_batch_size=16,
+                            input=critic_input),
         env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=4, group_size=4, constrained_decoding=True,
                               sampling=SamplingSchema(max_new_tokens=12)),
@@ -64,16 +66,16 @@ def _run(tmp_path, mode: str, estimator: str) -> AgenticPipeline:
         save_steps=0,
     )
     validate_config(cfg)
-    pipeline = AgenticPipeline(cfg, env_factory=ScaledPickSideEnv,
+    pipeline = AgenticPipeline(cfg, env_factory=env_factory,
                                render=lambda env, seat: RenderedPrompt(PROMPT, False))
     pipeline.run()
     return pipeline
 
 
-def _value_of_prompt(pipeline: AgenticPipeline, critic: int) -> float:
-    """Critic ``critic``'s value of the state 'prompt, nothing answered yet'."""
+def _value_of_prompt(pipeline: AgenticPipeline, critic: int, text: str = PROMPT) -> float:
+    """Critic ``critic``'s value of the state 'prompt ``text``, nothing answered yet'."""
     tokenizer = pipeline.tokenizer
-    prompt = apply_chat_template(tokenizer, [{"role": "user", "content": PROMPT}])
+    prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
     row = prompt + tokenizer.encode("<answer>left</answer>", add_special_tokens=False)
     ids = torch.tensor([row])
     positions = torch.zeros_like(ids)
@@ -103,3 +105,46 @@ def test_one_shared_critic_fits_every_agents_returns(tmp_path, estimator):
     assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
     # the mean of both agents' expected returns (measured 0.85): between theirs
     assert 0.6 < _value_of_prompt(pipeline, 0) < 1.2
+
+
+def test_vdn_critics_sum_to_the_joint_return(tmp_path):
+    """VDN: one critic per agent, fitted so that their SUM predicts the joint return J (the mean
+    of the two seats' returns, 0.5 x P(left) / 2 + 1.5 x P(right) / 2 for the two agents)."""
+    pipeline = _run(tmp_path, "per_agent", "vdn")
+    p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
+    assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
+    values = [_value_of_prompt(pipeline, critic) for critic in (0, 1)]
+    joint = (0.5 * p_left["agent_0"] + 1.5 * (1 - p_left["agent_1"])) / 2
+    # IPPO's critics would sum to about twice J (each fits its own seat's whole return)
+    assert abs(sum(values) - joint) < 0.25, (values, joint)
+
+
+class CoinEnv(PickSideEnv):
+    """PickSideEnv plus a coin (heads on odd seeds) that only seat 1's observation shows; every
+    seat earns 1 more on heads. The agents' prompts never show it (both read PROMPT)."""
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self.heads = seed % 2 == 1
+
+    def observation(self, seat: int) -> str:
+        return f"The coin shows {'heads' if self.heads else 'tails'}." if seat else PROMPT
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        return StepResult([r + float(self.heads) for r in result.rewards], result.done)
+
+
+def test_a_global_critic_sees_what_no_agent_sees(tmp_path):
+    """critic.input=global: the shared critic reads every seat's observation, so it tells heads
+    from tails (1 apart); reading the agents' own prompts (or with the view unwired) it cannot:
+    both states are the same tokens."""
+    pipeline = _run(tmp_path, "shared", "mappo", env_factory=CoinEnv, critic_input="global")
+    p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
+    assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
+    views = {}
+    for heads in (True, False):
+        env = CoinEnv()
+        env.reset(int(heads))
+        views[heads] = _value_of_prompt(pipeline, 0, global_view(env, 0, PROMPT))
+    assert views[True] - views[False] > 0.6, views  # measured 2.90 vs 0.43; local: 1.88 both

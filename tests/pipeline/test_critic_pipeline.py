@@ -119,3 +119,14 @@ def test_critics_are_not_synced_to_the_engine(tmp_path):
     assert pipeline.engine.adapter_version("agent_0") == 0
     assert metrics["critic/critic/num_rows"] == metrics["agent_0/num_rows"] + metrics[
         "agent_1/num_rows"]
+
+
+def test_relayout_moves_response_values_between_prompt_layouts():
+    from roll.pipeline.critics import relayout
+
+    source = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 1, 0]])
+    target = torch.tensor([[0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0]])
+    x = torch.tensor([[9.0, 9.0, 1.0, 2.0, 9.0], [9.0, 3.0, 4.0, 5.0, 9.0]])
+    assert relayout(x, source, target).tolist() == [[0, 0, 0, 1, 2, 0], [3, 4, 5, 0, 0, 0]]
+    with pytest.raises(ValueError, match="different response lengths"):
+        relayout(x, source, torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]]))

@@ -91,3 +91,23 @@ class MultiAgentEnv(Protocol):
     def returns(self) -> list[float]:
         """Episode return per seat so far (final once ``done``)."""
         ...
+
+
+def global_view(env: MultiAgentEnv, seat: int, prompt: str) -> str:
+    """What a centralised critic reads for ``seat``'s turn (``critic.input=global``): the
+    acting seat's own ``prompt``, then the state as the whole table knows it.
+
+    That state is ``env.global_observation()`` when the env defines one, else every seat's
+    ``observation`` in seat order (an observation equal to an earlier seat's is shown once),
+    so hidden information of one seat (a card, a hand) is visible to the critic. The critic
+    alone reads it: the acting agent's prompt is unchanged.
+    """
+    describe = getattr(env, "global_observation", None)
+    if callable(describe):
+        state = describe()
+    else:
+        views: dict[str, int] = {}  # observation text -> first seat that sees it
+        for other in range(env.num_seats):
+            views.setdefault(env.observation(other), other)
+        state = "\n\n".join(f"Seat {other} sees:\n{view}" for view, other in views.items())
+    return f"{prompt}\n\n[The whole table; seat {seat} acts now]\n{state}"

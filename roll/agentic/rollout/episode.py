@@ -32,7 +32,7 @@ from roll.agentic.env.actions import (
     parse_action,
     strip_thinking,
 )
-from roll.agentic.env.base import MultiAgentEnv
+from roll.agentic.env.base import MultiAgentEnv, global_view
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.agentic.env.seating import Seating
 
@@ -49,6 +49,9 @@ class EpisodeSetup:
     action: ActionConfig
     max_turns: int
     """LLM turns before the episode is cut off (truncated)."""
+    critic_view: bool = False
+    """Also render each LLM turn's global view for centralised critics (``Ask.critic_prompt``,
+    ``roll.agentic.env.base.global_view``)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Ask:
     env_name: str
     turn: int
     """The episode's LLM turns so far (0 for its first)."""
+    critic_prompt: str | None = None
+    """With ``EpisodeSetup.critic_view``: the global view a centralised critic reads for this
+    turn (the acting seat's prompt plus every seat's observation); None otherwise."""
 
 
 @dataclass
@@ -137,8 +143,11 @@ class Episode:
                 if self.llm_turns >= self.setup.max_turns:
                     self.truncated = True
                     break
-                self.asked = Ask(seat, self.setup.render(env, seat), env.legal_actions(seat),
-                                 env.name, self.llm_turns)
+                prompt = self.setup.render(env, seat)
+                critic_prompt = (global_view(env, seat, prompt.text) if self.setup.critic_view
+                                 else None)
+                self.asked = Ask(seat, prompt, env.legal_actions(seat), env.name,
+                                 self.llm_turns, critic_prompt)
                 return self.asked
             self._credit(env.step(self.opponents[seat].choose(env, seat)).rewards)
         self.asked = None

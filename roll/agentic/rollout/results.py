@@ -31,6 +31,8 @@ class Turn:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
+    critic_prompt_ids: list[int] | None = None
+    """What a centralised critic reads before the response (``critic.input=global``)."""
     reward: float = 0.0
     """Rewards this seat received from this turn until its next turn, minus format penalty."""
     format_error: str | None = None

@@ -69,6 +69,9 @@ class RolloutConfig:
     continuous: bool = True
     """Serve turns continuously where the engine can (``roll.inference.serve``); False plays
     lock-step rounds of ``generate`` calls."""
+    critic_view: bool = False
+    """Also give each trained row its global view for a centralised critic (``critic.input=
+    global``): ``TrajectoryBatch.critic_input_ids`` and masks."""
 
     def validate(self) -> RolloutConfig:
         for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
@@ -155,7 +158,8 @@ class RolloutScheduler:
                         None if items is None else int(items[group]))
             for group in range(cfg.num_groups) for _ in range(cfg.group_size)
         ]
-        setup = EpisodeSetup(self.env_factory, self.render, self.action, cfg.max_turns)
+        setup = EpisodeSetup(self.env_factory, self.render, self.action, cfg.max_turns,
+                             cfg.critic_view)
         turns = self._play(setup, specs, seed, progress)
         outcomes = self.episodes.outcomes()
         for turn in turns:  # rewards credited until the episode's end
@@ -213,6 +217,8 @@ class RolloutScheduler:
                 trained_agent=spec.agent_name if spec.is_trained else None,
                 turn_index=turn_index, prompt_ids=prompt_ids,
                 response_ids=list(output.token_ids), logprobs=list(output.logprobs),
+                critic_prompt_ids=(None if ask.critic_prompt is None
+                                   else self._chat_ids(ask.critic_prompt)),
                 format_error=played.format_error,
                 truncated=output.finish_reason == "length" and played.no_answer,
             ))
@@ -279,12 +285,16 @@ class RolloutScheduler:
             raise ValueError(f"seat_to_agent: {spec.raw!r} needs a snapshot pool")
         return self.snapshot_slot(spec)
 
-    def _prompt_ids(self, env_name: str, text: str) -> list[int]:
+    def _chat_ids(self, text: str) -> list[int]:
+        """``text`` as the user message of a chat (after the system prompt, if any)."""
         messages = [{"role": "user", "content": text}]
         if self.config.system_prompt:
             messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        ids = apply_chat_template(self.tokenizer, messages,
-                                  enable_thinking=self.config.enable_thinking)
+        return apply_chat_template(self.tokenizer, messages,
+                                   enable_thinking=self.config.enable_thinking)
+
+    def _prompt_ids(self, env_name: str, text: str) -> list[int]:
+        ids = self._chat_ids(text)
         if len(ids) > self.config.max_prompt_tokens:
             raise ValueError(
                 f"rollout.max_prompt_tokens={self.config.max_prompt_tokens}: a prompt of "
@@ -331,6 +341,7 @@ class RolloutScheduler:
         def column(values):
             return torch.tensor(values, dtype=torch.long)
 
+        critic = self._critic_rows(rows) if self.config.critic_view else {}
         return TrajectoryBatch(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -342,7 +353,23 @@ class RolloutScheduler:
             group_id=column([specs[t.env_index].group for t in rows]),
             turn=column([t.turn_index for t in rows]),
             old_logprobs=old_logprobs,
+            **critic,
         )
+
+    def _critic_rows(self, rows: list[Turn]) -> dict[str, torch.Tensor]:
+        """The centralised critic's layout of ``rows``: global view then response, padded."""
+        length = max(len(t.critic_prompt_ids) + len(t.response_ids) for t in rows)
+        n = len(rows)
+        input_ids = torch.full((n, length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, length), dtype=torch.long)
+        response_mask = torch.zeros((n, length))
+        for i, turn in enumerate(rows):
+            p, r = len(turn.critic_prompt_ids), len(turn.response_ids)
+            input_ids[i, : p + r] = torch.tensor(turn.critic_prompt_ids + turn.response_ids)
+            attention_mask[i, : p + r] = 1
+            response_mask[i, p : p + r] = 1
+        return {"critic_input_ids": input_ids, "critic_attention_mask": attention_mask,
+                "critic_response_mask": response_mask}
 
     def _metrics(self, turns: list[Turn], episodes: list[EpisodeResult]) -> dict[str, float]:
         """Per-agent keys ``<agent>/<metric>``, ``team/score`` (cooperative games) and
