@@ -10,6 +10,8 @@ benchmark (benchmarks/train_throughput.py --compile) runs inductor.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -18,6 +20,12 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig, TrainerConfig
 from roll.multi_agent.worker import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_to_finalise():
+    """No object of an earlier test is finalised inside a compile trace (conftest.py says why)."""
+    gc.collect()
 
 AGENTS = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
 
