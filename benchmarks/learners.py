@@ -63,7 +63,7 @@ LEARNERS = {
     "vdn": ["advantage.estimator=vdn", "critic.mode=per_agent", *CRITIC],
 }
 COMMON = ["rollout.num_groups=8", "rollout.group_size=4", "rollout.sampling.temperature=1.0",
-          "team.optim.lr=2e-4", "trainer.micro_batch_size=32", "eval.eval_steps=0",
+          "team.optim.lr=2e-4", "trainer.micro_batch_size=8", "eval.eval_steps=0",
           "save_steps=0", "tracking.backends=[jsonl]"]
 
 
@@ -84,7 +84,8 @@ def launch(args, task: str, learner: str, seed: int, runs: Path) -> tuple[subpro
                "--config_path", str(ROOT / folder), "--config_name", name,
                *overrides(args, task, learner, seed, out)]
     log = (out / "log.txt").open("w")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), out
 
 
@@ -100,18 +101,20 @@ def curve_of(out: Path, metric: str) -> list[float]:
 def aggregate(curves: list[list[float]], window: int) -> dict:
     """Per-step mean / min / max over the seeds' curves (up to the shortest), and each seed's
     mean over the ``window`` steps that end there (the same steps for every seed), with their
-    mean and spread."""
+    mean and spread; ``first_mean``: the seeds' mean over their first ``window`` steps."""
     curves = [curve for curve in curves if curve]
     if not curves:
         return {"seeds": 0}
     steps = min(map(len, curves))
     columns = [[curve[step] for curve in curves] for step in range(steps)]
     finals = [sum(curve[max(0, steps - window):steps]) / min(window, steps) for curve in curves]
+    firsts = [sum(curve[:window]) / len(curve[:window]) for curve in curves]
     return {
         "seeds": len(curves), "steps": steps,
         "mean": [round(sum(c) / len(c), 4) for c in columns],
         "min": [round(min(c), 4) for c in columns],
         "max": [round(max(c), 4) for c in columns],
+        "first_mean": round(sum(firsts) / len(firsts), 4),
         "final_per_seed": [round(value, 4) for value in finals],
         "final_mean": round(sum(finals) / len(finals), 4),
         "final_spread": round(max(finals) - min(finals), 4),
@@ -157,13 +160,26 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds; then stop every run still going and summarise")
+    parser.add_argument("--summarize", default=None, metavar="RUNS",
+                        help="launch nothing: summarise the run folders under RUNS (e.g. "
+                             "metrics.jsonl files brought back from GPU calls)")
     args = parser.parse_args()
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(
+        tempfile.mkdtemp(prefix="learners_"))
+    if args.summarize:
+        runs, done, minutes = Path(args.summarize), {}, None
+    else:
+        runs = out / "runs"
+        done, minutes = run_all(args, runs)
+    summarise(args, runs, done, minutes, out)
+
+
+def run_all(args, runs: Path) -> tuple[dict, float]:
+    """Every (task, learner, seed) run, ``--parallel`` at once; each run's exit (or why it
+    did not finish) and the minutes taken."""
     from roll.models.aliases import resolve_model_path
 
     resolve_model_path("tiny" if args.tiny else args.model)  # build the cache once, up front
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(
-        tempfile.mkdtemp(prefix="learners_"))
-    runs = out / "runs"
     jobs = [(task, learner, seed) for seed in args.seeds for task in args.tasks
             for learner in args.learners]
     start, running, done = time.perf_counter(), [], {}
@@ -176,7 +192,6 @@ def main() -> None:
                 print(json.dumps({"run": folder.name, "stopped": "deadline"}), flush=True)
             for job in jobs:
                 done[job] = "not started before the deadline"
-            running, jobs = [], []
             break
         while jobs and len(running) < args.parallel:
             job = jobs.pop(0)
@@ -190,14 +205,19 @@ def main() -> None:
                 print(json.dumps({"run": folder.name, "returncode": process.returncode,
                                   "minutes": round((time.perf_counter() - start) / 60, 1)}),
                       flush=True)
+    return done, round((time.perf_counter() - start) / 60, 1)
+
+
+def summarise(args, runs: Path, done: dict, minutes: float | None, out: Path) -> None:
+    """learners.json and learners.png in ``out`` from the runs' metrics.jsonl files."""
     summary = {"model": "tiny" if args.tiny else args.model, "steps": args.steps,
-               "seeds": args.seeds, "minutes": round((time.perf_counter() - start) / 60, 1),
+               "seeds": args.seeds, "minutes": minutes, "window": args.window,
                "failed": {f"{t}_{lr}_s{s}": code for (t, lr, s), code in done.items() if code},
                "tasks": {}}
     for task in args.tasks:
         summary["tasks"][task] = {}
         for learner in args.learners:
-            curves = [curve_of(runs / f"{task}_{learner}_s{seed}", TASKS[task][2])
+            curves = [curve_of(runs / f"{task}_{learner}_s{seed}", TASKS[task][2])[:args.steps]
                       for seed in args.seeds]
             result = aggregate(curves, args.window)
             result["steps_per_seed"] = [len(curve) for curve in curves]
