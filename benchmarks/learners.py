@@ -7,8 +7,9 @@
 Tasks (both with constrained answers, so a 135M model has something to learn):
   math     the math team (generator -> critic -> refiner, one adapter per role; built-in
            arithmetic with answer choices); curve: task/accuracy_final of the training rollouts
-  hanabi   the small Hanabi (2 colours, 3 ranks, max score 6), two agents; curve: the mean
-           return of the training episodes (the team's score)
+  hanabi   the small Hanabi (2 colours, 3 ranks, max score 6), two agents, 4 groups x 4 games
+           of at most 24 turns per step; curve: the mean return of the training episodes (the
+           team's score)
 Learners (roll/algorithms; the critic ones with critic adapters of LoRA r 16, lr 1e-3, and
 advantages whitened per agent, as PPO does; the group ones as configured by the examples):
   grpo (each seat's return, group-relative), magrpo (the team's joint return, group-relative),
@@ -46,7 +47,8 @@ TASKS = {
         "o_proj,gate_proj,up_proj,down_proj]", "team.lora.rank=16", "team.lora.alpha=32"]),
     "hanabi": ("examples/hanabi", "multi_agent_hanabi", "team/episode_return", [
         "rollout.constrained_decoding=true", "rollout.sampling.max_new_tokens=32",
-        "rollout.max_turns=40", "team.lora.rank=16", "team.lora.alpha=32"]),
+        "rollout.max_turns=24", "rollout.num_groups=4", "team.lora.rank=16",
+        "team.lora.alpha=32"]),
 }
 """task -> (example folder, config name, curve metric, overrides)."""
 
