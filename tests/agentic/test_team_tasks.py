@@ -17,10 +17,11 @@ ITEMS = [{"question": "Ada has 3 apples and gets 4 more. How many?", "answer": "
 ROLES = ["gen", "crit", "ref"]
 
 
-def play(factory, answers, item=0, penalty=0.5, seats=ROLES):
+def play(factory, answers, item=0, penalty=0.5, seats=ROLES, critic_view=False):
     """Play one episode with scripted answers through LocalEpisodes; (asks, played, outcome)."""
     host = LocalEpisodes()
-    setup = EpisodeSetup(factory, render_task, ActionConfig(format_penalty=penalty), 16)
+    setup = EpisodeSetup(factory, render_task, ActionConfig(format_penalty=penalty), 16,
+                         critic_view)
     seating = build_seating(list(seats), len(seats), list(seats))
     ask = host.open(setup, [EpisodeSpec(0, 123, seating, 0, item)])[0]
     asks, played = [], []
@@ -297,3 +298,29 @@ def test_lenient_answers_read_the_last_number_and_a_bare_verdict_word():
     voters = task_factory("majority_vote", {"voters": 2, "lenient_answers": True}, ITEMS)
     _, _, outcome = play(voters, ["It is 7.", "I get 7 too"], seats=["v0", "v1"])
     assert outcome.returns == [2.0, 2.0]
+
+
+def test_a_centralised_critic_reads_the_prompt_then_the_history_once():
+    """critic.input=global on a task: the acting role's prompt, then the whole history (the
+    task's global_observation), not every role's copy of it."""
+    asks, _, _ = play(math_factory(max_rounds=1), [
+        "It is 8. <answer>8</answer>", "<verdict>Incorrect</verdict>", "<answer>7</answer>",
+        "<verdict>Correct</verdict>"], critic_view=True)
+    history = ("Problem: Ada has 3 apples and gets 4 more. How many?\n\n"
+               "[generator]\nIt is 8. <answer>8</answer>\n\n"
+               "[critic]\n<verdict>Incorrect</verdict>")
+    assert asks[2].critic_prompt == (
+        f"{asks[2].prompt.text}\n\n[The whole table; seat 2 acts now]\n{history}")
+    assert asks[0].critic_prompt.endswith(
+        "acts now]\nProblem: Ada has 3 apples and gets 4 more. How many?")
+
+
+def test_a_debates_global_state_holds_every_round_so_far():
+    factory = task_factory("debate", {"debaters": 2, "rounds": 2}, ITEMS)
+    asks, _, _ = play(factory, ["<answer>8</answer>", "<answer>7</answer>",
+                                "<answer>7</answer>", "<answer>7</answer>"],
+                      seats=["d0", "d1"], critic_view=True)
+    assert asks[3].critic_prompt.endswith(
+        "acts now]\nProblem: Ada has 3 apples and gets 4 more. How many?\n\n"
+        "[debater_0, round 1]\n<answer>8</answer>\n\n[debater_1, round 1]\n<answer>7</answer>"
+        "\n\n[debater_0, round 2]\n<answer>7</answer>")

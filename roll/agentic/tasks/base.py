@@ -49,13 +49,15 @@ class Transcript:
     def add(self, role: str, text: str) -> None:
         self.turns.append(TurnRecord(role, text.strip()))
 
-    def render(self, instruction: str, roles: Sequence[str] | None = None) -> str:
+    def render(self, instruction: str | None, roles: Sequence[str] | None = None) -> str:
         """``header``, then every earlier turn as ``[role]\\ntext`` (only those of ``roles``
-        when given), then ``instruction``; blocks separated by blank lines."""
+        when given), then ``instruction`` (None: none, the history alone, which is the task's
+        global state for a centralised critic); blocks separated by blank lines."""
         blocks = [self.header]
         blocks += [f"[{turn.role}]\n{turn.text}" for turn in self.turns
                    if roles is None or turn.role in roles]
-        blocks.append(instruction)
+        if instruction is not None:
+            blocks.append(instruction)
         return "\n\n".join(blocks)
 
     def last(self, role: str) -> str | None:

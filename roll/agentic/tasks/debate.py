@@ -116,6 +116,15 @@ class Debate:
     def current_seat(self) -> int | None:
         return self.seat
 
+    def global_observation(self) -> str:
+        """The problem and every answer of every round so far (what a centralised critic
+        reads)."""
+        transcript = Transcript(f"Problem: {self.item['question']}")
+        for number, texts in enumerate(self.texts[: self.round + 1], start=1):
+            for seat, text in enumerate(texts):
+                transcript.add(f"{self.roles[seat]}, round {number}", text)
+        return transcript.render(None)
+
     def observation(self, seat: int) -> str:
         transcript = Transcript(f"Problem: {self.item['question']}")
         role = self.roles[seat]

@@ -114,6 +114,10 @@ class MathTeam:
     def current_seat(self) -> int | None:
         return self.seat
 
+    def global_observation(self) -> str:
+        """The whole history, every role's turn (what a centralised critic reads)."""
+        return self.transcript.render(None)
+
     def observation(self, seat: int) -> str:
         return self.transcript.render(INSTRUCTIONS[ROLES[seat]])
 

@@ -122,6 +122,10 @@ class WritingTeam:
     def current_seat(self) -> int | None:
         return self.seat
 
+    def global_observation(self) -> str:
+        """The whole history, every role's turn (what a centralised critic reads)."""
+        return self.transcript.render(None)
+
     def observation(self, seat: int) -> str:
         part = self.roles[seat]
         seen = self.roles[:seat] if self.see_partner else ()
