@@ -379,5 +379,5 @@ def vdn(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     credit = joint[episode_of_traj] - (team_value[episode_of_traj] - value_first)  # (N,) c_i
     turns = torch.bincount(traj, minlength=n_traj)  # (N,)
     last_turn = rank == turns[traj] - 1  # (B,)
-    rewards = torch.where(last_turn, credit[traj], torch.zeros_like(credit[traj]))
+    rewards = torch.where(last_turn, credit[traj], 0.0)
     return gae(batch.with_fields(rewards=rewards.to(batch.rewards.dtype)), cfg)

@@ -27,6 +27,7 @@ def nothing_left_to_finalise():
     """No object of an earlier test is finalised inside a compile trace (conftest.py says why)."""
     gc.collect()
 
+
 AGENTS = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
 
 

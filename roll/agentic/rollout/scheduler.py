@@ -217,8 +217,9 @@ class RolloutScheduler:
                 trained_agent=spec.agent_name if spec.is_trained else None,
                 turn_index=turn_index, prompt_ids=prompt_ids,
                 response_ids=list(output.token_ids), logprobs=list(output.logprobs),
-                critic_prompt_ids=(None if ask.critic_prompt is None
-                                   else self._chat_ids(ask.critic_prompt)),
+                critic_prompt_ids=(self._chat_ids(ask.critic_prompt)
+                                   if ask.critic_prompt is not None and spec.is_trained
+                                   else None),
                 format_error=played.format_error,
                 truncated=output.finish_reason == "length" and played.no_answer,
             ))
@@ -324,24 +325,21 @@ class RolloutScheduler:
         rows = [turn for turn in turns if turn.trained_agent is not None]
         if not rows:
             return None
-        length = max(len(t.prompt_ids) + len(t.response_ids) for t in rows)
-        pad = self.tokenizer.pad_token_id
-        n = len(rows)
-        input_ids = torch.full((n, length), pad, dtype=torch.long)
-        attention_mask = torch.zeros((n, length), dtype=torch.long)
-        response_mask = torch.zeros((n, length))
-        old_logprobs = torch.zeros((n, length))
-        for i, turn in enumerate(rows):
-            p, r = len(turn.prompt_ids), len(turn.response_ids)
-            input_ids[i, : p + r] = torch.tensor(turn.prompt_ids + turn.response_ids)
-            attention_mask[i, : p + r] = 1
-            response_mask[i, p : p + r] = 1
-            old_logprobs[i, p : p + r] = torch.tensor(turn.logprobs, dtype=torch.float32)
+        input_ids, attention_mask, response_mask = self._pad_rows(
+            [t.prompt_ids for t in rows], [t.response_ids for t in rows])
+        old_logprobs = torch.zeros(response_mask.shape)
+        old_logprobs[response_mask.bool()] = torch.tensor(
+            [logprob for t in rows for logprob in t.logprobs], dtype=torch.float32)
 
         def column(values):
             return torch.tensor(values, dtype=torch.long)
 
-        critic = self._critic_rows(rows) if self.config.critic_view else {}
+        critic = {}
+        if self.config.critic_view:  # the centralised critic's layout: global view, response
+            critic = dict(zip(("critic_input_ids", "critic_attention_mask",
+                               "critic_response_mask"),
+                              self._pad_rows([t.critic_prompt_ids for t in rows],
+                                             [t.response_ids for t in rows]), strict=True))
         return TrajectoryBatch(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -356,20 +354,21 @@ class RolloutScheduler:
             **critic,
         )
 
-    def _critic_rows(self, rows: list[Turn]) -> dict[str, torch.Tensor]:
-        """The centralised critic's layout of ``rows``: global view then response, padded."""
-        length = max(len(t.critic_prompt_ids) + len(t.response_ids) for t in rows)
-        n = len(rows)
+    def _pad_rows(self, prompts: list[list[int]], responses: list[list[int]]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows of prompt then response, right-padded: input_ids (B, T) long, attention_mask
+        (B, T) long, response_mask (B, T) float."""
+        length = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+        n = len(prompts)
         input_ids = torch.full((n, length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((n, length), dtype=torch.long)
         response_mask = torch.zeros((n, length))
-        for i, turn in enumerate(rows):
-            p, r = len(turn.critic_prompt_ids), len(turn.response_ids)
-            input_ids[i, : p + r] = torch.tensor(turn.critic_prompt_ids + turn.response_ids)
+        for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            p, r = len(prompt), len(response)
+            input_ids[i, : p + r] = torch.tensor(prompt + response)
             attention_mask[i, : p + r] = 1
             response_mask[i, p : p + r] = 1
-        return {"critic_input_ids": input_ids, "critic_attention_mask": attention_mask,
-                "critic_response_mask": response_mask}
+        return input_ids, attention_mask, response_mask
 
     def _metrics(self, turns: list[Turn], episodes: list[EpisodeResult]) -> dict[str, float]:
         """Per-agent keys ``<agent>/<metric>``, ``team/score`` (cooperative games) and
