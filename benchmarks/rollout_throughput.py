@@ -214,6 +214,8 @@ def main() -> None:
                         help="also: our compiled engine with no adapter (base rows) and HF "
                              "generate with a static cache + auto-compile (two more warm-ups)")
     parser.add_argument("--skip-stock", action="store_true", help="do not run stock PEFT")
+    parser.add_argument("--skip-hf-compiled", action="store_true",
+                        help="with --extra: do not run HF generate with a static cache")
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
     parser.add_argument("--profile", action="store_true",
@@ -300,7 +302,7 @@ def main() -> None:
             figures["hf_base"] = run_hf_generate(
                 team.base_model, input_ids, new_tokens, shape["pad_token_id"], device
             )
-            if args.extra and device.type == "cuda":
+            if args.extra and device.type == "cuda" and not args.skip_hf_compiled:
                 figures["hf_base_compiled"] = run_hf_generate(
                     team.base_model, input_ids, new_tokens, shape["pad_token_id"], device,
                     cache_implementation="static", warmup=True,

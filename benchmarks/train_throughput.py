@@ -60,14 +60,21 @@ def profile_step(step, top: int) -> dict:
 
     kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
     gpu_s = sum(own_gpu_us(e) for e in kernels) / 1e6
-    ranked = sorted(events, key=own_gpu_us if cuda else lambda e: e.self_cpu_time_total,
-                    reverse=True)
-    return {
+
+    def entries(key) -> list[dict]:
+        return [{"name": e.key[:80], "calls": e.count,
+                 "self_gpu_ms": round(own_gpu_us(e) / 1e3, 2),
+                 "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2)}
+                for e in sorted(events, key=key, reverse=True)[:top]]
+
+    result = {
         "wall_s": round(wall, 3), "kernel_launches": sum(e.count for e in kernels),
         "kernel_gpu_s": round(gpu_s, 3), "gpu_busy": round(gpu_s / wall, 3) if cuda else None,
-        "top": [{"name": e.key[:80], "calls": e.count, "self_gpu_ms": round(own_gpu_us(e) / 1e3, 2),
-                 "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in ranked[:top]],
+        "top": entries(own_gpu_us if cuda else lambda e: e.self_cpu_time_total),
     }
+    if cuda:  # where the host's time goes (a step with the GPU idle is bound by this)
+        result["top_host"] = entries(lambda e: e.self_cpu_time_total)
+    return result
 
 
 def run(args, num_agents: int, fused: bool, base, batch) -> dict:

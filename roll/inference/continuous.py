@@ -40,7 +40,7 @@ from torch import Tensor
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
 from roll.inference.decoding import cut_at_stop, hits_stop
-from roll.inference.ring import RING_ATTENTION, CaptureCache, RingCache, register_ring_attention
+from roll.inference.ring import CaptureCache, RingCache, additive_mask, decode_attention
 from roll.inference.sampling import (
     _VOCAB_SALT,
     filter_top_k_top_p,
@@ -71,7 +71,6 @@ class ContinuousDecoder:
 
     def __init__(self, engine: HFEngine, lanes: int, capacity: int, graphs: bool = False
                  ) -> None:
-        register_ring_attention()
         self.engine = engine
         self.lanes = lanes
         self.capacity = capacity
@@ -249,13 +248,9 @@ class ContinuousDecoder:
         engine = self.engine
 
         def forward() -> Tensor:
-            config = engine.model.config
-            usual, config._attn_implementation = config._attn_implementation, RING_ATTENTION
-            try:
+            with decode_attention(engine.model):
                 return engine.forward_last(self.last_token[:, None], self.mask,
                                            self.position[:, None], self.ring)
-            finally:
-                config._attn_implementation = usual
 
         if not self.graphs:
             return forward()
@@ -287,11 +282,9 @@ class ContinuousDecoder:
         self.captures += 1
 
     def _additive(self, allowed: Tensor) -> Tensor:
-        """Boolean 'may attend' (…, q, k) → the additive float mask the model adds to scores
-        (a large negative, not -inf, so an idle lane's all-masked row stays finite)."""
-        blocked = torch.finfo(self.dtype).min
-        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
-            ~allowed, blocked)
+        """Boolean 'may attend' → the additive mask (an idle lane's all-masked row stays
+        finite)."""
+        return additive_mask(allowed, self.dtype)
 
     def _sample(self, lanes: Tensor, logits: Tensor, follow: Follow) -> list[GenerationRequest]:
         """Choose the next token of these lanes (logits (n, V)), record it, finish lanes that

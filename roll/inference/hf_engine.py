@@ -32,6 +32,7 @@ from roll.inference.constrained import CompletionTrie
 from roll.inference.continuous import ContinuousDecoder
 from roll.inference.decoding import REASONS, HostChecks, RowFinish, cut_at_stop
 from roll.inference.fused_lora import FusedLoRA
+from roll.inference.ring import additive_mask, decode_attention
 from roll.inference.sampling import BatchSampler
 
 CACHE_LEN_MULTIPLE = 256
@@ -364,18 +365,25 @@ class HFEngine:
         return out.logits[:, -1], out.past_key_values
 
     def _decode(self, input_ids, attention_mask, position_ids, cache, cache_position) -> Tensor:
-        """One decoding step (B, 1) → logits (B, V); compiled when ``compile`` is on."""
+        """One decoding step (B, 1) → logits (B, V); compiled when ``compile`` is on.
+
+        Attention is grouped-query over the cache (``ring_decode_attention``, as in continuous
+        decoding): transformers' sdpa path would copy every cached key and value once per
+        query head first. ``attention_mask`` (B, keys) 0/1 becomes the additive (B, 1, 1, keys)
+        mask it needs (one new token sees every key its row holds: no causal part)."""
         self.forward_calls += 1
-        if not self.compile:
-            return self._run(input_ids, attention_mask, position_ids, cache, cache_position)[0]
-        if self._compiled_step is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled_step = torch.compile(self._static_step, mode=mode, dynamic=False)
-        torch.compiler.cudagraph_mark_step_begin()
-        # CUDA graphs reuse their output buffer on the next replay: copy the logits out.
-        return self._compiled_step(
-            input_ids, attention_mask, position_ids, cache, cache_position
-        ).clone()
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = additive_mask(attention_mask.bool()[:, None, None, :], dtype)
+        with decode_attention(self.model):
+            if not self.compile:
+                return self._run(input_ids, mask, position_ids, cache, cache_position)[0]
+            if self._compiled_step is None:
+                mode = "reduce-overhead" if self.device.type == "cuda" else None
+                self._compiled_step = torch.compile(self._static_step, mode=mode, dynamic=False)
+            torch.compiler.cudagraph_mark_step_begin()
+            # CUDA graphs reuse their output buffer on the next replay: copy the logits out.
+            return self._compiled_step(input_ids, mask, position_ids, cache, cache_position
+                                       ).clone()
 
     def _static_step(self, input_ids, attention_mask, position_ids, cache, cache_position):
         """The function torch.compile sees: one step on the static cache."""

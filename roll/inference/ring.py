@@ -9,8 +9,11 @@ models: the engine passes positions and a ready 4D mask, so nothing else of a Ca
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class RingCache:
@@ -68,6 +71,27 @@ def register_ring_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(RING_ATTENTION, ring_decode_attention)
+
+
+@contextmanager
+def decode_attention(model: nn.Module) -> Iterator[None]:
+    """The model's attention layers run ``ring_decode_attention`` inside (one new token per
+    row, a ready 4D additive mask); set outside a compiled or captured step, so the step sees
+    one value throughout."""
+    register_ring_attention()
+    config = model.config
+    usual, config._attn_implementation = config._attn_implementation, RING_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = usual
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean 'may attend' (…, q, k) → the additive float mask the model adds to scores
+    (a large negative, not -inf, so a row that may attend nothing stays finite)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
 
 
 class CaptureCache:

@@ -234,8 +234,12 @@ class MultiAgentLoRAModel(nn.Module):
         Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
         ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active
         adapter trainable, and a mixed forward would then give the others no gradient.
+        On exit every agent's gradients are on its own parameters' ``.grad`` (the compiled
+        path accumulates them in stacked tensors meanwhile: compiled.py).
         """
         self._all_trainable()
+        if self._compiled is not None:
+            self._compiled.check_storage()
         for name, step in optimizer_steps.items():
             seed = agent_stream_seed(self.seed, name, step, stream)
             device = next(self.named_agent_tensors(name))[1].device
@@ -250,6 +254,8 @@ class MultiAgentLoRAModel(nn.Module):
             for name in optimizer_steps:
                 for layer in self._dropouts[name]:
                     layer.active = False
+            if self._compiled is not None:
+                self._compiled.hand_over_gradients(list(optimizer_steps))
 
     def forward(
         self,

@@ -194,6 +194,31 @@ def test_static_cache_path_equals_the_dynamic_path(tiny_model_path):
         torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_decode_steps_use_grouped_query_attention(tiny_model_path, monkeypatch, static_cache):
+    """Every decode step (not the prefill) runs ``ring_decode_attention`` in every layer:
+    transformers' sdpa path would first copy each cached key and value per query head."""
+    import roll.inference.ring as ring
+
+    calls = []
+
+    def counted(module, query, *args, **kwargs):
+        calls.append(query.shape[2])  # query length: 1 at decode
+        return ring_decode_attention(module, query, *args, **kwargs)
+
+    ring_decode_attention = ring.ring_decode_attention
+    monkeypatch.setattr(ring, "ring_decode_attention", counted)
+    team = perturbed_team(tiny_model_path, 2)
+    requests = [GenerationRequest(prompt, team.agent_names[0],
+                                  SamplingParams(temperature=0.0, max_new_tokens=5,
+                                                 ignore_eos=True))
+                for prompt in chat_prompts(tiny_model_path)[:2]]
+    outputs = _engine(tiny_model_path, team, static_cache=static_cache).generate(requests)
+    assert all(len(output.token_ids) == 5 for output in outputs)
+    layers = team.base_model.config.num_hidden_layers
+    assert calls == [1] * (4 * layers)  # 5 tokens: the prefill's and 4 decode steps'
+
+
 def test_compiled_step_follows_adapter_syncs_and_layout_changes(tiny_model_path, monkeypatch):
     """The torch.compile path, traced with the 'eager' backend so that it runs on CPU.
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from roll.multi_agent.compiled import compile_count, decoder_layers
-from roll.multi_agent.config import AgentConfig, LoRAConfig, TrainerConfig
+from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.worker import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
@@ -31,8 +31,8 @@ def nothing_left_to_finalise():
 AGENTS = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
 
 
-def _team(path, compile_backend: str | None):
-    model, resolved = make_team(path, AGENTS)
+def _team(path, compile_backend: str | None, optim: OptimConfig | None = None):
+    model, resolved = make_team(path, AGENTS, optim=optim)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # adapters that differ (B starts at zero: all would be the base)
         for name in model.agent_names:
@@ -182,3 +182,62 @@ def test_a_second_compiled_team_on_one_base_needs_the_first_disabled(tiny_model_
     rows = make_rows([0, 0, 1], seed=3)
     logprobs, _ = second(rows.input_ids, rows.attention_mask, rows.agent_id)
     assert torch.isfinite(logprobs).all()
+
+
+def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
+    """Agents of one rank keep their factors in one stacked leaf per projection (compiled.py):
+    each agent's PEFT tensors are views into it, so three train steps (carol idle in one) move
+    every agent exactly as the eager path does (fp32), a checkpoint loaded with copy_ is what
+    the compiled forward reads next, and a tensor whose memory was replaced is refused."""
+    torch._dynamo.reset()
+    batches = [make_rows([0, 2, 0, 1, 2, 1, 0], seed=31), make_rows([1, 0, 0, 1], seed=32),
+               make_rows([2, 2, 0, 1, 1, 0], seed=33, length=12)]
+    # AdamW with a large eps moves each element by about lr * gradient: its first step would
+    # move an element whose gradient is ~0 by +-lr, whatever rounding gave that gradient's sign
+    optim = OptimConfig(lr=0.1, eps=1.0)
+    eager_model, eager_trainer = _team(tiny_model_path, None, optim)
+    model, trainer = _team(tiny_model_path, "aot_eager", optim)
+    stacks = [base.lora_stack for base in model._compiled.routing.base_layers]
+    assert stacks and all(stack is not None for stack in stacks)
+    for stack in stacks:  # agent i's tensors are slice i of the stack: the same memory
+        for leaf, params in ((stack.a, stack.a_params), (stack.b, stack.b_params)):
+            assert len(params) == 3
+            for index, param in enumerate(params):
+                assert param.untyped_storage().data_ptr() == leaf.untyped_storage().data_ptr()
+                assert torch.equal(param, leaf[index])
+    start = {name: model.export_adapter(name) for name in model.agent_names}
+    for batch in batches:
+        eager_trainer.train_step(batch)
+        trainer.train_step(batch)
+    for name in model.agent_names:
+        got, want = model.export_adapter(name), eager_model.export_adapter(name)
+        assert any(not torch.equal(got[key], start[name][key]) for key in got), name
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
+        assert all(param.grad is None for param in model.agent_parameters(name))
+    assert all(stack.a.grad is None and stack.b.grad is None for stack in stacks)
+
+    # Load alice's starting adapter back (a resume): the compiled forward reads it at once.
+    eager_model.save_agent("alice", tmp_path / "alice")
+    model.load_agent("alice", tmp_path / "alice")
+    rows = make_rows([0, 1, 0, 2], seed=34)
+    positions = rows.response_mask.bool()
+    got = model.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id, positions=positions)
+    want = eager_model.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                positions=positions)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+    # Memory replaced behind the stack's back: refused before a training forward reads it.
+    param = model.agent_parameters("bob")[0]
+    param.data = param.data.clone()
+    with pytest.raises(RuntimeError, match="was replaced after the compiled forward stacked it"):
+        trainer.train_step(batches[0])
+    # disable_compile gives each agent memory of its own again, values unchanged
+    values = {name: model.export_adapter(name) for name in model.agent_names}
+    model.disable_compile()
+    for name in model.agent_names:
+        assert all(torch.equal(model.export_adapter(name)[key], value)
+                   for key, value in values[name].items())
+    first = [p.untyped_storage().data_ptr() for p in model.agent_parameters("alice")[:1]
+             + model.agent_parameters("carol")[:1]]
+    assert first[0] != first[1]
