@@ -214,6 +214,9 @@ def main() -> None:
                         help="also: our compiled engine with no adapter (base rows) and HF "
                              "generate with a static cache + auto-compile (two more warm-ups)")
     parser.add_argument("--skip-stock", action="store_true", help="do not run stock PEFT")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="skip the eager rows (ours_eager, hf_base): warm-ups and the vLLM "
+                             "engine's start then fit one call")
     parser.add_argument("--skip-hf-compiled", action="store_true",
                         help="with --extra: do not run HF generate with a static cache")
     parser.add_argument("--vllm", action="store_true",
@@ -273,13 +276,18 @@ def main() -> None:
                     for row in range(batch)]
         requests_of[batch] = requests
         figures: dict = {}
-        figures["ours_eager"], eager_outputs = run_ours(eager, requests, 1, device)
-        figures["ours_eager"]["logprob_vs_trainer"] = logprob_check(team, requests, eager_outputs)
+        eager_outputs = None
+        if not (args.compiled_only and compiled is not None):
+            figures["ours_eager"], eager_outputs = run_ours(eager, requests, 1, device)
+            figures["ours_eager"]["logprob_vs_trainer"] = logprob_check(team, requests,
+                                                                        eager_outputs)
         if compiled is not None:
             figures["ours_compiled"], outputs = run_ours(compiled, requests, 3, device)
             figures["ours_compiled"]["logprob_vs_trainer"] = logprob_check(team, requests, outputs)
-            same = [a.token_ids == b.token_ids for a, b in zip(outputs, eager_outputs, strict=True)]
-            figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
+            if eager_outputs is not None:
+                same = [a.token_ids == b.token_ids
+                        for a, b in zip(outputs, eager_outputs, strict=True)]
+                figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
             if args.profile and batch == batches[0]:
                 profile(compiled, requests)
         if compiled is not None and args.extra:
@@ -299,9 +307,10 @@ def main() -> None:
             )
             stock_estimate = figures["stock_peft"]["seconds"] / batch
         with team.reference():
-            figures["hf_base"] = run_hf_generate(
-                team.base_model, input_ids, new_tokens, shape["pad_token_id"], device
-            )
+            if not args.compiled_only:
+                figures["hf_base"] = run_hf_generate(
+                    team.base_model, input_ids, new_tokens, shape["pad_token_id"], device
+                )
             if args.extra and device.type == "cuda" and not args.skip_hf_compiled:
                 figures["hf_base_compiled"] = run_hf_generate(
                     team.base_model, input_ids, new_tokens, shape["pad_token_id"], device,

@@ -22,17 +22,11 @@ A/B get gradients from agent j's rows only: the one-hot's transpose sums the row
 gradients per agent (exact zeros for an agent without rows). The reference policy is no delta
 at all (a graph of its own). PEFT's own LoRA is switched off meanwhile (no active adapter).
 
-One leaf per projection, not per agent. With N agents each of a layer's 2N factors would be
-an autograd leaf of its own: every backward would accumulate N gradients per factor (8 agents:
-3,136 accumulations per forward of a 28-layer model, each a kernel and an autograd node), and
-that host work, not the GPU's, made 8 agents cost 1.8-1.9x one agent. So where every agent
-adapts a layer at one rank, the layer's factors live in two stacked tensors (N, r, in) and
-(N, out, r) that the compiled forward reads as its only leaves, and each agent's PEFT
-parameters are views into them (``param.data`` points into the stack): optimizers, clipping,
-checkpoints, sync and the eager path see and update the same memory. After the backward of a
-round ``hand_over_gradients`` gives each agent's parameters their slices of the stacks'
-gradients (views again: no copy). Layers whose agents differ in rank (or that some agent does
-not adapt) keep stacking the agents' own tensors in every forward.
+One leaf per projection, not per agent. Where every agent adapts a layer at one rank, the
+layer's factors of all agents are ONE leaf each, views into the team's buffer of factors
+(team_factors.py), and each agent's optimizer steps one flat tensor: the host work of a train
+step no longer grows with the number of agents' tensors. Layers whose agents differ in rank (or
+that some agent does not adapt) stack the agents' own tensors in every forward.
 
 Simplifications, stated: LoRA dropout is refused (each agent's masks come from its own
 generator in the eager path; a compiled graph cannot keep that). LoRA products run in the base
@@ -50,6 +44,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from roll.multi_agent.team_factors import TeamFactors, uniform
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -117,19 +113,21 @@ class RowRouting:
         self.agent_names = list(agent_names)
         self.base_layers: list[nn.Module] = []
         self._handles = []
-        for layer in lora_layers:
-            if not any(name in layer.lora_A for name in self.agent_names):
-                continue  # a layer only critics adapt
-            base = layer.base_layer
-            if hasattr(base, "lora_rows"):
+        routed = [layer for layer in lora_layers
+                  if any(name in layer.lora_A for name in self.agent_names)]  # not critics'
+        for layer in routed:
+            if hasattr(layer.base_layer, "lora_rows"):
                 # A second team's hook would also read this layer's one-hot and pick its own
                 # (fewer) agents' factors with it.
-                self.close()
                 raise ValueError("trainer.compile: this base model's layers are already routed "
                                  "by another team's compiled forward; call disable_compile() "
                                  "on that team first")
+        shared = [layer for layer in routed if uniform(layer, self.agent_names)]
+        self.factors = TeamFactors(shared, self.agent_names) if shared else None
+        for layer in routed:
+            base = layer.base_layer
             base.lora_rows = None  # (capacity, N): one-hot of row b's agent, while routed
-            base.lora_stack = _share_storage(layer, self.agent_names)
+            base.lora_stack = self.factors.stacks.get(id(layer)) if self.factors else None
             # Permanent while compiled (not per forward): a hook registered anew each forward
             # would be a new object to dynamo's guards, i.e. a recompile per forward.
             self._handles.append(base.register_forward_hook(
@@ -137,47 +135,15 @@ class RowRouting:
             self.base_layers.append(base)
 
     def close(self) -> None:
-        """Remove the hooks (the base layers become plain again)."""
+        """Remove the hooks (the base layers become plain again); each agent's tensors in
+        memory of their own again."""
         for handle in self._handles:
             handle.remove()
         for base in self.base_layers:
-            if base.lora_stack is not None:  # each agent's tensors in memory of their own again
-                for param in base.lora_stack.params:
-                    param.data = param.data.clone()
             del base.lora_rows, base.lora_stack
-        self._handles, self.base_layers = [], []
-
-    def hand_over_gradients(self, names: Sequence[str]) -> None:
-        """Give these agents' parameters in stacked layers their slices of the stacks'
-        gradients (views), then clear the stacks' for the next round. Agents not named keep
-        ``grad=None``: they had no rows, and AdamW must not touch them."""
-        indices = [self.agent_names.index(name) for name in names if name in self.agent_names]
-        for base in self.base_layers:
-            stack = base.lora_stack
-            if stack is None:
-                continue
-            for leaf, params in ((stack.a, stack.a_params), (stack.b, stack.b_params)):
-                if leaf.grad is not None:
-                    slices = leaf.grad.unbind(0)
-                    for index in indices:
-                        params[index].grad = slices[index]
-                    leaf.grad = None
-
-    def check_storage(self) -> None:
-        """Refuse to train if an agent's tensor no longer lives in its stack (something
-        replaced ``param.data``): the compiled forward would read stale factors."""
-        for base in self.base_layers:
-            stack = base.lora_stack
-            if stack is None:
-                continue
-            for leaf, params in ((stack.a, stack.a_params), (stack.b, stack.b_params)):
-                step = leaf[0].numel() * leaf.element_size()
-                for index, param in enumerate(params):
-                    if param.data_ptr() != leaf.data_ptr() + index * step:
-                        raise RuntimeError(
-                            "trainer.compile: an agent's LoRA tensor was replaced after the "
-                            "compiled forward stacked it (param.data reassigned); load weights "
-                            "with copy_ (import_adapter) instead")
+        if self.factors is not None:
+            self.factors.release()
+        self._handles, self.base_layers, self.factors = [], [], None
 
     @contextmanager
     def route(self, agent_id: Tensor | None, dtype: torch.dtype) -> Iterator[None]:
@@ -199,41 +165,6 @@ class RowRouting:
         finally:
             for base in self.base_layers:
                 base.lora_rows = None
-
-
-class _Stack:
-    """The stacked factors of one LoRA layer whose agents share a rank (module docstring)."""
-
-    def __init__(self, a: Tensor, b: Tensor, scales: Tensor, a_params: list[nn.Parameter],
-                 b_params: list[nn.Parameter]) -> None:
-        self.a, self.b, self.scales = a, b, scales  # (N, r, in), (N, out, r), (N, 1, 1)
-        self.a_params, self.b_params = a_params, b_params
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return [*self.a_params, *self.b_params]
-
-
-def _share_storage(layer: nn.Module, agent_names: Sequence[str]) -> _Stack | None:
-    """Move every agent's A and B of this layer into one stacked leaf each, the agents'
-    parameters becoming views of their slices; None (stack per forward) when the agents
-    differ in rank or one of them does not adapt the layer."""
-    if not all(name in layer.lora_A for name in agent_names):
-        return None
-    a_params = [layer.lora_A[name].weight for name in agent_names]
-    b_params = [layer.lora_B[name].weight for name in agent_names]
-    if len({(a.shape, b.shape, a.dtype, b.dtype, a.device) for a, b in
-            zip(a_params, b_params, strict=True)}) > 1:
-        return None
-    a = torch.stack([param.detach() for param in a_params]).requires_grad_(True)
-    b = torch.stack([param.detach() for param in b_params]).requires_grad_(True)
-    with torch.no_grad():
-        for stacked, params in ((a, a_params), (b, b_params)):
-            for index, param in enumerate(params):
-                param.data = stacked.data[index]
-    scales = torch.tensor([float(layer.scaling[name]) for name in agent_names],
-                          device=a.device).view(-1, 1, 1)
-    return _Stack(a, b, scales, a_params, b_params)
 
 
 def _stacked_factors(layer: nn.Module, agent_names: Sequence[str], dtype: torch.dtype
@@ -294,11 +225,10 @@ class CompiledForward:
         only inside ``logits``)."""
         self.routing.close()
 
-    def hand_over_gradients(self, names: Sequence[str]) -> None:
-        self.routing.hand_over_gradients(names)
-
-    def check_storage(self) -> None:
-        self.routing.check_storage()
+    @property
+    def factors(self):
+        """The team's buffer of factors (team_factors.py), None if no layer is shared."""
+        return self.routing.factors
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
                kwargs: dict) -> Tensor:

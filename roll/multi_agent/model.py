@@ -194,6 +194,43 @@ class MultiAgentLoRAModel(nn.Module):
         """This agent's adapter tensors (and nothing else), in a stable order."""
         return [param for _, param in self.named_agent_tensors(name)]
 
+    # ------------------------------------------------------------------ what optimizers step
+    @property
+    def _team_factors(self):
+        return self._compiled.factors if self._compiled is not None else None
+
+    def optimizer_parameters(self, name: str) -> list[Tensor]:
+        """The tensors agent ``name``'s optimizer steps: its adapter tensors, or with
+        ``trainer.compile`` its row of the team's buffer (team_factors.py) and the rest."""
+        params = self.agent_parameters(name)
+        factors = self._team_factors
+        if factors is None or name not in factors.agent_names:
+            return params
+        return factors.optimizer_parameters(name, params)
+
+    def agent_gradients(self, name: str) -> list[Tensor | None]:
+        """The gradient of each of ``agent_parameters(name)``, wherever its optimizer holds it."""
+        params = self.agent_parameters(name)
+        factors = self._team_factors
+        if factors is None or name not in factors.agent_names:
+            return [param.grad for param in params]
+        return factors.gradients(name, params)
+
+    def portable_optimizer_state(self, name: str, state: dict) -> dict:
+        """Agent ``name``'s optimizer ``state_dict`` with one entry per adapter tensor (the
+        checkpoint format, whatever tensors the optimizer steps)."""
+        factors = self._team_factors
+        if factors is None or name not in factors.agent_names:
+            return state
+        return factors.portable_state(name, self.agent_parameters(name), state)
+
+    def native_optimizer_state(self, name: str, state: dict) -> dict:
+        """Inverse of ``portable_optimizer_state`` (for ``load_state_dict``)."""
+        factors = self._team_factors
+        if factors is None or name not in factors.agent_names:
+            return state
+        return factors.native_state(name, self.agent_parameters(name), state)
+
     def named_agent_tensors(self, name: str) -> Iterator[tuple[str, nn.Parameter]]:
         """(PEFT on-disk key, tensor) of each of this agent's adapter tensors, module order.
 
@@ -234,12 +271,13 @@ class MultiAgentLoRAModel(nn.Module):
         Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
         ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active
         adapter trainable, and a mixed forward would then give the others no gradient.
-        On exit every agent's gradients are on its own parameters' ``.grad`` (the compiled
-        path accumulates them in stacked tensors meanwhile: compiled.py).
+        On exit every agent's gradients are on its optimizer's tensors (``optimizer_parameters``;
+        the compiled path accumulates them in the team's buffer meanwhile: team_factors.py).
         """
         self._all_trainable()
-        if self._compiled is not None:
-            self._compiled.check_storage()
+        factors = self._team_factors
+        if factors is not None:
+            factors.open_round()
         for name, step in optimizer_steps.items():
             seed = agent_stream_seed(self.seed, name, step, stream)
             device = next(self.named_agent_tensors(name))[1].device
@@ -254,8 +292,8 @@ class MultiAgentLoRAModel(nn.Module):
             for name in optimizer_steps:
                 for layer in self._dropouts[name]:
                     layer.active = False
-            if self._compiled is not None:
-                self._compiled.hand_over_gradients(list(optimizer_steps))
+            if factors is not None:
+                factors.close_round(list(optimizer_steps))
 
     def forward(
         self,

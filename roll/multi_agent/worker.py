@@ -126,7 +126,7 @@ class MultiAgentTrainer:
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         for agent in agents:
             optim = agent.optim
-            params = model.agent_parameters(agent.name)
+            params = model.optimizer_parameters(agent.name)
             optimizer = torch.optim.AdamW(
                 params,
                 lr=optim.lr,
@@ -186,7 +186,8 @@ class MultiAgentTrainer:
         """Optimizers, schedulers and the step counter (adapters are saved as PEFT folders)."""
         return {
             "global_step": self.global_step,
-            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+            "optimizers": {name: self.model.portable_optimizer_state(name, opt.state_dict())
+                           for name, opt in self.optimizers.items()},
             "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
         }
 
@@ -202,7 +203,8 @@ class MultiAgentTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.global_step = state["global_step"]
         for name in self.agent_names:
-            self.optimizers[name].load_state_dict(state["optimizers"][name])
+            self.optimizers[name].load_state_dict(
+                self.model.native_optimizer_state(name, state["optimizers"][name]))
             self.schedulers[name].load_state_dict(state["schedulers"][name])
 
     # ------------------------------------------------------------------ plan

@@ -56,7 +56,7 @@ def _passes(model, trainer, batch):
     sums = {name: dict.fromkeys(("loss", "policy_loss", "kl_ref", "entropy", "clip_frac",
                                  "approx_kl", "grad_norm"), 0.0) for name in minis}
     trainer._backward(batch, minis, sums)
-    grads = {name: [p.grad.clone() for p in model.agent_parameters(name)]
+    grads = {name: [grad.clone() for grad in model.agent_gradients(name)]
              for name in model.agent_names}
     for optimizer in trainer.optimizers.values():
         optimizer.zero_grad(set_to_none=True)
@@ -184,11 +184,17 @@ def test_a_second_compiled_team_on_one_base_needs_the_first_disabled(tiny_model_
     assert torch.isfinite(logprobs).all()
 
 
-def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
-    """Agents of one rank keep their factors in one stacked leaf per projection (compiled.py):
-    each agent's PEFT tensors are views into it, so three train steps (carol idle in one) move
-    every agent exactly as the eager path does (fp32), a checkpoint loaded with copy_ is what
-    the compiled forward reads next, and a tensor whose memory was replaced is refused."""
+def test_team_buffer_is_the_agents_own_memory_and_checkpoints_stay_portable(tiny_model_path,
+                                                                           tmp_path):
+    """Agents of one rank keep their factors in one team buffer (team_factors.py): each
+    agent's PEFT tensors are views into its row, the compiled forward reads one leaf per
+    projection and each agent's optimizer steps its row. Three train steps (carol idle in one)
+    move every agent as the eager path does (fp32); the optimizer state is saved per PEFT
+    tensor, as an eager run saves it, and loads back into either; a checkpoint loaded with
+    copy_ is what the compiled forward reads next; a tensor whose memory was replaced is
+    refused."""
+    from roll.multi_agent.team_factors import TeamFactors
+
     torch._dynamo.reset()
     batches = [make_rows([0, 2, 0, 1, 2, 1, 0], seed=31), make_rows([1, 0, 0, 1], seed=32),
                make_rows([2, 2, 0, 1, 1, 0], seed=33, length=12)]
@@ -197,14 +203,16 @@ def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
     optim = OptimConfig(lr=0.1, eps=1.0)
     eager_model, eager_trainer = _team(tiny_model_path, None, optim)
     model, trainer = _team(tiny_model_path, "aot_eager", optim)
-    stacks = [base.lora_stack for base in model._compiled.routing.base_layers]
-    assert stacks and all(stack is not None for stack in stacks)
-    for stack in stacks:  # agent i's tensors are slice i of the stack: the same memory
-        for leaf, params in ((stack.a, stack.a_params), (stack.b, stack.b_params)):
-            assert len(params) == 3
-            for index, param in enumerate(params):
-                assert param.untyped_storage().data_ptr() == leaf.untyped_storage().data_ptr()
-                assert torch.equal(param, leaf[index])
+    factors = model._compiled.factors
+    assert isinstance(factors, TeamFactors)
+    base = factors.values.untyped_storage().data_ptr()
+    for name in model.agent_names:  # every PEFT tensor of every agent lives in the buffer
+        assert all(p.untyped_storage().data_ptr() == base for p in model.agent_parameters(name))
+        assert trainer.optimizers[name].param_groups[0]["params"] == [
+            factors.flat[model.agent_index(name)]]
+    routed = [b for b in model._compiled.routing.base_layers]
+    assert routed and all(b.lora_stack is not None for b in routed)
+    assert all(b.lora_stack.a.shape[0] == 3 for b in routed)  # one leaf for the 3 agents
     start = {name: model.export_adapter(name) for name in model.agent_names}
     for batch in batches:
         eager_trainer.train_step(batch)
@@ -214,8 +222,25 @@ def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
         assert any(not torch.equal(got[key], start[name][key]) for key in got), name
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
-        assert all(param.grad is None for param in model.agent_parameters(name))
-    assert all(stack.a.grad is None and stack.b.grad is None for stack in stacks)
+        assert all(grad is None for grad in model.agent_gradients(name))
+
+    # The checkpoint format: one optimizer entry per PEFT tensor, equal to the eager run's.
+    saved, want = trainer.state_dict(), eager_trainer.state_dict()
+    for name in model.agent_names:
+        got_state, want_state = saved["optimizers"][name], want["optimizers"][name]
+        assert got_state["param_groups"] == want_state["param_groups"]
+        assert got_state["state"].keys() == want_state["state"].keys()
+        assert len(got_state["state"]) == len(model.agent_parameters(name))
+        for index, entry in want_state["state"].items():
+            for key, value in entry.items():
+                torch.testing.assert_close(got_state["state"][index][key], value, rtol=0,
+                                           atol=1e-6, msg=f"{name} {index} {key}")
+    # ... and it loads into a compiled team (native: one flat entry) and an eager one alike
+    trainer.load_state_dict(want)
+    assert trainer.optimizers["alice"].state_dict()["param_groups"][0]["params"] == [0]
+    torch.testing.assert_close(trainer.state_dict()["optimizers"]["alice"]["state"][5]["exp_avg"],
+                               want["optimizers"]["alice"]["state"][5]["exp_avg"], rtol=0, atol=0)
+    eager_trainer.load_state_dict(saved)
 
     # Load alice's starting adapter back (a resume): the compiled forward reads it at once.
     eager_model.save_agent("alice", tmp_path / "alice")
@@ -227,10 +252,10 @@ def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
                                 positions=positions)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
-    # Memory replaced behind the stack's back: refused before a training forward reads it.
+    # Memory replaced behind the buffer's back: refused before a training forward reads it.
     param = model.agent_parameters("bob")[0]
     param.data = param.data.clone()
-    with pytest.raises(RuntimeError, match="was replaced after the compiled forward stacked it"):
+    with pytest.raises(RuntimeError, match="replaced after the compiled forward moved it"):
         trainer.train_step(batches[0])
     # disable_compile gives each agent memory of its own again, values unchanged
     values = {name: model.export_adapter(name) for name in model.agent_names}
@@ -238,6 +263,6 @@ def test_stacked_factors_are_the_agents_own_memory(tiny_model_path, tmp_path):
     for name in model.agent_names:
         assert all(torch.equal(model.export_adapter(name)[key], value)
                    for key, value in values[name].items())
-    first = [p.untyped_storage().data_ptr() for p in model.agent_parameters("alice")[:1]
-             + model.agent_parameters("carol")[:1]]
-    assert first[0] != first[1]
+    pointers = {p.untyped_storage().data_ptr() for name in ("alice", "carol")
+                for p in model.agent_parameters(name)[:1]}
+    assert len(pointers) == 2
