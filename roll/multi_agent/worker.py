@@ -154,10 +154,11 @@ class MultiAgentTrainer:
         batch.require("advantages")
         batch = self._with_behaviour_logprobs(batch)
         own: dict[str, Tensor] = {}  # agent -> its rows (indices into batch)
+        ids = batch.agent_id.tolist()  # one device->host copy, not one per agent
         for index, name in enumerate(self.agent_names):
-            rows = (batch.agent_id == index).nonzero().squeeze(-1)
-            if rows.numel():
-                own[name] = rows
+            rows = [row for row, agent in enumerate(ids) if agent == index]
+            if rows:
+                own[name] = torch.tensor(rows, device=batch.agent_id.device)
         plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
                 for name, rows in own.items()}
         rounds = max((len(minis) for minis in plan.values()), default=0)
@@ -179,8 +180,7 @@ class MultiAgentTrainer:
             for name in own:
                 self.optimizers[name].zero_grad(set_to_none=True)
         self.global_step += 1
-        return {name: self._metrics(name, batch.select(rows), sums[name], len(plan[name]))
-                for name, rows in own.items()}
+        return self._metrics(batch, own, sums, {name: len(plan[name]) for name in own})
 
     def state_dict(self) -> dict:
         """Optimizers, schedulers and the step counter (adapters are saved as PEFT folders)."""
@@ -458,23 +458,33 @@ class MultiAgentTrainer:
             self.schedulers[name].load_state_dict(scheduler_state)
 
     # ------------------------------------------------------------------ metrics
-    def _metrics(
-        self, name: str, rows: TrajectoryBatch, sums: dict, optimizer_steps: int
-    ) -> dict[str, float]:
-        """Loss parts averaged over the agent's optimizer steps, plus row statistics."""
+    def _metrics(self, batch: TrajectoryBatch, own: dict[str, Tensor], sums: dict,
+                 optimizer_steps: dict[str, int]) -> dict[str, dict[str, float]]:
+        """Per agent: loss parts averaged over its optimizer steps, plus row statistics; every
+        agent's figures come to the host in one copy."""
         keys = [key for key in METRIC_PARTS if key != "kl_ref" or self.config.kl_coef > 0]
-        values = torch.stack([torch.as_tensor(sums[key], dtype=torch.float32,
-                                              device=rows.advantages.device) for key in keys])
-        result = dict(zip(keys, (values / optimizer_steps).tolist(), strict=True))
-        mask = rows.response_mask.float()
-        tokens = mask.sum().clamp(min=1.0)
-        result["num_rows"] = float(len(rows))
-        result["num_tokens"] = float(mask.sum())
-        result["advantage_mean"] = float((rows.advantages * mask).sum() / tokens)
-        if rows.rewards is not None:
-            result["reward_mean"] = float(rows.rewards.float().mean())
-        result["optimizer_steps"] = float(optimizer_steps)
-        result["lr"] = self.schedulers[name].get_last_lr()[0]
+        stats = ["num_tokens", "advantage_mean"] + (["reward_mean"] if batch.rewards is not None
+                                                    else [])
+        device = batch.advantages.device
+        columns = []
+        for name, rows in own.items():
+            part = batch.select(rows)
+            mask = part.response_mask.float()
+            tokens = mask.sum()
+            figures = [torch.as_tensor(sums[name][key], dtype=torch.float32, device=device)
+                       / optimizer_steps[name] for key in keys]
+            figures += [tokens, (part.advantages * mask).sum() / tokens.clamp(min=1.0)]
+            if batch.rewards is not None:
+                figures.append(part.rewards.float().mean())
+            columns.append(torch.stack([figure.float().reshape(()) for figure in figures]))
+        values = torch.stack(columns).tolist() if columns else []
+        result = {}
+        for (name, rows), row in zip(own.items(), values, strict=True):
+            metrics = dict(zip(keys + stats, row, strict=True))
+            metrics["num_rows"] = float(len(rows))
+            metrics["optimizer_steps"] = float(optimizer_steps[name])
+            metrics["lr"] = self.schedulers[name].get_last_lr()[0]
+            result[name] = metrics
         return result
 
 
