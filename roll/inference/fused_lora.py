@@ -16,12 +16,6 @@ have an all-zero mask and get exactly W x. Compared with gathering A[idx] per ro
 factor once per step instead of once per row, and every shape is static (CUDA-graph friendly);
 it spends S× the FLOPs of one adapter on the (tiny) LoRA products.
 
-Projections that read one input (q/k/v of an attention block, gate/up of an MLP, in the model
-types listed in ``SHARED_INPUT_MODELS``) keep their A stacks as row blocks of one buffer, so
-the first of them computes ``(A_group x) ⊙ mask`` for all and the others take their slices:
-one A product and one mask multiply per group instead of one per projection (a decode step of
-small matmuls is bound by how many kernels it launches).
-
 The delta is added by forward hooks on the base ``nn.Linear`` of each target layer, registered
 only for the duration of a generation (``FusedLoRA.active``); the caller runs the PEFT model with
 its own adapters disabled. The engine's copy of the factors lives only in these stacks.
@@ -64,21 +58,6 @@ class SlotInfo:
     """alpha / r (or alpha / sqrt(r) with rsLoRA), folded into B_stack."""
     modules: frozenset[str]
     """Module paths (e.g. 'model.layers.0.self_attn.q_proj') the slot adapts."""
-
-
-SHARED_INPUT_FAMILIES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Sibling projections that these models call, in this order, on one input tensor."""
-SHARED_INPUT_MODELS = frozenset({"qwen3", "qwen2", "llama", "mistral"})
-"""Model types (``config.model_type``) whose attention and MLP blocks do so."""
-
-
-class _Group:
-    """Stacked projections with one input: their A stacks are row blocks of ``A``."""
-
-    def __init__(self, A: Tensor, size: int) -> None:
-        self.A = A  # (size·S·R, in)
-        self.size = size
-        self.h: Tensor | None = None  # the group's masked A product, between its members' calls
 
 
 class _Stack:
@@ -154,10 +133,6 @@ class FusedLoRA:
         self.static_addresses = static_addresses
         self.slots: dict[str, SlotInfo] = {}
         self.stacks: dict[str, _Stack] = {}
-        self.groups: dict[str, tuple[_Group, int]] = {}  # path -> (its group, its position)
-        self._regroup_due = False
-        self.share_inputs = getattr(getattr(model, "config", None), "model_type",
-                                    None) in SHARED_INPUT_MODELS
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
         self._row_masks: dict[torch.Size, Tensor] = {}
         self.layout_key = next(_LAYOUT_KEYS)
@@ -228,12 +203,10 @@ class FusedLoRA:
         if full or rank > self.rank_capacity:
             slot_capacity = 2 * self.slot_capacity if full else self.slot_capacity
             self._resize(slot_capacity, max(self.rank_capacity, rank))
-        created = [path for path in modules if path not in self.stacks]
-        for path in created:
-            self.stacks[path] = self._new_stack(self.linear(path))
-            self.layout_key = next(_LAYOUT_KEYS)
-        if created or self._regroup_due:
-            self._regroup()
+        for path in modules:
+            if path not in self.stacks:
+                self.stacks[path] = self._new_stack(self.linear(path))
+                self.layout_key = next(_LAYOUT_KEYS)
 
         lo, hi = block * self.rank_capacity, (block + 1) * self.rank_capacity
         with torch.no_grad():
@@ -274,37 +247,8 @@ class FusedLoRA:
                 new.A[dst] = old.A[src]
                 new.B[:, dst] = old.B[:, src]
             self.stacks[path] = new
-        self.groups = {}  # the new stacks are not grouped yet (load regroups them)
-        self._regroup_due = True
         self.row_mask = torch.zeros(0, self.columns, dtype=self.dtype, device=self.device)
         self._row_masks = {}
-        self.layout_key = next(_LAYOUT_KEYS)
-
-    def _regroup(self) -> None:
-        """Move the A stacks of stacked siblings with one input into one buffer per group
-        (values kept; each member's ``A`` becomes a view of its block)."""
-        self._regroup_due = False
-        if not self.share_inputs:
-            return
-        parents: dict[str, dict[str, str]] = {}
-        for path in self.stacks:
-            parent, _, name = path.rpartition(".")
-            parents.setdefault(parent, {})[name] = path
-        groups: dict[str, tuple[_Group, int]] = {}
-        for children in parents.values():
-            for family in SHARED_INPUT_FAMILIES:
-                members = [children[name] for name in family if name in children]
-                if len(members) < 2:
-                    continue
-                buffer = torch.cat([self.stacks[path].A for path in members])
-                if self.static_addresses:
-                    torch._dynamo.mark_static_address(buffer)
-                group = _Group(buffer, len(members))
-                for position, path in enumerate(members):
-                    rows = slice(position * self.columns, (position + 1) * self.columns)
-                    self.stacks[path].A = buffer[rows]
-                    groups[path] = (group, position)
-        self.groups = groups
         self.layout_key = next(_LAYOUT_KEYS)
 
     # ------------------------------------------------------------------ fused pass
@@ -333,23 +277,6 @@ class FusedLoRA:
         h = h * self.row_mask.unsqueeze(1)  # keep each row's own slot block
         return output + F.linear(h, stack.B).to(output.dtype)  # (B, T, out)
 
-    def _group_hook(self, stack: _Stack, group: _Group, position: int, module: nn.Module,
-                    args: tuple, output: Tensor) -> Tensor:
-        """``_hook`` for a member of a shared-input group: the first member computes every
-        member's masked A product, the others take their block of it."""
-        if position > 0 and group.h is None:  # called out of order: its own product
-            return self._hook(stack, module, args, output)
-        if position == 0:
-            x = args[0]  # (B, T, in)
-            h = F.linear(x.to(group.A.dtype), group.A)  # (B, T, size·S·R)
-            shape = h.shape
-            h = h.view(*shape[:-1], group.size, self.columns) * self.row_mask[:, None, None, :]
-            group.h = h.view(shape)
-        h = group.h[..., position * self.columns:(position + 1) * self.columns]
-        if position == group.size - 1:
-            group.h = None
-        return output + F.linear(h, stack.B).to(output.dtype)  # (B, T, out)
-
     @contextmanager
     def active(self) -> Iterator[None]:
         """Hooks that add the fused deltas to every stacked layer, removed on exit.
@@ -357,19 +284,12 @@ class FusedLoRA:
         The hooks are registered for every stacked layer whatever the batch holds, so that a
         compiled forward always sees the same set of hooks for a given ``layout_key``.
         """
-        handles = []
-        for path, stack in self.stacks.items():
-            if path in self.groups:
-                hook = partial(self._group_hook, stack, *self.groups[path])
-            else:
-                hook = partial(self._hook, stack)
-            handles.append(stack.linear.register_forward_hook(hook))
-        for group, _ in self.groups.values():
-            group.h = None
+        handles = [
+            stack.linear.register_forward_hook(partial(self._hook, stack))
+            for stack in self.stacks.values()
+        ]
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
-            for group, _ in self.groups.values():
-                group.h = None

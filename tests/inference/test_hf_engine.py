@@ -194,51 +194,6 @@ def test_static_cache_path_equals_the_dynamic_path(tiny_model_path):
         torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
-def test_projections_with_one_input_share_one_a_product(tiny_model_path, monkeypatch):
-    """q/k/v and gate/up read one input: their A stacks are blocks of one buffer and each
-    group runs one A product per forward (fused_lora.py). Outputs equal an engine without the
-    groups (fp32), which computes every projection's A product by itself."""
-    import types
-
-    import roll.inference.fused_lora as fused_lora
-
-    team = perturbed_team(tiny_model_path, 3)  # alice: all 7 projections; bob q/up; carol v/o/down
-    requests = _mixed_requests(team, chat_prompts(tiny_model_path))
-    engine = _engine(tiny_model_path, team)
-    layers = team.base_model.config.num_hidden_layers
-    groups = engine.fused.groups
-    assert len(groups) == 5 * layers  # q, k, v and gate, up of every layer
-    for path, (group, position) in groups.items():
-        block = engine.fused.stacks[path].A
-        assert block.untyped_storage().data_ptr() == group.A.untyped_storage().data_ptr()
-        assert torch.equal(block, group.A[position * block.shape[0]:(position + 1)
-                                          * block.shape[0]])
-
-    calls = []
-    linear = fused_lora.F.linear
-
-    def counted(x, weight, *args):
-        calls.append(tuple(weight.shape))
-        return linear(x, weight, *args)
-
-    monkeypatch.setattr(fused_lora, "F", types.SimpleNamespace(linear=counted))
-    one = [GenerationRequest(requests[0].prompt_ids, "alice",
-                             SamplingParams(temperature=0.0, max_new_tokens=1))]
-    engine.generate(one)  # the prefill only: one forward
-    # per layer 7 B products, A products for {q,k,v}, {gate,up}, o and down: 11, not 14
-    assert len(calls) == 11 * layers
-    monkeypatch.setattr(fused_lora, "F", types.SimpleNamespace(linear=linear))
-
-    grouped = engine.generate(requests)
-    plain = HFEngine(team, load_tokenizer(tiny_model_path))
-    plain.fused.share_inputs = False
-    push_adapters(plain, team, version=1)
-    assert not plain.fused.groups
-    for a, b in zip(grouped, plain.generate(requests), strict=True):
-        assert a.token_ids == b.token_ids
-        torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
-
-
 @pytest.mark.parametrize("static_cache", [False, True])
 def test_decode_steps_use_grouped_query_attention(tiny_model_path, monkeypatch, static_cache):
     """Every decode step (not the prefill) runs ``ring_decode_attention`` in every layer:
