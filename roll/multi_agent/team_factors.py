@@ -133,7 +133,8 @@ class TeamFactors:
                         "reassigned); load weights with copy_ (import_adapter) instead")
 
     def release(self) -> None:
-        """Each agent's PEFT tensors in memory of their own again (values kept)."""
+        """Each agent's PEFT tensors in memory of their own again (values kept). Optimizers
+        built over ``flat`` still hold the old rows: build a new trainer after this."""
         for params in self.params:
             for param in params:
                 param.data = param.data.clone()
