@@ -195,8 +195,8 @@ class ContinuousDecoder:
         engine.fused.set_rows([request.adapter for _, _, request in admitted])
         self.rows_stale = True
         self.prefills += 1
-        logits = engine.forward_last(input_ids, self._additive(allowed[:, None]), positions,
-                                     capture)  # (rows, V)
+        logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], self.dtype),
+                                     positions, capture)  # (rows, V)
         lanes = torch.tensor([lane for lane, _, _ in admitted], device=self.device)
         layers = range(self.ring.keys.shape[0])
         keys = torch.stack([capture.keys[layer] for layer in layers])  # (layers, rows, H, W, D)
@@ -235,7 +235,7 @@ class ContinuousDecoder:
                                    for lane in self.running])
             self.rows_stale = False
         self.decode_steps += 1
-        self.mask.copy_(self._additive(self.visible[:, None, None, :]))
+        self.mask.copy_(additive_mask(self.visible[:, None, None, :], self.dtype))
         logits = self._decode_forward()  # (lanes, V)
         self.column = (self.column + 1) % self.capacity
         self.position += 1
@@ -280,11 +280,6 @@ class ContinuousDecoder:
             self.graph_logits = forward()
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
-
-    def _additive(self, allowed: Tensor) -> Tensor:
-        """Boolean 'may attend' → the additive mask (an idle lane's all-masked row stays
-        finite)."""
-        return additive_mask(allowed, self.dtype)
 
     def _sample(self, lanes: Tensor, logits: Tensor, follow: Follow) -> list[GenerationRequest]:
         """Choose the next token of these lanes (logits (n, V)), record it, finish lanes that

@@ -195,6 +195,11 @@ class MultiAgentLoRAModel(nn.Module):
         return [param for _, param in self.named_agent_tensors(name)]
 
     # ------------------------------------------------------------------ what optimizers step
+    def _factors_of(self, name: str):
+        """The team buffer holding agent ``name``'s factors (team_factors.py), or None."""
+        factors = self._team_factors
+        return factors if factors is not None and name in factors.agent_names else None
+
     @property
     def _team_factors(self):
         return self._compiled.factors if self._compiled is not None else None
@@ -202,34 +207,26 @@ class MultiAgentLoRAModel(nn.Module):
     def optimizer_parameters(self, name: str) -> list[Tensor]:
         """The tensors agent ``name``'s optimizer steps: its adapter tensors, or with
         ``trainer.compile`` its row of the team's buffer (team_factors.py) and the rest."""
-        params = self.agent_parameters(name)
-        factors = self._team_factors
-        if factors is None or name not in factors.agent_names:
-            return params
-        return factors.optimizer_parameters(name, params)
+        factors, params = self._factors_of(name), self.agent_parameters(name)
+        return params if factors is None else factors.optimizer_parameters(name, params)
 
     def agent_gradients(self, name: str) -> list[Tensor | None]:
         """The gradient of each of ``agent_parameters(name)``, wherever its optimizer holds it."""
-        params = self.agent_parameters(name)
-        factors = self._team_factors
-        if factors is None or name not in factors.agent_names:
-            return [param.grad for param in params]
-        return factors.gradients(name, params)
+        factors, params = self._factors_of(name), self.agent_parameters(name)
+        return [p.grad for p in params] if factors is None else factors.gradients(name, params)
 
     def portable_optimizer_state(self, name: str, state: dict) -> dict:
         """Agent ``name``'s optimizer ``state_dict`` with one entry per adapter tensor (the
         checkpoint format, whatever tensors the optimizer steps)."""
-        factors = self._team_factors
-        if factors is None or name not in factors.agent_names:
-            return state
-        return factors.portable_state(name, self.agent_parameters(name), state)
+        factors = self._factors_of(name)
+        return state if factors is None else factors.portable_state(
+            name, self.agent_parameters(name), state)
 
     def native_optimizer_state(self, name: str, state: dict) -> dict:
         """Inverse of ``portable_optimizer_state`` (for ``load_state_dict``)."""
-        factors = self._team_factors
-        if factors is None or name not in factors.agent_names:
-            return state
-        return factors.native_state(name, self.agent_parameters(name), state)
+        factors = self._factors_of(name)
+        return state if factors is None else factors.native_state(
+            name, self.agent_parameters(name), state)
 
     def named_agent_tensors(self, name: str) -> Iterator[tuple[str, nn.Parameter]]:
         """(PEFT on-disk key, tensor) of each of this agent's adapter tensors, module order.

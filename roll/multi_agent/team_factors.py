@@ -40,9 +40,9 @@ class Stack:
     """One layer's factors across the agents: leaves ``a`` (N, r, in) and ``b`` (N, out, r),
     each agent's ``scales`` (N, 1, 1) (alpha / r)."""
 
-    def __init__(self, a: Tensor, b: Tensor, a_grad: Tensor, b_grad: Tensor,
-                 scales: Tensor) -> None:
-        self.a, self.b, self.scales = a, b, scales
+    def __init__(self, leaves: list[tuple[Tensor, Tensor]], scales: Tensor) -> None:
+        (self.a, a_grad), (self.b, b_grad) = leaves  # (leaf, its gradient's view) of A, B
+        self.scales = scales
         self._grads = (a_grad, b_grad)
 
     def open(self) -> None:
@@ -91,13 +91,12 @@ class TeamFactors:
                         self.slices[id(param)] = (start, stop)
                         self.params[agent].append(param)
                     leaf = self.values.detach()[:, start:stop].view(agents, *shape)
-                    leaves += [leaf.requires_grad_(True),
-                               self.grads[:, start:stop].view(agents, *shape)]
+                    leaves.append((leaf.requires_grad_(True),
+                                   self.grads[:, start:stop].view(agents, *shape)))
                     start = stop
                 scales = torch.tensor([float(layer.scaling[name]) for name in self.agent_names],
                                       device=first.device).view(-1, 1, 1)
-                self.stacks[id(layer)] = Stack(leaves[0], leaves[2], leaves[1], leaves[3],
-                                               scales)
+                self.stacks[id(layer)] = Stack(leaves, scales)
         self.flat = [self.values.detach()[agent].requires_grad_(True) for agent in range(agents)]
 
     # ------------------------------------------------------------------ rounds
