@@ -219,6 +219,9 @@ def main() -> None:
                              "engine's start then fit one call")
     parser.add_argument("--skip-hf-compiled", action="store_true",
                         help="with --extra: do not run HF generate with a static cache")
+    parser.add_argument("--torch-kernels", action="store_true",
+                        help="also: the compiled engine with lora_kernels='torch' (the stacked "
+                             "products) beside the default (triton on CUDA), one more warm-up")
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
     parser.add_argument("--profile", action="store_true",
@@ -259,11 +262,16 @@ def main() -> None:
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = HFEngine(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
-    compiled = no_lora = None
+    compiled = no_lora = torch_kernels = None
     if compile_ours:
         compiled = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
+        result["lora_kernels"] = compiled.fused.kernels
         no_lora = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
+        if args.torch_kernels:
+            torch_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True,
+                                     lora_kernels="torch")
+            push_adapters(torch_kernels, team, version=1)
 
     gen = torch.Generator().manual_seed(0)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -290,6 +298,11 @@ def main() -> None:
                 figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
             if args.profile and batch == batches[0]:
                 profile(compiled, requests)
+        if torch_kernels is not None:
+            figures["ours_compiled_torch_kernels"], outputs = run_ours(torch_kernels, requests, 3,
+                                                                       device)
+            figures["ours_compiled_torch_kernels"]["logprob_vs_trainer"] = logprob_check(
+                team, requests, outputs)
         if compiled is not None and args.extra:
             base_rows = [replace(r, adapter=None) for r in requests]
             figures["ours_compiled_no_lora"], _ = run_ours(no_lora, base_rows, 3, device)
@@ -329,7 +342,7 @@ def main() -> None:
         import gc
         import shutil
 
-        del eager, compiled, no_lora
+        del eager, compiled, no_lora, torch_kernels
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

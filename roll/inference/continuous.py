@@ -39,6 +39,7 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
+from roll.inference.cuda_graph import CapturedStep
 from roll.inference.decoding import cut_at_stop, hits_stop
 from roll.inference.ring import CaptureCache, RingCache, additive_mask, decode_attention
 from roll.inference.sampling import (
@@ -99,8 +100,7 @@ class ContinuousDecoder:
         self.mask = torch.zeros(lanes, 1, 1, capacity, dtype=dtype, device=device)
         """The decode step's additive attention mask (a static buffer, refilled each step)."""
         self.graphs = graphs and device.type == "cuda"
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_logits: Tensor | None = None
+        self.graph: CapturedStep | None = None
         self.graph_layout: int | None = None
         self.captures = 0
         self.capture_failures = 0
@@ -171,7 +171,7 @@ class ContinuousDecoder:
         self.visible = visible
         self.mask = self.mask.new_zeros(self.lanes, 1, 1, capacity)
         self.capacity, self.column = capacity, old
-        self.graph = self.graph_logits = None
+        self.graph = None
         self.grows += 1
 
     # ------------------------------------------------------------------ admission
@@ -263,21 +263,12 @@ class ContinuousDecoder:
                 self.graphs = False
                 self.capture_failures += 1
                 return forward()
-        self.graph.replay()
-        return self.graph_logits
+        return self.graph.replay()
 
     def _capture(self, forward: Callable[[], Tensor]) -> None:
-        """Warm up on a side stream (lazy initialisations, allocator), then capture. Both
-        write this step's ring column with this step's inputs, as the replay does."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.graph_logits = forward()
+        """Capture the step; the warm-ups and the capture write this step's ring column with
+        this step's inputs, as the replay does."""
+        self.graph = CapturedStep(forward)
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 

@@ -39,6 +39,7 @@ PEFT_PREFIX = "base_model.model."
 # the key, so two engines (or two layouts of one engine) can never share a compiled graph. They
 # are strings because torch.compile may turn a changing int into a symbol and stop guarding it.
 _LAYOUT_KEYS = (f"layout-{n}" for n in itertools.count())
+KERNELS = ("torch", "triton")
 _SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B"}
 
 
@@ -58,6 +59,23 @@ class SlotInfo:
     """alpha / r (or alpha / sqrt(r) with rsLoRA), folded into B_stack."""
     modules: frozenset[str]
     """Module paths (e.g. 'model.layers.0.self_attn.q_proj') the slot adapts."""
+
+
+SHARED_INPUT_FAMILIES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Sibling projections that these models call, in this order, on one input tensor."""
+SHARED_INPUT_MODELS = frozenset({"qwen3", "qwen2", "llama", "mistral"})
+"""Model types (``config.model_type``) whose attention and MLP blocks do so."""
+
+
+class _Group:
+    """Stacks whose deltas the Triton kernels compute together: siblings that read one input
+    (q/k/v, gate/up), or one stack alone. Member j's A stack is rows [j·C, j·C + C) of ``A``
+    and its B stack rows [splits[j-1], splits[j]) of ``B`` (views: loads write through)."""
+
+    def __init__(self, A: Tensor, B: Tensor, splits: list[int]) -> None:
+        self.A, self.B, self.splits = A, B, splits
+        self.size = len(splits) + 1
+        self.delta: Tensor | None = None  # the members' deltas, between their calls
 
 
 class _Stack:
@@ -114,6 +132,11 @@ class FusedLoRA:
             reallocates the stacks and draws a new ``layout_key``).
         device: where the stacks live (the model's device).
         static_addresses: mark every stack and row mask as a static address for CUDA graphs.
+        kernels: ``"torch"`` (the stacked products above: three kernels per layer and step) or
+            ``"triton"`` on decode steps (``lora_kernels.py``: each row reads its own slot's
+            factors; two kernels per group of projections with one input — q/k/v, o,
+            gate/up, down — instead of three per projection; prefills keep the stacked
+            products; CUDA only, or CPU under ``TRITON_INTERPRET=1``).
     """
 
     def __init__(
@@ -124,8 +147,12 @@ class FusedLoRA:
         slot_capacity: int = 1,
         rank_capacity: int = 1,
         static_addresses: bool = False,
+        kernels: str = "torch",
     ) -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels={kernels!r}: must be one of {list(KERNELS)}")
         self.model = model
+        self.kernels = kernels
         self.dtype = dtype
         self.device = device
         self.slot_capacity = max(1, slot_capacity)
@@ -135,6 +162,12 @@ class FusedLoRA:
         self.stacks: dict[str, _Stack] = {}
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
         self._row_masks: dict[torch.Size, Tensor] = {}
+        self.row_block = torch.zeros(0, dtype=torch.int32, device=device)  # (B,), -1: base
+        self._row_blocks: dict[int, Tensor] = {}
+        self.groups: dict[str, tuple[_Group, int]] = {}  # triton: path -> (group, position)
+        self._regroup_due = False
+        self.share_inputs = getattr(getattr(model, "config", None), "model_type",
+                                    None) in SHARED_INPUT_MODELS
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
 
@@ -207,6 +240,9 @@ class FusedLoRA:
             if path not in self.stacks:
                 self.stacks[path] = self._new_stack(self.linear(path))
                 self.layout_key = next(_LAYOUT_KEYS)
+                self._regroup_due = True
+        if self._regroup_due:
+            self._regroup()
 
         lo, hi = block * self.rank_capacity, (block + 1) * self.rank_capacity
         with torch.no_grad():
@@ -247,9 +283,47 @@ class FusedLoRA:
                 new.A[dst] = old.A[src]
                 new.B[:, dst] = old.B[:, src]
             self.stacks[path] = new
+        self.groups, self._regroup_due = {}, True  # load() regroups the new stacks
         self.row_mask = torch.zeros(0, self.columns, dtype=self.dtype, device=self.device)
         self._row_masks = {}
         self.layout_key = next(_LAYOUT_KEYS)
+
+    def _regroup(self) -> None:
+        """Triton kernels: move the stacks into group buffers (values kept; every stack's A and
+        B become views of its group's)."""
+        self._regroup_due = False
+        if self.kernels != "triton":
+            return
+        siblings: dict[str, dict[str, str]] = {}
+        for path in self.stacks:
+            parent, _, name = path.rpartition(".")
+            siblings.setdefault(parent, {})[name] = path
+        families = SHARED_INPUT_FAMILIES if self.share_inputs else ()
+        self.groups = {}
+        for children in siblings.values():
+            grouped: list[list[str]] = []
+            for family in families:
+                members = [children[name] for name in family if name in children]
+                if len(members) > 1:
+                    grouped.append(members)
+            alone = set(children.values()).difference(*grouped)
+            for members in [*grouped, *([path] for path in sorted(alone))]:
+                self._group(members)
+        self.layout_key = next(_LAYOUT_KEYS)
+
+    def _group(self, members: list[str]) -> None:
+        stacks = [self.stacks[path] for path in members]
+        A, B = torch.cat([s.A for s in stacks]), torch.cat([s.B for s in stacks])
+        if self.static_addresses:
+            torch._dynamo.mark_static_address(A)
+            torch._dynamo.mark_static_address(B)
+        ends = list(itertools.accumulate(s.B.shape[0] for s in stacks))
+        group = _Group(A, B, ends[:-1])
+        for position, (path, stack) in enumerate(zip(members, stacks, strict=True)):
+            start = ends[position] - stack.B.shape[0]
+            stack.A = A[position * self.columns:(position + 1) * self.columns]
+            stack.B = B[start:ends[position]]
+            self.groups[path] = (group, position)
 
     # ------------------------------------------------------------------ fused pass
     def set_rows(self, slots: list[str | None]) -> None:
@@ -270,12 +344,45 @@ class FusedLoRA:
             self._row_masks[mask.shape] = buffer
         buffer.copy_(mask)
         self.row_mask = buffer
+        block_buffer = self._row_blocks.get(len(slots))
+        if block_buffer is None:
+            block_buffer = torch.zeros(len(slots), dtype=torch.int32, device=self.device)
+            if self.static_addresses:
+                torch._dynamo.mark_static_address(block_buffer)
+            self._row_blocks[len(slots)] = block_buffer
+        block_buffer.copy_(blocks)
+        self.row_block = block_buffer
 
     def _hook(self, stack: _Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         x = args[0]  # (B, T, in)
         h = F.linear(x.to(stack.A.dtype), stack.A)  # (B, T, S·R)
         h = h * self.row_mask.unsqueeze(1)  # keep each row's own slot block
         return output + F.linear(h, stack.B).to(output.dtype)  # (B, T, out)
+
+    def _group_hook(self, stack: _Stack, group: _Group, position: int, module: nn.Module,
+                    args: tuple, output: Tensor) -> Tensor:
+        """``_hook`` with the Triton kernels on decode steps (one token per row): the group's
+        first member computes every member's delta (two kernels), each member adds its slice.
+        Prefills (many tokens per row: large products) take the stacked path."""
+        from roll.inference import lora_kernels
+
+        x = args[0]  # (B, 1, in)
+        if x.shape[-2] != 1:
+            return self._hook(stack, module, args, output)
+        if position == 0 or group.delta is None:
+            alone = position > 0  # called before the group's first member: its own delta
+            A, B, splits = (stack.A, stack.B, []) if alone else (group.A, group.B, group.splits)
+            h = lora_kernels.lora_shrink(x.reshape(-1, x.shape[-1]), A, self.row_block,
+                                         self.rank_capacity, self.columns, 1)
+            delta = lora_kernels.lora_expand(h, B, self.row_block, self.rank_capacity, splits, 1)
+            if alone:
+                return output + delta.reshape(output.shape).to(output.dtype)
+            group.delta = delta
+        start = group.splits[position - 1] if position else 0
+        mine = group.delta[:, start:start + output.shape[-1]]
+        if position == group.size - 1:
+            group.delta = None
+        return output + mine.reshape(output.shape).to(output.dtype)
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -285,11 +392,15 @@ class FusedLoRA:
         compiled forward always sees the same set of hooks for a given ``layout_key``.
         """
         handles = [
-            stack.linear.register_forward_hook(partial(self._hook, stack))
-            for stack in self.stacks.values()
+            stack.linear.register_forward_hook(
+                partial(self._group_hook, stack, *self.groups[path]) if path in self.groups
+                else partial(self._hook, stack))
+            for path, stack in self.stacks.items()
         ]
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
+            for group, _ in self.groups.values():
+                group.delta = None

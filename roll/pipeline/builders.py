@@ -69,7 +69,8 @@ def build_engine(
             tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
         )
     else:
-        options = dict(max_batch_size=cfg.rollout.hf.max_batch_size)
+        options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
+                       lora_kernels=cfg.rollout.hf.lora_kernels)
     if cfg.actor_infer.num_engines:
         from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
 

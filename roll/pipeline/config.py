@@ -149,6 +149,11 @@ class HFEngineSchema:
     cuda_graphs: bool = True
     """CUDA only: continuous batching replays its fixed-shape decode step as one captured
     CUDA graph (captured once per run, again only when the adapter layout grows)."""
+    lora_kernels: str = "auto"
+    """How each row's LoRA delta is added on decode steps: 'triton' (per-row kernels, two per
+    group of projections with one input, CUDA), 'torch' (every slot's stacked products and a
+    row mask, three kernels per projection), or 'auto': triton on CUDA when it is importable,
+    torch otherwise. Prefills always use the stacked products."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roll.algorithms.advantages import AdvantageConfig
+from roll.inference.hf_engine import LORA_KERNELS
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.multi_agent.config import ConfigError, require_int
 from roll.multi_agent.critic_trainer import CriticTrainConfig
@@ -127,6 +128,11 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     if rollout.hf.compile and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
     require_int("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
+    kernels = rollout.hf.lora_kernels
+    if kernels not in LORA_KERNELS:
+        raise ConfigError("rollout.hf.lora_kernels", kernels, f"must be one of {LORA_KERNELS}")
+    if kernels == "triton" and not device.startswith("cuda"):
+        raise ConfigError("rollout.hf.lora_kernels", kernels, "needs model.device=cuda")
     utilization = rollout.vllm.gpu_memory_utilization
     if utilization is not None and not 0 < utilization <= 1:
         raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")

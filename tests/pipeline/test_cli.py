@@ -79,6 +79,8 @@ BAD = [
     (["env.action.fallback=pass"], "env.action.fallback='pass'"),
     (["resume=/no/such/checkpoint"], ("resume='/no/such/checkpoint'", "no such folder")),
     (["model.device=cuda:99"], "model.device='cuda:99'"),
+    (["rollout.hf.lora_kernels=cuda"], ("rollout.hf.lora_kernels='cuda'", "'triton'")),
+    (["rollout.hf.lora_kernels=triton"], ("rollout.hf.lora_kernels='triton'", "model.device")),
     (["trainer.compile=true", "team.lora.dropout=0.1"],
      ("trainer.compile=True", "dropout 0.1")),
     (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],

@@ -1,0 +1,118 @@
+"""The fused LoRA deltas of a decode step, per group of projections with one input: torch's
+stacked products vs the per-row Triton kernels (``roll/inference/lora_kernels.py``) under
+several launch settings.
+
+    python benchmarks/lora_kernels.py          # GPU only (CUDA graphs replay each variant)
+
+Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV heads, MLP 3072),
+4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
+CUDA graph and replayed (``triton.testing.do_bench_cudagraph``), as the compiled decode step
+replays it. Prints one JSON object (and writes it to $OUT/lora_kernels.json when OUT is set):
+per batch size and group (q/k/v, o, gate/up, down) the torch path (per member: A product,
+row-mask multiply, B product, add), every shrink and expand setting tried, and the best of each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GROUPS = {"q/k/v": (1024, [2048, 1024, 1024]), "o": (2048, [1024]),
+          "gate/up": (1024, [3072, 3072]), "down": (3072, [1024])}
+"""name → (in, outs) of the Qwen3-0.6B projection groups (one per layer each)."""
+LAYERS = 28
+SLOTS, RANK = 4, 32
+COLUMNS = SLOTS * RANK
+
+
+def main() -> None:
+    import triton
+    from triton.testing import do_bench_cudagraph
+
+    from roll.inference import lora_kernels as lk
+
+    device = torch.device("cuda")
+    dtype = torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(0)
+    result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "triton": triton.__version__, "slots": SLOTS, "rank": RANK,
+                    "defaults": {"shrink": lk.SHRINK, "expand": lk.EXPAND}, "batches": {}}
+
+    def bench(fn) -> float:
+        return do_bench_cudagraph(fn, rep=30) * 1000  # µs
+
+    for batch in (64, 256):
+        rows: dict = {}
+        blocks = (torch.arange(batch, device=device) % SLOTS).to(torch.int32)
+        mask = (blocks[:, None] == torch.arange(SLOTS * RANK, device=device)[None] // RANK)
+        mask = mask.to(dtype)
+        for name, (k, outs) in GROUPS.items():
+            n = sum(outs)
+            splits = [sum(outs[:j]) for j in range(1, len(outs))]
+            x = torch.randn(batch, k, device=device, dtype=dtype, generator=gen)
+            a = torch.randn(len(outs) * COLUMNS, k, device=device, dtype=dtype,
+                            generator=gen) / k**0.5
+            b = torch.randn(n, COLUMNS, device=device, dtype=dtype, generator=gen) / 8
+            w = torch.randn(n, k, device=device, dtype=dtype, generator=gen) / k**0.5
+            members = [(w[lo:lo + size], a[j * COLUMNS:(j + 1) * COLUMNS], b[lo:lo + size])
+                       for j, (lo, size) in enumerate(zip([0, *splits], outs, strict=True))]
+            outs_base = [F.linear(x, wj) for wj, _, _ in members]
+
+            def torch_path(x=x, members=members, outs_base=outs_base, mask=mask):
+                return [o + F.linear(F.linear(x, aj) * mask, bj)
+                        for o, (_, aj, bj) in zip(outs_base, members, strict=True)]
+
+            row = {"base_mm_us": bench(lambda x=x, members=members: [F.linear(x, wj)
+                                                                     for wj, _, _ in members]),
+                   "torch_us": bench(torch_path)}
+            reference = torch.cat(torch_path(), dim=1) - torch.cat(outs_base, dim=1)
+            h = torch.empty(batch, len(outs) * RANK, device=device, dtype=dtype)
+            d = torch.empty(batch, n, device=device, dtype=dtype)
+            shrink = {}
+            for block_r, block_k, warps in itertools.product((4, 8, 16), (512, 1024, 4096),
+                                                             (2, 4)):
+                settings = {"block_r": block_r, "block_k": block_k, "num_warps": warps}
+                shrink[json.dumps(settings)] = bench(
+                    lambda s=settings, x=x, a=a, h=h, blocks=blocks: lk.launch_shrink(
+                        x, a, blocks, h, RANK, COLUMNS, 1, **s))
+            lk.launch_shrink(x, a, blocks, h, RANK, COLUMNS, 1, **lk.SHRINK)
+            expand = {}
+            for block_n, warps in itertools.product((128, 256), (2, 4, 8)):
+                settings = {"block_n": block_n, "num_warps": warps}
+                expand[json.dumps(settings)] = bench(
+                    lambda s=settings, h=h, b=b, d=d, blocks=blocks, splits=splits:
+                    lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **s))
+            lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **lk.EXPAND)
+            row["triton_gap_to_torch"] = float((d.float() - reference.float()).abs().max())
+            best_s = min(shrink, key=shrink.get)
+            best_e = min(expand, key=expand.get)
+            row |= {"shrink_default_us": shrink.get(json.dumps(lk.SHRINK)),
+                    "expand_default_us": expand.get(json.dumps(lk.EXPAND)),
+                    "shrink_best": [json.loads(best_s), shrink[best_s]],
+                    "expand_best": [json.loads(best_e), expand[best_e]],
+                    "shrink_all": shrink, "expand_all": expand}
+            rows[name] = row
+            print(f"batch {batch} {name}: base {row['base_mm_us']:.1f} µs, torch LoRA "
+                  f"{row['torch_us']:.1f}, shrink best {shrink[best_s]:.1f} {best_s}, expand "
+                  f"best {expand[best_e]:.1f} {best_e}", file=sys.stderr, flush=True)
+        per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
+                    for key in ("base_mm_us", "torch_us")}
+        per_step["triton_default_us"] = LAYERS * sum(
+            rows[g]["shrink_default_us"] + rows[g]["expand_default_us"] for g in rows)
+        per_step["triton_best_us"] = LAYERS * sum(
+            rows[g]["shrink_best"][1] + rows[g]["expand_best"][1] for g in rows)
+        result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
+    text = json.dumps(result, indent=1)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "lora_kernels.json").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""One decoding step captured as a CUDA graph and replayed (both hf decoding loops use it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+class CapturedStep:
+    """``step(*inputs)`` captured once as a CUDA graph over static copies of its inputs.
+
+    A replay copies new inputs into those copies and launches the graph: no Python, no
+    compiler guards per step. The step is warmed up twice first on a side stream (lazy
+    initialisation, allocator, compilation), as CUDA graph capture requires. ``state``:
+    tensors the step advances in place (transformers' static cache counts the tokens it holds
+    in ``cumulative_length``), put back after each warm-up run so that the step runs once.
+    The output tensor is overwritten by the next replay.
+    """
+
+    def __init__(self, step: Callable[..., Tensor], inputs: tuple[Tensor, ...] = (),
+                 state: list[Tensor] | None = None) -> None:
+        self.inputs = tuple(t.clone() for t in inputs)
+        state = state or []
+        saved = [t.clone() for t in state]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                step(*self.inputs)
+                for tensor, value in zip(state, saved, strict=True):
+                    tensor.copy_(value)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = step(*self.inputs)
+
+    def replay(self, inputs: tuple[Tensor, ...] = ()) -> Tensor:
+        for static, new in zip(self.inputs, inputs, strict=True):
+            static.copy_(new)
+        self.graph.replay()
+        return self.output
+
+
+def cache_counters(cache) -> list[Tensor]:
+    """The token counters of a transformers static cache's layers (none in versions that
+    index by ``cache_position`` alone)."""
+    counters = (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
+    return [t for t in counters if isinstance(t, Tensor)]
