@@ -140,7 +140,7 @@ class HFEngine:
         ).parameters
         self._static_caches: dict[tuple[int, int], object] = {}
         self._compiled_step = None
-        self._decode_graphs: dict[tuple, CapturedStep] = {}
+        self._decode_graph: tuple[tuple, CapturedStep] | None = None
         self.decode_captures = 0
         """CUDA graphs captured by the compiled lock-step decode so far (one per batch bucket,
         cache length and LoRA layout: constant after warm-up)."""
@@ -404,15 +404,15 @@ class HFEngine:
             if self.device.type != "cuda":
                 return self._compiled_step(input_ids, mask, position_ids, cache, cache_position)
             key = (tuple(input_ids.shape), tuple(mask.shape), id(cache), self.fused.layout_key)
-            graph = self._decode_graphs.get(key)
-            if graph is None:
-                # One cache at a time (_new_cache): graphs of another cache are dropped.
-                self._decode_graphs = {k: g for k, g in self._decode_graphs.items()
-                                       if k[2] == id(cache)}
-                graph = self._decode_graphs[key] = CapturedStep(
+            if self._decode_graph is None or self._decode_graph[0] != key:
+                # One graph at a time, like the static cache it writes: a new shape, cache or
+                # LoRA layout frees the old graph before capturing the new one.
+                self._decode_graph = None
+                self._decode_graph = (key, CapturedStep(
                     lambda *args: self._compiled_step(*args[:3], cache, args[3]), inputs,
-                    cache_counters(cache))
+                    cache_counters(cache)))
                 self.decode_captures += 1
+            graph = self._decode_graph[1]
             return graph.replay(inputs).clone()  # the next replay overwrites its output
 
     def _static_step(self, input_ids, attention_mask, position_ids, cache, cache_position):
