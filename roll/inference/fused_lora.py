@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from roll.inference.lora_groups import Group, build_groups, shares_inputs
+
 PEFT_PREFIX = "base_model.model."
 # Layout keys are unique across all FusedLoRA objects of the process: a compiled step guards on
 # the key, so two engines (or two layouts of one engine) can never share a compiled graph. They
@@ -59,23 +61,6 @@ class SlotInfo:
     """alpha / r (or alpha / sqrt(r) with rsLoRA), folded into B_stack."""
     modules: frozenset[str]
     """Module paths (e.g. 'model.layers.0.self_attn.q_proj') the slot adapts."""
-
-
-SHARED_INPUT_FAMILIES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Sibling projections that these models call, in this order, on one input tensor."""
-SHARED_INPUT_MODELS = frozenset({"qwen3", "qwen2", "llama", "mistral"})
-"""Model types (``config.model_type``) whose attention and MLP blocks do so."""
-
-
-class _Group:
-    """Stacks whose deltas the Triton kernels compute together: siblings that read one input
-    (q/k/v, gate/up), or one stack alone. Member j's A stack is rows [j·C, j·C + C) of ``A``
-    and its B stack rows [splits[j-1], splits[j]) of ``B`` (views: loads write through)."""
-
-    def __init__(self, A: Tensor, B: Tensor, splits: list[int]) -> None:
-        self.A, self.B, self.splits = A, B, splits
-        self.size = len(splits) + 1
-        self.delta: Tensor | None = None  # the members' deltas, between their calls
 
 
 class _Stack:
@@ -164,10 +149,9 @@ class FusedLoRA:
         self._row_masks: dict[torch.Size, Tensor] = {}
         self.row_block = torch.zeros(0, dtype=torch.int32, device=device)  # (B,), -1: base
         self._row_blocks: dict[int, Tensor] = {}
-        self.groups: dict[str, tuple[_Group, int]] = {}  # triton: path -> (group, position)
+        self.groups: dict[str, tuple[Group, int]] = {}  # triton: path -> (group, position)
         self._regroup_due = False
-        self.share_inputs = getattr(getattr(model, "config", None), "model_type",
-                                    None) in SHARED_INPUT_MODELS
+        self.share_inputs = shares_inputs(model)
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
 
@@ -289,41 +273,12 @@ class FusedLoRA:
         self.layout_key = next(_LAYOUT_KEYS)
 
     def _regroup(self) -> None:
-        """Triton kernels: move the stacks into group buffers (values kept; every stack's A and
-        B become views of its group's)."""
+        """Triton kernels: move the stacks into group buffers (``lora_groups.py``)."""
         self._regroup_due = False
-        if self.kernels != "triton":
-            return
-        siblings: dict[str, dict[str, str]] = {}
-        for path in self.stacks:
-            parent, _, name = path.rpartition(".")
-            siblings.setdefault(parent, {})[name] = path
-        families = SHARED_INPUT_FAMILIES if self.share_inputs else ()
-        self.groups = {}
-        for children in siblings.values():
-            grouped: list[list[str]] = []
-            for family in families:
-                members = [children[name] for name in family if name in children]
-                if len(members) > 1:
-                    grouped.append(members)
-            alone = set(children.values()).difference(*grouped)
-            for members in [*grouped, *([path] for path in sorted(alone))]:
-                self._group(members)
-        self.layout_key = next(_LAYOUT_KEYS)
-
-    def _group(self, members: list[str]) -> None:
-        stacks = [self.stacks[path] for path in members]
-        A, B = torch.cat([s.A for s in stacks]), torch.cat([s.B for s in stacks])
-        if self.static_addresses:
-            torch._dynamo.mark_static_address(A)
-            torch._dynamo.mark_static_address(B)
-        ends = list(itertools.accumulate(s.B.shape[0] for s in stacks))
-        group = _Group(A, B, ends[:-1])
-        for position, (path, stack) in enumerate(zip(members, stacks, strict=True)):
-            start = ends[position] - stack.B.shape[0]
-            stack.A = A[position * self.columns:(position + 1) * self.columns]
-            stack.B = B[start:ends[position]]
-            self.groups[path] = (group, position)
+        if self.kernels == "triton":
+            self.groups = build_groups(self.stacks, self.columns, self.share_inputs,
+                                       self.static_addresses)
+            self.layout_key = next(_LAYOUT_KEYS)
 
     # ------------------------------------------------------------------ fused pass
     def set_rows(self, slots: list[str | None]) -> None:
@@ -359,7 +314,7 @@ class FusedLoRA:
         h = h * self.row_mask.unsqueeze(1)  # keep each row's own slot block
         return output + F.linear(h, stack.B).to(output.dtype)  # (B, T, out)
 
-    def _group_hook(self, stack: _Stack, group: _Group, position: int, module: nn.Module,
+    def _group_hook(self, stack: _Stack, group: Group, position: int, module: nn.Module,
                     args: tuple, output: Tensor) -> Tensor:
         """``_hook`` with the Triton kernels on decode steps (one token per row): the group's
         first member computes every member's delta (two kernels), each member adds its slice.
