@@ -13,8 +13,6 @@ by its host, not by its kernels. Prints JSON (and writes $OUT/decode_host.json w
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import rollout_throughput as rt  # noqa: E402
+from report import emit  # noqa: E402
 
 from roll.inference import (  # noqa: E402
     GenerationRequest,
@@ -92,10 +91,7 @@ def main() -> None:
             print(batch, name, rows[2], file=sys.stderr, flush=True)
             del engine, decode, timed_decode
             torch.cuda.empty_cache()
-    text = json.dumps(result, indent=1)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "decode_host.json").write_text(text)
-    print(text)
+    emit(result, "decode_host.json")
 
 
 if __name__ == "__main__":

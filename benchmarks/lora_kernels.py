@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report import emit  # noqa: E402
 
 GROUPS = {"q/k/v": (1024, [2048, 1024, 1024]), "o": (2048, [1024]),
           "gate/up": (1024, [3072, 3072]), "down": (3072, [1024])}
@@ -108,10 +111,7 @@ def main() -> None:
         per_step["triton_best_us"] = LAYERS * sum(
             rows[g]["shrink_best"][1] + rows[g]["expand_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
-    text = json.dumps(result, indent=1)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "lora_kernels.json").write_text(text)
-    print(text)
+    emit(result, "lora_kernels.json")
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ class FusedLoRA:
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
         self._row_masks: dict[torch.Size, Tensor] = {}
         self.row_block = torch.zeros(0, dtype=torch.int32, device=device)  # (B,), -1: base
-        self._row_blocks: dict[int, Tensor] = {}
+        self._row_blocks: dict[torch.Size, Tensor] = {}
         self.groups: dict[str, tuple[Group, int]] = {}  # triton: path -> (group, position)
         self._regroup_due = False
         self.share_inputs = shares_inputs(model)
@@ -289,24 +289,21 @@ class FusedLoRA:
                 blocks[row] = self._info(slot).block
         column_block = torch.arange(self.columns) // self.rank_capacity  # (S·R,)
         mask = (blocks[:, None] == column_block[None, :]).to(self.dtype)  # (B, S·R)
-        # One buffer per batch size, reused: a captured graph (continuous decoding) keeps
-        # reading the same memory while prefills of other sizes come and go.
-        buffer = self._row_masks.get(mask.shape)
+        self.row_mask = self._refill(self._row_masks, mask)
+        self.row_block = self._refill(self._row_blocks, blocks.to(torch.int32))
+
+    def _refill(self, buffers: dict[torch.Size, Tensor], values: Tensor) -> Tensor:
+        """``values`` copied into the device buffer kept for their shape. One buffer per batch
+        size, reused: a captured graph (continuous decoding) keeps reading the same memory
+        while prefills of other sizes come and go."""
+        buffer = buffers.get(values.shape)
         if buffer is None:
-            buffer = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+            buffer = torch.zeros(values.shape, dtype=values.dtype, device=self.device)
             if self.static_addresses:
                 torch._dynamo.mark_static_address(buffer)
-            self._row_masks[mask.shape] = buffer
-        buffer.copy_(mask)
-        self.row_mask = buffer
-        block_buffer = self._row_blocks.get(len(slots))
-        if block_buffer is None:
-            block_buffer = torch.zeros(len(slots), dtype=torch.int32, device=self.device)
-            if self.static_addresses:
-                torch._dynamo.mark_static_address(block_buffer)
-            self._row_blocks[len(slots)] = block_buffer
-        block_buffer.copy_(blocks)
-        self.row_block = block_buffer
+            buffers[values.shape] = buffer
+        buffer.copy_(values)
+        return buffer
 
     def _hook(self, stack: _Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         x = args[0]  # (B, T, in)

@@ -142,8 +142,8 @@ class HFEngine:
         self._compiled_step = None
         self._decode_graph: tuple[tuple, CapturedStep] | None = None
         self.decode_captures = 0
-        """CUDA graphs captured by the compiled lock-step decode so far (one per batch bucket,
-        cache length and LoRA layout: constant after warm-up)."""
+        """CUDA graphs captured by the compiled lock-step decode so far (one at a time: a new
+        batch bucket, cache length or LoRA layout captures again)."""
         self.forward_calls = 0
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
         self.cuda_graphs = cuda_graphs
@@ -388,10 +388,11 @@ class HFEngine:
         query head first. ``attention_mask`` (B, keys) 0/1 becomes the additive (B, 1, 1, keys)
         mask it needs (one new token sees every key its row holds: no causal part).
 
-        On CUDA the compiled step is captured as a CUDA graph of our own per shape, cache and
-        LoRA layout (``CapturedStep``) and replayed: a step then costs four input copies and
-        one graph launch on the host, no guard checks (torch.compile's own CUDA graphs spent
-        1.9 ms of host time per step with no adapter and 3–4 ms with four, at batch 64)."""
+        On CUDA the compiled step is captured as a CUDA graph of our own (``CapturedStep``;
+        again when the shape, cache or LoRA layout changes) and replayed: a step then costs
+        four input copies and one graph launch on the host, no guard checks (torch.compile's
+        own CUDA graphs spent 1.9 ms of host time per step with no adapter and 3–4 ms with
+        four, at batch 64)."""
         self.forward_calls += 1
         dtype = self.model.get_input_embeddings().weight.dtype
         mask = additive_mask(attention_mask.bool()[:, None, None, :], dtype)
