@@ -9,7 +9,8 @@ Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV he
 CUDA graph and replayed (``triton.testing.do_bench_cudagraph``), as the compiled decode step
 replays it. Prints one JSON object (and writes it to $OUT/lora_kernels.json when OUT is set):
 per batch size and group (q/k/v, o, gate/up, down) the torch path (per member: A product,
-row-mask multiply, B product, add), every shrink and expand setting tried, and the best of each.
+row-mask multiply, B product, add), every shrink and expand setting tried (two kernels), every
+setting of the one-kernel delta (``lora_delta``) tried, and the best of each.
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ def main() -> None:
                     lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **s))
             lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **lk.EXPAND)
             row["triton_gap_to_torch"] = float((d.float() - reference.float()).abs().max())
+            one = {}
+            for chunk, block_k, block_n, warps in itertools.product(
+                    (512, 1024, 2048, 4096), (256, 512, 1024), (64, 128, 256), (4, 8)):
+                settings = {"chunk": chunk, "block_k": block_k, "block_n": block_n,
+                            "num_warps": warps}
+                one[json.dumps(settings)] = bench(
+                    lambda s=settings, x=x, a=a, b=b, d=d, blocks=blocks, splits=splits:
+                    lk.launch_delta(x, a, b, blocks, d, RANK, COLUMNS, splits, 1, **s))
+            d.zero_()
+            lk.launch_delta(x, a, b, blocks, d, RANK, COLUMNS, splits, 1, **lk.DELTA)
+            row["one_kernel_gap_to_torch"] = float((d.float() - reference.float()).abs().max())
+            best_o = min(one, key=one.get)
+            row |= {"one_kernel_default_us": one.get(json.dumps(lk.DELTA)),
+                    "one_kernel_best": [json.loads(best_o), one[best_o]], "one_kernel_all": one}
             best_s = min(shrink, key=shrink.get)
             best_e = min(expand, key=expand.get)
             row |= {"shrink_default_us": shrink.get(json.dumps(lk.SHRINK)),
@@ -103,14 +118,19 @@ def main() -> None:
             rows[name] = row
             print(f"batch {batch} {name}: base {row['base_mm_us']:.1f} µs, torch LoRA "
                   f"{row['torch_us']:.1f}, shrink best {shrink[best_s]:.1f} {best_s}, expand "
-                  f"best {expand[best_e]:.1f} {best_e}", file=sys.stderr, flush=True)
+                  f"best {expand[best_e]:.1f} {best_e}, one kernel best {one[best_o]:.1f} "
+                  f"{best_o}", file=sys.stderr, flush=True)
         per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
                     for key in ("base_mm_us", "torch_us")}
         per_step["triton_default_us"] = LAYERS * sum(
             rows[g]["shrink_default_us"] + rows[g]["expand_default_us"] for g in rows)
         per_step["triton_best_us"] = LAYERS * sum(
             rows[g]["shrink_best"][1] + rows[g]["expand_best"][1] for g in rows)
+        per_step["one_kernel_default_us"] = LAYERS * sum(
+            rows[g]["one_kernel_default_us"] for g in rows)
+        per_step["one_kernel_best_us"] = LAYERS * sum(rows[g]["one_kernel_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
+        print(f"batch {batch} per step (µs): {json.dumps(per_step)}", file=sys.stderr, flush=True)
     emit(result, "lora_kernels.json")
 
 

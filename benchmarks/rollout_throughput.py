@@ -160,6 +160,28 @@ def run_ours(engine: HFEngine, requests, repeats: int, device) -> dict:
             "warmup_s": warmup}, outputs
 
 
+def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
+    """name → (engine, requests): one warm-up each, then ``rounds`` rounds that time every
+    variant once, in turn (a drift of the machine's speed then hits all of them alike).
+    Returns figures (median tok/s, and every round's) and each variant's warm-up outputs."""
+    figures, outputs, times = {}, {}, {name: [] for name in variants}
+    for name, (engine, requests) in variants.items():
+        warmup, outputs[name] = timed(lambda e=engine, r=requests: e.generate(r), device)
+        assert all(len(o.token_ids) == r.sampling.max_new_tokens
+                   for o, r in zip(outputs[name], requests, strict=True))
+        figures[name] = {"warmup_s": warmup}
+    for _ in range(rounds):
+        for name, (engine, requests) in variants.items():
+            times[name].append(timed(lambda e=engine, r=requests: e.generate(r), device)[0])
+    for name, (engine, _) in variants.items():
+        tokens = sum(len(o.token_ids) for o in outputs[name])
+        figures[name] |= {"tok_s": tokens / statistics.median(times[name]),
+                          "seconds": statistics.median(times[name]),
+                          "tok_s_rounds": [round(tokens / t) for t in times[name]],
+                          "decode_captures": engine.decode_captures}
+    return figures, outputs
+
+
 def run_hf_generate(
     model, input_ids, new_tokens: int, pad_id: int, device, warmup: bool = False, **kwargs
 ) -> dict:
@@ -222,6 +244,11 @@ def main() -> None:
     parser.add_argument("--torch-kernels", action="store_true",
                         help="also: the compiled engine with lora_kernels='torch' (the stacked "
                              "products) beside the default (triton on CUDA), one more warm-up")
+    parser.add_argument("--two-kernels", action="store_true",
+                        help="also: the compiled engine with the Triton shrink and expand as two "
+                             "kernels per group (FusedLoRA.one_kernel=False), one more warm-up")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed calls of each compiled engine, interleaved round by round")
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
     parser.add_argument("--profile", action="store_true",
@@ -234,6 +261,9 @@ def main() -> None:
     rank, agents = (8, 4) if args.tiny else (32, 4)
     prompt_len, new_tokens = (16, 16) if args.tiny else (128, 128)
     compile_ours = device.type == "cuda" and not args.no_compile
+    # Every engine compiles the same step function, whose compiled variants torch.compile
+    # counts together (8 by default): several engines × batch sizes in one process exceed it.
+    torch._dynamo.config.recompile_limit = 64
     result: dict = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -262,7 +292,7 @@ def main() -> None:
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = HFEngine(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
-    compiled = no_lora = torch_kernels = None
+    compiled = no_lora = torch_kernels = two_kernels = None
     if compile_ours:
         compiled = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
@@ -272,6 +302,10 @@ def main() -> None:
             torch_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True,
                                      lora_kernels="torch")
             push_adapters(torch_kernels, team, version=1)
+        if args.two_kernels and compiled.fused.kernels == "triton":
+            two_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
+            two_kernels.fused.one_kernel = False
+            push_adapters(two_kernels, team, version=1)
 
     gen = torch.Generator().manual_seed(0)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -289,23 +323,36 @@ def main() -> None:
             figures["ours_eager"], eager_outputs = run_ours(eager, requests, 1, device)
             figures["ours_eager"]["logprob_vs_trainer"] = logprob_check(team, requests,
                                                                         eager_outputs)
+        variants = {}
         if compiled is not None:
-            figures["ours_compiled"], outputs = run_ours(compiled, requests, 3, device)
-            figures["ours_compiled"]["logprob_vs_trainer"] = logprob_check(team, requests, outputs)
-            if eager_outputs is not None:
-                same = [a.token_ids == b.token_ids
-                        for a, b in zip(outputs, eager_outputs, strict=True)]
-                figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
-            if args.profile and batch == batches[0]:
-                profile(compiled, requests)
+            variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
-            figures["ours_compiled_torch_kernels"], outputs = run_ours(torch_kernels, requests, 3,
-                                                                       device)
-            figures["ours_compiled_torch_kernels"]["logprob_vs_trainer"] = logprob_check(
-                team, requests, outputs)
+            variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
+        if two_kernels is not None:
+            variants["ours_compiled_two_kernels"] = (two_kernels, requests)
         if compiled is not None and args.extra:
-            base_rows = [replace(r, adapter=None) for r in requests]
-            figures["ours_compiled_no_lora"], _ = run_ours(no_lora, base_rows, 3, device)
+            variants["ours_compiled_no_lora"] = (no_lora, [replace(r, adapter=None)
+                                                           for r in requests])
+        if variants:
+            timed_figures, timed_outputs = run_interleaved(variants, args.rounds, device)
+            figures |= timed_figures
+            for name in variants:
+                if name != "ours_compiled_no_lora":
+                    figures[name]["logprob_vs_trainer"] = logprob_check(team, requests,
+                                                                        timed_outputs[name])
+            if "ours_compiled_no_lora" in figures:
+                ratios = [m / b for m, b in zip(figures["ours_compiled"]["tok_s_rounds"],
+                                                figures["ours_compiled_no_lora"]["tok_s_rounds"],
+                                                strict=True)]
+                figures["mixed_over_no_lora"] = {
+                    "median_of_rounds": round(statistics.median(ratios), 3),
+                    "rounds": [round(r, 3) for r in ratios]}
+            if eager_outputs is not None and compiled is not None:
+                same = [a.token_ids == b.token_ids for a, b in
+                        zip(timed_outputs["ours_compiled"], eager_outputs, strict=True)]
+                figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
+            if args.profile and batch == batches[0] and compiled is not None:
+                profile(compiled, requests)
         input_ids = prompts.to(device)
         if args.skip_stock:
             figures["stock_peft"] = {"skipped": "--skip-stock"}
@@ -342,7 +389,7 @@ def main() -> None:
         import gc
         import shutil
 
-        del eager, compiled, no_lora, torch_kernels
+        del eager, compiled, no_lora, torch_kernels, two_kernels
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

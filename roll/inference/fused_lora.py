@@ -152,6 +152,8 @@ class FusedLoRA:
         self.groups: dict[str, tuple[Group, int]] = {}  # triton: path -> (group, position)
         self._regroup_due = False
         self.share_inputs = shares_inputs(model)
+        self.one_kernel = True
+        """Triton: one kernel per group (``lora_delta``) or two (``lora_shrink``/``_expand``)."""
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
 
@@ -324,9 +326,15 @@ class FusedLoRA:
         if position == 0 or group.delta is None:
             alone = position > 0  # called before the group's first member: its own delta
             A, B, splits = (stack.A, stack.B, []) if alone else (group.A, group.B, group.splits)
-            h = lora_kernels.lora_shrink(x.reshape(-1, x.shape[-1]), A, self.row_block,
-                                         self.rank_capacity, self.columns, 1)
-            delta = lora_kernels.lora_expand(h, B, self.row_block, self.rank_capacity, splits, 1)
+            x2 = x.reshape(-1, x.shape[-1])  # (B, in)
+            if self.one_kernel:
+                delta = lora_kernels.lora_delta(x2, A, B, self.row_block, self.rank_capacity,
+                                                self.columns, splits, 1)
+            else:
+                h = lora_kernels.lora_shrink(x2, A, self.row_block, self.rank_capacity,
+                                             self.columns, 1)
+                delta = lora_kernels.lora_expand(h, B, self.row_block, self.rank_capacity,
+                                                 splits, 1)
             if alone:
                 return output + delta.reshape(output.shape).to(output.dtype)
             group.delta = delta

@@ -72,6 +72,42 @@ def _expand_kernel(h_ptr, b_ptr, blocks_ptr, d_ptr, N, rank, split1, split2, tok
     tl.store(d_ptr + m * stride_dm + n, acc.to(d_ptr.dtype.element_ty), mask=n < N)
 
 
+@triton.jit
+def _delta_kernel(x_ptr, a_ptr, b_ptr, blocks_ptr, d_ptr, K, N, rank, columns, split1, split2,
+                  chunk, tokens_per_row, stride_xm, stride_am, stride_bn, stride_dm,
+                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Shrink and expand in one program: token m, output columns [n0, n0 + chunk) (inside one
+    member: the host picks a chunk that divides every split)."""
+    m = tl.program_id(0)
+    n0 = tl.program_id(1) * chunk
+    n_end = tl.minimum(n0 + chunk, N)
+    block = tl.load(blocks_ptr + m // tokens_per_row)
+    if block >= 0:
+        member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
+        r = tl.arange(0, BLOCK_R)
+        a_rows = a_ptr + (member * columns + block * rank + r)[:, None] * stride_am
+        h = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            xk = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+            a = tl.load(a_rows + k[None, :], mask=(r[:, None] < rank) & (k[None, :] < K),
+                        other=0.0).to(tl.float32)
+            h += tl.sum(a * xk[None, :], axis=1)
+        h = h.to(a_ptr.dtype.element_ty).to(tl.float32)  # rounded as the stacked path rounds
+        b_cols = b_ptr + (block * rank + r)[None, :]
+        for j0 in range(n0, n_end, BLOCK_N):
+            n = j0 + tl.arange(0, BLOCK_N)
+            b = tl.load(b_cols + n[:, None] * stride_bn,
+                        mask=(n[:, None] < n_end) & (r[None, :] < rank), other=0.0)
+            d = tl.sum(b.to(tl.float32) * h[None, :], axis=1)
+            tl.store(d_ptr + m * stride_dm + n, d.to(d_ptr.dtype.element_ty), mask=n < n_end)
+    else:
+        for j0 in range(n0, n_end, BLOCK_N):
+            n = j0 + tl.arange(0, BLOCK_N)
+            tl.store(d_ptr + m * stride_dm + n, tl.zeros((BLOCK_N,), d_ptr.dtype.element_ty),
+                     mask=n < n_end)
+
+
 def _check_device(t: Tensor) -> None:
     if t.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
@@ -113,6 +149,53 @@ def launch_expand(h: Tensor, b: Tensor, blocks: Tensor, d: Tensor, rank: int, sp
                          h.stride(0), b.stride(0), d.stride(0),
                          BLOCK_R=triton.next_power_of_2(rank), BLOCK_N=block_n,
                          num_warps=num_warps)
+
+
+DELTA = {"chunk": 1024, "block_k": 512, "block_n": 128, "num_warps": 4}
+"""Launch settings of the one-kernel delta (chunk: output columns per program, shrink
+recomputed per chunk; block_k / block_n: loop steps over inputs / outputs)."""
+
+
+def chunk_for(splits: list[int], chunk: int) -> int:
+    """The largest power of two <= ``chunk`` that divides every split (a program's columns
+    then lie inside one member)."""
+    while any(split % chunk for split in splits):
+        chunk //= 2
+    return chunk
+
+
+def launch_delta(x: Tensor, a: Tensor, b: Tensor, blocks: Tensor, d: Tensor, rank: int,
+                 columns: int, splits: list[int], tokens_per_row: int, chunk: int, block_k: int,
+                 block_n: int, num_warps: int) -> None:
+    """Fill ``d`` (M, ΣN) with the one-kernel delta under the given launch settings."""
+    (M, K), N = x.shape, d.shape[1]
+    bounds = [*splits, N, N][:MAX_GROUP - 1]
+    chunk = chunk_for(splits, chunk)
+    grid = (M, triton.cdiv(N, chunk))
+    _delta_kernel[grid](x, a, b, blocks, d, K, N, rank, columns, bounds[0], bounds[1], chunk,
+                        tokens_per_row, x.stride(0), a.stride(0), b.stride(0), d.stride(0),
+                        BLOCK_R=triton.next_power_of_2(rank), BLOCK_K=block_k, BLOCK_N=block_n,
+                        num_warps=num_warps)
+
+
+@torch.library.custom_op("roll::lora_delta", mutates_args=())
+def lora_delta(x: Tensor, a: Tensor, b: Tensor, blocks: Tensor, rank: int, columns: int,
+               splits: list[int], tokens_per_row: int) -> Tensor:
+    """(M, K) tokens → deltas (M, ΣN) in B's dtype, one kernel: ``lora_expand(lora_shrink(x))``
+    with h kept in registers (each program recomputes its member's h for its columns)."""
+    _check_device(x)
+    if len(splits) >= MAX_GROUP:
+        raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
+    x, a, b = _rows(x), _rows(a), _rows(b)
+    d = torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
+    if x.shape[0]:
+        launch_delta(x, a, b, blocks, d, rank, columns, splits, tokens_per_row, **DELTA)
+    return d
+
+
+@lora_delta.register_fake
+def _(x, a, b, blocks, rank, columns, splits, tokens_per_row):
+    return x.new_empty(x.shape[0], b.shape[0], dtype=b.dtype)
 
 
 @torch.library.custom_op("roll::lora_shrink", mutates_args=())

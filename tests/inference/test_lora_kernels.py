@@ -32,19 +32,28 @@ def test_kernels_equal_the_formulas_by_hand(child):
     assert kernel["delta_size"] > 10  # the deltas are far from zero: the gaps below can fail
     assert kernel["h_gap"] < 1e-4 and kernel["d_gap"] < 1e-4
     assert kernel["base_rows_zero"]  # block -1: no adapter, exactly zero
+    # one kernel (shrink and expand fused), whole members and two programs per member
+    assert max(kernel["one_kernel_gaps"]) < 1e-4 and len(kernel["one_kernel_gaps"]) == 2
+    assert kernel["one_kernel_base_rows_zero"]
 
 
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
     engine = child["engine"]
-    assert engine["kernels"] == {"torch": "torch", "triton": "triton"}
+    assert engine["kernels"] == {"torch": "torch", "triton": "triton", "triton_two": "triton"}
     assert engine["groups"] == [1, 2, 3]  # o/down alone, gate/up, q/k/v
     # lock-step generate and continuous serve: same greedy tokens, same log-probs (fp32)
-    assert engine["generate_tokens_equal"] and engine["serve_tokens_equal"]
-    assert engine["generate_logprob_gap"] < 1e-5 and engine["serve_logprob_gap"] < 1e-5
-    # decode steps ran the kernels: 2 layers x 4 groups per step, one shrink and one expand each
-    assert engine["calls_after_generate"]["shrink"] == engine["calls_after_generate"]["expand"]
-    assert engine["calls_after_generate"]["shrink"] % 8 == 0
-    assert engine["calls_after_serve"]["shrink"] > engine["calls_after_generate"]["shrink"]
+    for variant in ("triton", "triton_two"):
+        assert engine[variant]["tokens_equal"], variant
+        assert engine[variant]["logprob_gap"] < 1e-5, variant
+    # decode steps ran the kernels: 2 layers x 4 groups per step; one kernel per group, or a
+    # shrink and an expand; the torch path none
+    calls = engine["calls"]
+    assert calls["torch"] == {"shrink": 0, "expand": 0, "delta": 0}
+    assert calls["triton"]["shrink"] == calls["triton"]["expand"] == 0
+    assert calls["triton"]["delta"] > 0 and calls["triton"]["delta"] % 8 == 0
+    assert calls["triton_two"]["delta"] == 0
+    assert calls["triton_two"]["shrink"] == calls["triton_two"]["expand"] == calls["triton"][
+        "delta"]
     # a member called before its group's first one computes its own delta
     assert engine["out_of_order_delta"] > 1 and engine["out_of_order_gap"] < 1e-4
 
