@@ -1,6 +1,6 @@
 """The fused LoRA deltas of a decode step, per group of projections with one input: torch's
-stacked products vs the per-row Triton kernels (``roll/inference/lora_kernels.py``) under
-several launch settings.
+stacked products vs the tiled Triton kernel (``roll/inference/lora_kernels.py``) under several
+launch settings.
 
     python benchmarks/lora_kernels.py          # GPU only (CUDA graphs replay each variant)
 
@@ -8,9 +8,9 @@ Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV he
 4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
 CUDA graph and replayed (``triton.testing.do_bench_cudagraph``), as the compiled decode step
 replays it. Prints one JSON object (and writes it to $OUT/lora_kernels.json when OUT is set):
-per batch size and group (q/k/v, o, gate/up, down) the torch path (per member: A product,
-row-mask multiply, B product, add), every shrink and expand setting tried (two kernels), every
-setting of the one-kernel delta (``lora_delta``) tried, and the best of each.
+per batch size and group (q/k/v, o, gate/up, down) the base product, the torch path (per
+member: A product, row-mask multiply, B product, add), the tiled kernel with its default
+settings (chunk from ``chunk_size``) and every setting tried, and per decode step (28 layers).
 """
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "triton": triton.__version__, "slots": SLOTS, "rank": RANK,
-                    "defaults": {"shrink": lk.SHRINK, "expand": lk.EXPAND}, "batches": {}}
+                    "defaults": lk.TILED, "tile_rows": lk.TILE_ROWS,
+                    "batches": {}}
 
     def bench(fn) -> float:
         return do_bench_cudagraph(fn, rep=30) * 1000  # µs
 
     for batch in (64, 256):
         rows: dict = {}
-        blocks = (torch.arange(batch, device=device) % SLOTS).to(torch.int32)
+        blocks = torch.arange(batch, device=device) % SLOTS
         mask = (blocks[:, None] == torch.arange(SLOTS * RANK, device=device)[None] // RANK)
         mask = mask.to(dtype)
+        order, tiles = (t.to(device) for t in lk.row_tiles(blocks.tolist(), SLOTS))
         for name, (k, outs) in GROUPS.items():
             n = sum(outs)
             splits = [sum(outs[:j]) for j in range(1, len(outs))]
@@ -76,59 +78,30 @@ def main() -> None:
                                                                      for wj, _, _ in members]),
                    "torch_us": bench(torch_path)}
             reference = torch.cat(torch_path(), dim=1) - torch.cat(outs_base, dim=1)
-            h = torch.empty(batch, len(outs) * RANK, device=device, dtype=dtype)
             d = torch.empty(batch, n, device=device, dtype=dtype)
-            shrink = {}
-            for block_r, block_k, warps in itertools.product((4, 8, 16), (512, 1024, 4096),
-                                                             (2, 4)):
-                settings = {"block_r": block_r, "block_k": block_k, "num_warps": warps}
-                shrink[json.dumps(settings)] = bench(
-                    lambda s=settings, x=x, a=a, h=h, blocks=blocks: lk.launch_shrink(
-                        x, a, blocks, h, RANK, COLUMNS, 1, **s))
-            lk.launch_shrink(x, a, blocks, h, RANK, COLUMNS, 1, **lk.SHRINK)
-            expand = {}
-            for block_n, warps in itertools.product((128, 256), (2, 4, 8)):
-                settings = {"block_n": block_n, "num_warps": warps}
-                expand[json.dumps(settings)] = bench(
-                    lambda s=settings, h=h, b=b, d=d, blocks=blocks, splits=splits:
-                    lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **s))
-            lk.launch_expand(h, b, blocks, d, RANK, splits, 1, **lk.EXPAND)
-            row["triton_gap_to_torch"] = float((d.float() - reference.float()).abs().max())
-            one = {}
+            tiled = {}
             for chunk, block_k, block_n, warps in itertools.product(
-                    (512, 1024, 2048, 4096), (256, 512, 1024), (64, 128, 256), (4, 8)):
+                    (None, 256, 512, 1024, 2048, 4096), (128, 256), (128, 256), (4, 8)):
                 settings = {"chunk": chunk, "block_k": block_k, "block_n": block_n,
                             "num_warps": warps}
-                one[json.dumps(settings)] = bench(
-                    lambda s=settings, x=x, a=a, b=b, d=d, blocks=blocks, splits=splits:
-                    lk.launch_delta(x, a, b, blocks, d, RANK, COLUMNS, splits, 1, **s))
-            d.zero_()
-            lk.launch_delta(x, a, b, blocks, d, RANK, COLUMNS, splits, 1, **lk.DELTA)
-            row["one_kernel_gap_to_torch"] = float((d.float() - reference.float()).abs().max())
-            best_o = min(one, key=one.get)
-            row |= {"one_kernel_default_us": one.get(json.dumps(lk.DELTA)),
-                    "one_kernel_best": [json.loads(best_o), one[best_o]], "one_kernel_all": one}
-            best_s = min(shrink, key=shrink.get)
-            best_e = min(expand, key=expand.get)
-            row |= {"shrink_default_us": shrink.get(json.dumps(lk.SHRINK)),
-                    "expand_default_us": expand.get(json.dumps(lk.EXPAND)),
-                    "shrink_best": [json.loads(best_s), shrink[best_s]],
-                    "expand_best": [json.loads(best_e), expand[best_e]],
-                    "shrink_all": shrink, "expand_all": expand}
+                tiled[json.dumps(settings)] = bench(
+                    lambda s=settings, x=x, a=a, b=b, d=d, splits=splits, o=order, t=tiles:
+                    lk.launch_tiled(x, a, b, o, t, d, RANK, COLUMNS, splits, **s))
+            d = lk.lora_tiled(x, a, b, order, tiles, RANK, COLUMNS, splits)
+            best = min(tiled, key=tiled.get)
+            row |= {"tiled_us": bench(lambda x=x, a=a, b=b, splits=splits, o=order, t=tiles:
+                                      lk.lora_tiled(x, a, b, o, t, RANK, COLUMNS, splits)),
+                    "tiled_chunk": lk.chunk_for(splits, lk.chunk_size(batch, k, n)),
+                    "tiled_gap_to_torch": float((d.float() - reference.float()).abs().max()),
+                    "tiled_best": [json.loads(best), tiled[best]], "tiled_all": tiled}
             rows[name] = row
             print(f"batch {batch} {name}: base {row['base_mm_us']:.1f} µs, torch LoRA "
-                  f"{row['torch_us']:.1f}, shrink best {shrink[best_s]:.1f} {best_s}, expand "
-                  f"best {expand[best_e]:.1f} {best_e}, one kernel best {one[best_o]:.1f} "
-                  f"{best_o}", file=sys.stderr, flush=True)
+                  f"{row['torch_us']:.1f}, tiled {row['tiled_us']:.1f} (chunk "
+                  f"{row['tiled_chunk']}), best {tiled[best]:.1f} {best}", file=sys.stderr,
+                  flush=True)
         per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
-                    for key in ("base_mm_us", "torch_us")}
-        per_step["triton_default_us"] = LAYERS * sum(
-            rows[g]["shrink_default_us"] + rows[g]["expand_default_us"] for g in rows)
-        per_step["triton_best_us"] = LAYERS * sum(
-            rows[g]["shrink_best"][1] + rows[g]["expand_best"][1] for g in rows)
-        per_step["one_kernel_default_us"] = LAYERS * sum(
-            rows[g]["one_kernel_default_us"] for g in rows)
-        per_step["one_kernel_best_us"] = LAYERS * sum(rows[g]["one_kernel_best"][1] for g in rows)
+                    for key in ("base_mm_us", "torch_us", "tiled_us")}
+        per_step["tiled_best_us"] = LAYERS * sum(rows[g]["tiled_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
         print(f"batch {batch} per step (µs): {json.dumps(per_step)}", file=sys.stderr, flush=True)
     emit(result, "lora_kernels.json")

@@ -244,9 +244,6 @@ def main() -> None:
     parser.add_argument("--torch-kernels", action="store_true",
                         help="also: the compiled engine with lora_kernels='torch' (the stacked "
                              "products) beside the default (triton on CUDA), one more warm-up")
-    parser.add_argument("--two-kernels", action="store_true",
-                        help="also: the compiled engine with the Triton shrink and expand as two "
-                             "kernels per group (FusedLoRA.one_kernel=False), one more warm-up")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed calls of each compiled engine, interleaved round by round")
     parser.add_argument("--vllm", action="store_true",
@@ -292,7 +289,7 @@ def main() -> None:
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = HFEngine(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
-    compiled = no_lora = torch_kernels = two_kernels = None
+    compiled = no_lora = torch_kernels = None
     if compile_ours:
         compiled = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
@@ -302,10 +299,6 @@ def main() -> None:
             torch_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True,
                                      lora_kernels="torch")
             push_adapters(torch_kernels, team, version=1)
-        if args.two_kernels and compiled.fused.kernels == "triton":
-            two_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
-            two_kernels.fused.one_kernel = False
-            push_adapters(two_kernels, team, version=1)
 
     gen = torch.Generator().manual_seed(0)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -328,8 +321,6 @@ def main() -> None:
             variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
-        if two_kernels is not None:
-            variants["ours_compiled_two_kernels"] = (two_kernels, requests)
         if compiled is not None and args.extra:
             variants["ours_compiled_no_lora"] = (no_lora, [replace(r, adapter=None)
                                                            for r in requests])
@@ -389,7 +380,7 @@ def main() -> None:
         import gc
         import shutil
 
-        del eager, compiled, no_lora, torch_kernels, two_kernels
+        del eager, compiled, no_lora, torch_kernels
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

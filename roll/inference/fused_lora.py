@@ -118,10 +118,10 @@ class FusedLoRA:
         device: where the stacks live (the model's device).
         static_addresses: mark every stack and row mask as a static address for CUDA graphs.
         kernels: ``"torch"`` (the stacked products above: three kernels per layer and step) or
-            ``"triton"`` on decode steps (``lora_kernels.py``: each row reads its own slot's
-            factors; two kernels per group of projections with one input — q/k/v, o,
-            gate/up, down — instead of three per projection; prefills keep the stacked
-            products; CUDA only, or CPU under ``TRITON_INTERPRET=1``).
+            ``"triton"`` on decode steps (``lora_kernels.py``: rows of one slot as tiles that
+            read their slot's factors once; one kernel per group of projections with one
+            input — q/k/v, o, gate/up, down — instead of three per projection; prefills keep
+            the stacked products; CUDA only, or CPU under ``TRITON_INTERPRET=1``).
     """
 
     def __init__(
@@ -147,13 +147,14 @@ class FusedLoRA:
         self.stacks: dict[str, _Stack] = {}
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
         self._row_masks: dict[torch.Size, Tensor] = {}
-        self.row_block = torch.zeros(0, dtype=torch.int32, device=device)  # (B,), -1: base
-        self._row_blocks: dict[torch.Size, Tensor] = {}
         self.groups: dict[str, tuple[Group, int]] = {}  # triton: path -> (group, position)
         self._regroup_due = False
         self.share_inputs = shares_inputs(model)
-        self.one_kernel = True
-        """Triton: one kernel per group (``lora_delta``) or two (``lora_shrink``/``_expand``)."""
+        # triton: rows in slot order, and tiles of them (lora_kernels.row_tiles)
+        self.row_order = torch.zeros(0, dtype=torch.int32, device=device)  # (B,)
+        self.row_tiles = torch.zeros(0, 3, dtype=torch.int32, device=device)  # (T, 3)
+        self._row_orders: dict[torch.Size, Tensor] = {}
+        self._row_tile_tables: dict[torch.Size, Tensor] = {}
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
 
@@ -292,7 +293,12 @@ class FusedLoRA:
         column_block = torch.arange(self.columns) // self.rank_capacity  # (S·R,)
         mask = (blocks[:, None] == column_block[None, :]).to(self.dtype)  # (B, S·R)
         self.row_mask = self._refill(self._row_masks, mask)
-        self.row_block = self._refill(self._row_blocks, blocks.to(torch.int32))
+        if self.kernels == "triton":
+            from roll.inference.lora_kernels import row_tiles
+
+            order, tiles = row_tiles(blocks.tolist(), self.slot_capacity)
+            self.row_order = self._refill(self._row_orders, order)
+            self.row_tiles = self._refill(self._row_tile_tables, tiles)
 
     def _refill(self, buffers: dict[torch.Size, Tensor], values: Tensor) -> Tensor:
         """``values`` copied into the device buffer kept for their shape. One buffer per batch
@@ -316,7 +322,7 @@ class FusedLoRA:
     def _group_hook(self, stack: _Stack, group: Group, position: int, module: nn.Module,
                     args: tuple, output: Tensor) -> Tensor:
         """``_hook`` with the Triton kernels on decode steps (one token per row): the group's
-        first member computes every member's delta (two kernels), each member adds its slice.
+        first member computes every member's delta (one kernel), each member adds its slice.
         Prefills (many tokens per row: large products) take the stacked path."""
         from roll.inference import lora_kernels
 
@@ -326,15 +332,9 @@ class FusedLoRA:
         if position == 0 or group.delta is None:
             alone = position > 0  # called before the group's first member: its own delta
             A, B, splits = (stack.A, stack.B, []) if alone else (group.A, group.B, group.splits)
-            x2 = x.reshape(-1, x.shape[-1])  # (B, in)
-            if self.one_kernel:
-                delta = lora_kernels.lora_delta(x2, A, B, self.row_block, self.rank_capacity,
-                                                self.columns, splits, 1)
-            else:
-                h = lora_kernels.lora_shrink(x2, A, self.row_block, self.rank_capacity,
-                                             self.columns, 1)
-                delta = lora_kernels.lora_expand(h, B, self.row_block, self.rank_capacity,
-                                                 splits, 1)
+            delta = lora_kernels.lora_tiled(x.reshape(-1, x.shape[-1]), A, B, self.row_order,
+                                            self.row_tiles, self.rank_capacity, self.columns,
+                                            splits)  # (B, ΣN)
             if alone:
                 return output + delta.reshape(output.shape).to(output.dtype)
             group.delta = delta

@@ -67,7 +67,7 @@ class HFEngine:
             and their largest rank); both grow when a larger slot is loaded.
         lora_dtype: dtype of the stacked LoRA factors and products (default: base weights').
         lora_kernels: how the fused LoRA deltas run (``FusedLoRA``): ``"torch"`` (stacked
-            products), ``"triton"`` (per-row kernels, CUDA), or ``"auto"``: triton on CUDA when
+            products), ``"triton"`` (tiled kernels, CUDA), or ``"auto"``: triton on CUDA when
             it is importable, torch otherwise.
     """
 

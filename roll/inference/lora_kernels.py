@@ -1,23 +1,27 @@
-"""Per-row multi-LoRA kernels (Triton) for a group of projections that read one input.
+"""Multi-LoRA kernel (Triton) for the decode steps of a group of projections with one input.
 
 A decode step of a small model is bound by how many kernels it runs (28 layers × 7
 projections), so ``FusedLoRA`` with ``kernels="triton"`` computes the deltas of q/k/v (and of
-gate/up) together, in two kernels per group:
+gate/up) together, in one kernel per group. The batch rows are put in slot order and cut into
+tiles of at most ``TILE_ROWS`` rows of one slot (``row_tiles``, on the host, once per batch);
+a program takes one tile and one chunk of output columns (inside one member j) and computes
 
-    shrink   h[m, j·R + r] = (A_{j,b} x[m])[r]       member j, slot b = row m's block
-    expand   d[m, n]       = B_{j(n),b}[n] · h[m, j(n)·R : j(n)·R + R]
+    h = X_tile A_{j,b}ᵀ          (rows, R)     slot b = the tile's slot
+    d = h B_{j,b}ᵀ               (rows, chunk)
 
 with ``a`` the members' stacked A factors one below the other, (G·C, K) with C = S·R columns
 per member (member j's slot b: rows j·C + b·R … + R), and ``b`` the members' stacked B factors
-(ΣN, C), member j's output rows [n_j, n_{j+1}). Each row reads only its own slot's factors
-(the idea of punica's BGMV kernels, written here from that description). A row without a slot
-(block −1) gets h = 0 and d = 0. Token m belongs to batch row ``m // tokens_per_row``.
+(ΣN, C), member j's output rows [n_j, n_{j+1}). A tile reads its slot's factors once, with
+tensor-core products; rows without a slot (block −1) get d = 0. This is the segmented-gather
+idea of punica/S-LoRA's SGMV kernels, written here from that description. (Per-row kernels —
+each row reading its own slot's factors, in a shrink and an expand kernel — were measured 1.4×
+slower at batch 64 and 2.8× at 256: ``benchmarks/README.md``.)
 
 The caller adds each member's slice of ``d`` to that member's output (a plain add that the
-compiler fuses into whatever reads the output next). Both kernels are torch custom ops
-(``roll::lora_shrink``, ``roll::lora_expand``), opaque nodes of a compiled, CUDA-graphed decode
-step. On CPU tensors they run only in a process started with ``TRITON_INTERPRET=1`` (Triton's
-interpreter: tests only, slow).
+compiler fuses into whatever reads the output next). The kernel is a torch custom op
+(``roll::lora_tiled``), an opaque node of a compiled, CUDA-graphed decode step. On CPU tensors
+it runs only in a process started with ``TRITON_INTERPRET=1`` (Triton's interpreter: tests
+only, slow).
 """
 
 from __future__ import annotations
@@ -34,78 +38,55 @@ MAX_GROUP = 3
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, blocks_ptr, h_ptr, K, rank, columns, width, tokens_per_row,
-                   stride_xm, stride_am, stride_hm,
-                   BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    m = tl.program_id(0)
-    c = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # column of h: member·rank + r
-    block = tl.load(blocks_ptr + m // tokens_per_row)
-    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    if block >= 0:
-        a_rows = a_ptr + ((c // rank) * columns + block * rank + c % rank)[:, None] * stride_am
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-            a = tl.load(a_rows + k[None, :], mask=(c[:, None] < width) & (k[None, :] < K),
-                        other=0.0).to(tl.float32)
-            acc += tl.sum(a * xk[None, :], axis=1)
-    tl.store(h_ptr + m * stride_hm + c, acc.to(h_ptr.dtype.element_ty), mask=c < width)
-
-
-@triton.jit
-def _expand_kernel(h_ptr, b_ptr, blocks_ptr, d_ptr, N, rank, split1, split2, tokens_per_row,
-                   stride_hm, stride_bn, stride_dm,
-                   BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    m = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    block = tl.load(blocks_ptr + m // tokens_per_row)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if block >= 0:
-        r = tl.arange(0, BLOCK_R)
-        member = (n >= split1).to(tl.int32) + (n >= split2).to(tl.int32)  # (BLOCK_N,)
-        inside = (n[:, None] < N) & (r[None, :] < rank)
-        h = tl.load(h_ptr + m * stride_hm + member[:, None] * rank + r[None, :], mask=inside,
-                    other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + n[:, None] * stride_bn + (block * rank + r)[None, :], mask=inside,
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(b * h, axis=1)
-    tl.store(d_ptr + m * stride_dm + n, acc.to(d_ptr.dtype.element_ty), mask=n < N)
-
-
-@triton.jit
-def _delta_kernel(x_ptr, a_ptr, b_ptr, blocks_ptr, d_ptr, K, N, rank, columns, split1, split2,
-                  chunk, tokens_per_row, stride_xm, stride_am, stride_bn, stride_dm,
-                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Shrink and expand in one program: token m, output columns [n0, n0 + chunk) (inside one
-    member: the host picks a chunk that divides every split)."""
-    m = tl.program_id(0)
+def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, columns, split1,
+                 split2, chunk, stride_xm, stride_am, stride_bn, stride_dm,
+                 BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """One tile of rows that share a slot, output columns [n0, n0 + chunk) (inside one member:
+    the host picks a chunk that divides every split): h = X A_jᵀ, then d = h B_jᵀ."""
+    tile = tl.program_id(0)
     n0 = tl.program_id(1) * chunk
     n_end = tl.minimum(n0 + chunk, N)
-    block = tl.load(blocks_ptr + m // tokens_per_row)
-    if block >= 0:
-        member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
-        r = tl.arange(0, BLOCK_R)
-        a_rows = a_ptr + (member * columns + block * rank + r)[:, None] * stride_am
-        h = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            xk = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-            a = tl.load(a_rows + k[None, :], mask=(r[:, None] < rank) & (k[None, :] < K),
-                        other=0.0).to(tl.float32)
-            h += tl.sum(a * xk[None, :], axis=1)
-        h = h.to(a_ptr.dtype.element_ty).to(tl.float32)  # rounded as the stacked path rounds
-        b_cols = b_ptr + (block * rank + r)[None, :]
-        for j0 in range(n0, n_end, BLOCK_N):
-            n = j0 + tl.arange(0, BLOCK_N)
-            b = tl.load(b_cols + n[:, None] * stride_bn,
-                        mask=(n[:, None] < n_end) & (r[None, :] < rank), other=0.0)
-            d = tl.sum(b.to(tl.float32) * h[None, :], axis=1)
-            tl.store(d_ptr + m * stride_dm + n, d.to(d_ptr.dtype.element_ty), mask=n < n_end)
-    else:
-        for j0 in range(n0, n_end, BLOCK_N):
-            n = j0 + tl.arange(0, BLOCK_N)
-            tl.store(d_ptr + m * stride_dm + n, tl.zeros((BLOCK_N,), d_ptr.dtype.element_ty),
-                     mask=n < n_end)
+    block = tl.load(tiles_ptr + 3 * tile)
+    start = tl.load(tiles_ptr + 3 * tile + 1)
+    end = tl.load(tiles_ptr + 3 * tile + 2)
+    i = start + tl.arange(0, BLOCK_M)
+    live = i < end
+    rows = tl.load(order_ptr + i, mask=live, other=0)  # (BLOCK_M,) token indices
+    if start < end:
+        if block >= 0:
+            member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
+            r = tl.arange(0, BLOCK_R)
+            a_cols = a_ptr + (member * columns + block * rank + r)[None, :] * stride_am
+            h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :],
+                             mask=live[:, None] & (k[None, :] < K), other=0.0)  # (M, K)
+                ak = tl.load(a_cols + k[:, None], mask=(k[:, None] < K) & (r[None, :] < rank),
+                             other=0.0)  # (K, R)
+                if IEEE:
+                    h += tl.dot(xk, ak, input_precision="ieee")
+                else:
+                    h += tl.dot(xk, ak)
+            h = h.to(a_ptr.dtype.element_ty)  # rounded as the stacked path rounds
+            b_rows = b_ptr + (block * rank + r)[:, None]
+            for j0 in range(n0, n_end, BLOCK_N):
+                n = j0 + tl.arange(0, BLOCK_N)
+                bt = tl.load(b_rows + n[None, :] * stride_bn,
+                             mask=(r[:, None] < rank) & (n[None, :] < n_end), other=0.0)  # (R, N)
+                if IEEE:
+                    d = tl.dot(h, bt, input_precision="ieee")
+                else:
+                    d = tl.dot(h, bt)
+                tl.store(d_ptr + rows[:, None] * stride_dm + n[None, :],
+                         d.to(d_ptr.dtype.element_ty), mask=live[:, None] & (n[None, :] < n_end))
+        else:
+            for j0 in range(n0, n_end, BLOCK_N):
+                n = j0 + tl.arange(0, BLOCK_N)
+                tl.store(d_ptr + rows[:, None] * stride_dm + n[None, :],
+                         tl.zeros((BLOCK_M, BLOCK_N), d_ptr.dtype.element_ty),
+                         mask=live[:, None] & (n[None, :] < n_end))
 
 
 def _check_device(t: Tensor) -> None:
@@ -116,44 +97,27 @@ def _check_device(t: Tensor) -> None:
         )
 
 
-SHRINK = {"block_r": 4, "block_k": 1024, "num_warps": 4}
-"""Launch settings of the shrink kernel (block_r: columns of h per program; block_k: input
-columns per loop step). Chosen from ``benchmarks/lora_kernels.py`` (H100, batch 64 and 256)."""
-EXPAND = {"block_n": 256, "num_warps": 4}
-"""Launch settings of the expand kernel (block_n: output columns per program)."""
-
-
 def _rows(t: Tensor) -> Tensor:
     """A 2-D tensor whose last dimension is contiguous (the kernels index rows by stride)."""
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def launch_shrink(x: Tensor, a: Tensor, blocks: Tensor, h: Tensor, rank: int, columns: int,
-                  tokens_per_row: int, block_r: int, block_k: int, num_warps: int) -> None:
-    """Fill ``h`` (M, G·rank) with the shrink kernel under the given launch settings."""
-    M, K = x.shape
-    width = h.shape[1]
-    grid = (M, triton.cdiv(width, block_r))
-    _shrink_kernel[grid](x, a, blocks, h, K, rank, columns, width, tokens_per_row,
-                         x.stride(0), a.stride(0), h.stride(0),
-                         BLOCK_R=block_r, BLOCK_K=block_k, num_warps=num_warps)
+TILE_ROWS = 16
+"""Rows per tile of the tiled kernel (``tl.dot`` needs at least 16)."""
+TILED = {"block_k": 256, "block_n": 256, "num_warps": 4}
+"""Launch settings of the tiled kernel (block_k / block_n: loop steps over inputs / outputs).
+Chosen with ``benchmarks/lora_kernels.py`` (H100, batch 64 and 256)."""
 
 
-def launch_expand(h: Tensor, b: Tensor, blocks: Tensor, d: Tensor, rank: int, splits: list[int],
-                  tokens_per_row: int, block_n: int, num_warps: int) -> None:
-    """Fill ``d`` (M, ΣN) with the expand kernel under the given launch settings."""
-    M, N = d.shape
-    bounds = [*splits, N, N][:MAX_GROUP - 1]
-    grid = (M, triton.cdiv(N, block_n))
-    _expand_kernel[grid](h, b, blocks, d, N, rank, bounds[0], bounds[1], tokens_per_row,
-                         h.stride(0), b.stride(0), d.stride(0),
-                         BLOCK_R=triton.next_power_of_2(rank), BLOCK_N=block_n,
-                         num_warps=num_warps)
+def chunk_size(rows: int, inputs: int, outputs: int) -> int:
+    """Output columns per program: about 32·N·tiles / K, a power of two in [256, 4096].
 
-
-DELTA = {"chunk": 1024, "block_k": 512, "block_n": 128, "num_warps": 4}
-"""Launch settings of the one-kernel delta (chunk: output columns per program, shrink
-recomputed per chunk; block_k / block_n: loop steps over inputs / outputs)."""
+    A program's work is its shrink (K) plus its chunk; more, smaller chunks spread a group
+    over more programs but repeat the shrink. This rule matched the best chunk of every
+    Qwen3-0.6B group at batch 64 and 256 (``benchmarks/lora_kernels.py``, H100)."""
+    tiles = -(-rows // TILE_ROWS)
+    target = 32 * outputs * tiles // max(inputs, 1)
+    return min(4096, max(256, 1 << max(target, 1).bit_length() - 1))
 
 
 def chunk_for(splits: list[int], chunk: int) -> int:
@@ -164,76 +128,62 @@ def chunk_for(splits: list[int], chunk: int) -> int:
     return chunk
 
 
-def launch_delta(x: Tensor, a: Tensor, b: Tensor, blocks: Tensor, d: Tensor, rank: int,
-                 columns: int, splits: list[int], tokens_per_row: int, chunk: int, block_k: int,
-                 block_n: int, num_warps: int) -> None:
-    """Fill ``d`` (M, ΣN) with the one-kernel delta under the given launch settings."""
+def row_tiles(blocks: list[int], slot_capacity: int) -> tuple[Tensor, Tensor]:
+    """Rows grouped by slot for the tiled kernel: ``order`` (B,) int32, the row indices sorted
+    by slot block (stable), and ``tiles`` (T, 3) int32, rows (block, start, end) of ``order``
+    with at most TILE_ROWS rows of one block each (block −1: rows without adapter, d = 0),
+    padded with empty tiles to T = ⌈B / TILE_ROWS⌉ + slot_capacity + 1, a count fixed by
+    the batch size and the slot capacity (a captured graph keeps its grid)."""
+    order = sorted(range(len(blocks)), key=blocks.__getitem__)
+    count = -(-len(blocks) // TILE_ROWS) + slot_capacity + 1
+    tiles = []
+    start = 0
+    while start < len(order):
+        block = blocks[order[start]]
+        end = start
+        while end < len(order) and end - start < TILE_ROWS and blocks[order[end]] == block:
+            end += 1
+        tiles.append((block, start, end))
+        start = end
+    tiles += [(-1, 0, 0)] * (count - len(tiles))
+    return (torch.tensor(order, dtype=torch.int32),
+            torch.tensor(tiles, dtype=torch.int32).reshape(count, 3))
+
+
+def launch_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, d: Tensor,
+                 rank: int, columns: int, splits: list[int], block_k: int, block_n: int,
+                 num_warps: int, chunk: int | None = None) -> None:
+    """Fill ``d`` (B, ΣN) with the tiled kernel under the given launch settings (``chunk``:
+    output columns per program, ``chunk_size`` when None; lowered to divide the splits)."""
     (M, K), N = x.shape, d.shape[1]
     bounds = [*splits, N, N][:MAX_GROUP - 1]
-    chunk = chunk_for(splits, chunk)
-    grid = (M, triton.cdiv(N, chunk))
-    _delta_kernel[grid](x, a, b, blocks, d, K, N, rank, columns, bounds[0], bounds[1], chunk,
-                        tokens_per_row, x.stride(0), a.stride(0), b.stride(0), d.stride(0),
-                        BLOCK_R=triton.next_power_of_2(rank), BLOCK_K=block_k, BLOCK_N=block_n,
-                        num_warps=num_warps)
+    chunk = chunk_for(splits, chunk or chunk_size(M, K, N))
+    grid = (tiles.shape[0], triton.cdiv(N, chunk))
+    _tile_kernel[grid](x, a, b, order, tiles, d, K, N, rank, columns, bounds[0], bounds[1], chunk,
+                       x.stride(0), a.stride(0), b.stride(0), d.stride(0),
+                       BLOCK_M=TILE_ROWS, BLOCK_R=max(16, triton.next_power_of_2(rank)),
+                       BLOCK_K=block_k, BLOCK_N=block_n, IEEE=x.dtype == torch.float32,
+                       num_warps=num_warps)
 
 
-@torch.library.custom_op("roll::lora_delta", mutates_args=())
-def lora_delta(x: Tensor, a: Tensor, b: Tensor, blocks: Tensor, rank: int, columns: int,
-               splits: list[int], tokens_per_row: int) -> Tensor:
-    """(M, K) tokens → deltas (M, ΣN) in B's dtype, one kernel: ``lora_expand(lora_shrink(x))``
-    with h kept in registers (each program recomputes its member's h for its columns)."""
+@torch.library.custom_op("roll::lora_tiled", mutates_args=())
+def lora_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, rank: int,
+               columns: int, splits: list[int]) -> Tensor:
+    """(B, K) decode tokens → deltas (B, ΣN) in B's dtype, one kernel: rows that share a slot
+    run as tiles (``row_tiles``), so each tile reads its slot's factors once (tensor-core
+    products), and the shrink's h stays in registers."""
     _check_device(x)
     if len(splits) >= MAX_GROUP:
         raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
+    if order.shape[0] != x.shape[0]:
+        raise ValueError(f"{x.shape[0]} tokens but row tiles for {order.shape[0]} rows")
     x, a, b = _rows(x), _rows(a), _rows(b)
     d = torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
     if x.shape[0]:
-        launch_delta(x, a, b, blocks, d, rank, columns, splits, tokens_per_row, **DELTA)
+        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
     return d
 
 
-@lora_delta.register_fake
-def _(x, a, b, blocks, rank, columns, splits, tokens_per_row):
+@lora_tiled.register_fake
+def _(x, a, b, order, tiles, rank, columns, splits):
     return x.new_empty(x.shape[0], b.shape[0], dtype=b.dtype)
-
-
-@torch.library.custom_op("roll::lora_shrink", mutates_args=())
-def lora_shrink(x: Tensor, a: Tensor, blocks: Tensor, rank: int, columns: int,
-                tokens_per_row: int) -> Tensor:
-    """(M, K) tokens → h (M, G·rank) in A's dtype, G = a.shape[0] // columns members.
-
-    ``a`` is (G·columns, K): each member's (S·rank, K) stack; ``blocks`` the int32 slot block
-    of each batch row (−1: no adapter, h = 0)."""
-    _check_device(x)
-    x, a = _rows(x), _rows(a)
-    M = x.shape[0]
-    h = torch.empty(M, a.shape[0] // columns * rank, dtype=a.dtype, device=x.device)
-    if M:
-        launch_shrink(x, a, blocks, h, rank, columns, tokens_per_row, **SHRINK)
-    return h
-
-
-@lora_shrink.register_fake
-def _(x, a, blocks, rank, columns, tokens_per_row):
-    return x.new_empty(x.shape[0], a.shape[0] // columns * rank, dtype=a.dtype)
-
-
-@torch.library.custom_op("roll::lora_expand", mutates_args=())
-def lora_expand(h: Tensor, b: Tensor, blocks: Tensor, rank: int, splits: list[int],
-                tokens_per_row: int) -> Tensor:
-    """h (M, G·rank) → deltas (M, ΣN) in B's dtype; ``b`` is (ΣN, S·rank), member j's output
-    rows start at ``splits[j - 1]`` (``splits``: the G − 1 inner boundaries)."""
-    _check_device(h)
-    if len(splits) >= MAX_GROUP:
-        raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
-    h, b = _rows(h), _rows(b)
-    d = torch.empty(h.shape[0], b.shape[0], dtype=b.dtype, device=h.device)
-    if h.shape[0]:
-        launch_expand(h, b, blocks, d, rank, splits, tokens_per_row, **EXPAND)
-    return d
-
-
-@lora_expand.register_fake
-def _(h, b, blocks, rank, splits, tokens_per_row):
-    return h.new_empty(h.shape[0], b.shape[0], dtype=b.dtype)

@@ -1,4 +1,4 @@
-"""Per-row Triton LoRA kernels (lora_kernels.py) and the engine's triton path, on CPU through
+"""The tiled Triton LoRA kernel (lora_kernels.py) and the engine's triton path, on CPU through
 Triton's interpreter (it must be chosen before triton is imported: a child process)."""
 
 from __future__ import annotations
@@ -27,33 +27,30 @@ def child(tiny_model_path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_kernels_equal_the_formulas_by_hand(child):
+def test_kernel_equals_the_formulas_by_hand(child):
     kernel = child["kernel"]
     assert kernel["delta_size"] > 10  # the deltas are far from zero: the gaps below can fail
-    assert kernel["h_gap"] < 1e-4 and kernel["d_gap"] < 1e-4
-    assert kernel["base_rows_zero"]  # block -1: no adapter, exactly zero
-    # one kernel (shrink and expand fused), whole members and two programs per member
-    assert max(kernel["one_kernel_gaps"]) < 1e-4 and len(kernel["one_kernel_gaps"]) == 2
-    assert kernel["one_kernel_base_rows_zero"]
+    # rows in slot order (stable); tiles of at most 16 rows of one slot, then empty tiles up to
+    # ceil(20 / 16) + 3 slots + 1 = 6
+    assert kernel["order"] == [2, 1, 0, *range(3, 20)]
+    assert kernel["tiles"] == [[-1, 0, 1], [0, 1, 2], [1, 2, 3], [2, 3, 19], [2, 19, 20],
+                               [-1, 0, 0]]
+    # whole members per program, and two programs per member
+    assert len(kernel["gaps"]) == 2 and max(kernel["gaps"]) < 1e-4
+    assert kernel["base_row_zero"]  # block -1: no adapter, exactly zero
 
 
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
     engine = child["engine"]
-    assert engine["kernels"] == {"torch": "torch", "triton": "triton", "triton_two": "triton"}
+    assert engine["kernels"] == {"torch": "torch", "triton": "triton"}
     assert engine["groups"] == [1, 2, 3]  # o/down alone, gate/up, q/k/v
     # lock-step generate and continuous serve: same greedy tokens, same log-probs (fp32)
-    for variant in ("triton", "triton_two"):
-        assert engine[variant]["tokens_equal"], variant
-        assert engine[variant]["logprob_gap"] < 1e-5, variant
-    # decode steps ran the kernels: 2 layers x 4 groups per step; one kernel per group, or a
-    # shrink and an expand; the torch path none
-    calls = engine["calls"]
-    assert calls["torch"] == {"shrink": 0, "expand": 0, "delta": 0}
-    assert calls["triton"]["shrink"] == calls["triton"]["expand"] == 0
-    assert calls["triton"]["delta"] > 0 and calls["triton"]["delta"] % 8 == 0
-    assert calls["triton_two"]["delta"] == 0
-    assert calls["triton_two"]["shrink"] == calls["triton_two"]["expand"] == calls["triton"][
-        "delta"]
+    assert engine["triton"]["tokens_equal"]
+    assert engine["triton"]["logprob_gap"] < 1e-5
+    # decode steps ran the kernel: 2 layers x 4 groups per step, one kernel per group; the
+    # torch path none
+    assert engine["calls"]["torch"] == {"tiled": 0}
+    assert engine["calls"]["triton"]["tiled"] > 0 and engine["calls"]["triton"]["tiled"] % 8 == 0
     # a member called before its group's first one computes its own delta
     assert engine["out_of_order_delta"] > 1 and engine["out_of_order_gap"] < 1e-4
 

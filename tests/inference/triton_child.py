@@ -18,66 +18,54 @@ from .helpers import chat_prompts, perturbed_team
 
 def kernel_gaps() -> dict:
     """A group of 3 members (outputs 48, 32, 16) over 3 slots of rank capacity 8 (slot 1 has
-    rank 5: zero-padded rows and columns), 4 batch rows of 3 tokens each, one row on the base
-    model (block -1). Reference: the formulas of lora_kernels.py as plain loops. The one-kernel
-    delta runs with chunks of 16 columns (the largest power of two dividing the splits) and of
-    8 (several programs per member)."""
+    rank 5: zero-padded rows and columns), 20 rows: slot 1, slot 0, a base row (block −1),
+    then 17 rows of slot 2 (two tiles). Chunks of 16 output columns (the largest power of two
+    dividing the splits) and of 8 (several programs per member). Reference: the formulas of
+    lora_kernels.py as plain loops."""
     gen = torch.Generator().manual_seed(0)
-    slots, rank, k, outs, tokens = 3, 8, 40, (48, 32, 16), 3
+    slots, rank, k, outs = 3, 8, 40, (48, 32, 16)
     columns = slots * rank
     a = torch.randn(len(outs) * columns, k, generator=gen)
     b = torch.randn(sum(outs), columns, generator=gen)
     for member in range(len(outs)):
         a[member * columns + rank + 5: member * columns + 2 * rank] = 0
     b[:, rank + 5: 2 * rank] = 0
-    blocks = torch.tensor([2, -1, 0, 1], dtype=torch.int32)
-    x = torch.randn(len(blocks) * tokens, k, generator=gen)
+    blocks = [1, 0, -1] + [2] * 17
+    order, tiles = lora_kernels.row_tiles(blocks, slots)
+    x = torch.randn(len(blocks), k, generator=gen)
     splits = [outs[0], outs[0] + outs[1]]
-    h = lora_kernels.lora_shrink(x, a, blocks, rank, columns, tokens)
-    d = lora_kernels.lora_expand(h, b, blocks, rank, splits, tokens)
-    one_kernel = {}
-    for chunk in (1024, 8):
-        lora_kernels.DELTA["chunk"] = chunk
-        one_kernel[chunk] = lora_kernels.lora_delta(x, a, b, blocks, rank, columns, splits, tokens)
-    lora_kernels.DELTA["chunk"] = 1024
-    expected_h = torch.zeros(len(x), len(outs) * rank)
-    expected_d = torch.zeros(len(x), sum(outs))
-    for m in range(len(x)):
-        block = int(blocks[m // tokens])
+    tiled = [lora_kernels.lora_tiled(x, a, b, order, tiles, rank, columns, splits)]
+    tiled.append(torch.empty_like(tiled[0]))
+    lora_kernels.launch_tiled(x, a, b, order, tiles, tiled[1], rank, columns, splits,
+                              **lora_kernels.TILED, chunk=8)
+    expected = torch.zeros(len(x), sum(outs))
+    for m, block in enumerate(blocks):
         if block < 0:
             continue
         start = 0
         for member, n in enumerate(outs):
-            for r in range(rank):
-                row = a[member * columns + block * rank + r]
-                expected_h[m, member * rank + r] = sum(
-                    float(row[i]) * float(x[m, i]) for i in range(k))
-            mine = expected_h[m, member * rank:(member + 1) * rank]
-            expected_d[m, start:start + n] = b[start:start + n, block * rank:(block + 1) * rank
-                                               ] @ mine
+            h = [sum(float(a[member * columns + block * rank + r, i]) * float(x[m, i])
+                     for i in range(k)) for r in range(rank)]
+            for col in range(start, start + n):
+                expected[m, col] = sum(float(b[col, block * rank + r]) * h[r]
+                                       for r in range(rank))
             start += n
-    base_rows = slice(tokens, 2 * tokens)
-    return {"h_gap": float((h - expected_h).abs().max()),
-            "d_gap": float((d - expected_d).abs().max()),
-            "base_rows_zero": bool((d[base_rows] == 0).all() and (h[base_rows] == 0).all()),
-            "one_kernel_gaps": [float((one - expected_d).abs().max())
-                                for one in one_kernel.values()],
-            "one_kernel_base_rows_zero": all(bool((one[base_rows] == 0).all())
-                                             for one in one_kernel.values()),
-            "delta_size": float(expected_d.abs().max())}
+    return {"gaps": [float((d - expected).abs().max()) for d in tiled],
+            "base_row_zero": all(bool((d[2] == 0).all()) for d in tiled),
+            "order": order.tolist(), "tiles": tiles.tolist(),
+            "delta_size": float(expected.abs().max())}
 
 
 def engine_gaps(path: str) -> dict:
     """Greedy mixed batches (every agent and the base model), lock-step and continuous: the
-    torch path vs the Triton one-kernel path ('triton') and two-kernel path ('triton_two')."""
+    torch path vs the Triton tiled kernel."""
     team = perturbed_team(path, 4)
     tokenizer = load_tokenizer(path)
     engines = {}
-    for variant in ("torch", "triton", "triton_two"):
-        engines[variant] = HFEngine(team, tokenizer, lora_kernels=variant.removesuffix("_two"))
-        engines[variant].fused.one_kernel = variant == "triton"
+    for variant in ("torch", "triton"):
+        engines[variant] = HFEngine(team, tokenizer, lora_kernels=variant)
         push_adapters(engines[variant], team, version=1)
-    calls = {"shrink": 0, "expand": 0, "delta": 0}
+    calls = {"tiled": 0}
     for name in calls:
         op = getattr(lora_kernels, f"lora_{name}")
 
@@ -104,7 +92,7 @@ def engine_gaps(path: str) -> dict:
         engine.serve(requests[:3], follow)
         calls_of[variant] = {name: calls[name] - before[name] for name in calls}
     result["calls"] = calls_of
-    for variant in ("triton", "triton_two"):
+    for variant in ("triton",):
         pairs = list(zip(outputs["torch"], outputs[variant], strict=True))
         pairs += [(served["torch"][key], served[variant][key]) for key in range(3)]
         result[variant] = {
@@ -121,8 +109,7 @@ def engine_gaps(path: str) -> dict:
         attention = engine.model.get_submodule("model.layers.0.self_attn")
         with engine.fused.active(), torch.no_grad():
             alone[variant] = attention.k_proj(x)
-    result["out_of_order_gap"] = max(float((alone["torch"] - alone[v]).abs().max())
-                                     for v in ("triton", "triton_two"))
+    result["out_of_order_gap"] = float((alone["torch"] - alone["triton"]).abs().max())
     result["out_of_order_delta"] = float(
         (alone["torch"] - attention.k_proj.base_layer(x)).abs().max())
     groups = engines["triton"].fused.groups.values()
