@@ -6,7 +6,8 @@ Qwen3-0.6B shape, random bf16 weights, 4 agents (LoRA r 32 on all 7 projections)
 prompts, 128 new tokens, greedy, batch 64 and 256; compiled ``HFEngine`` with no adapter, with
 ``lora_kernels='torch'`` and with ``'triton'``. ``generate`` syncs with the GPU only every 8
 steps (``RowFinish.all_finished``), so per step: wall = host work + time blocked in those syncs.
-Per engine (median of 5 calls, after 2 warm-up calls): wall, wait (time inside the syncs) and
+Per engine (median of 5 calls, after 2 warm-up calls; the engines take turns, one call each per
+round, so a drift of the machine's speed hits all alike): wall, wait (time inside the syncs) and
 the host time of the ``_decode`` call (the compiled step). A decode that waits little is bound
 by its host, not by its kernels. Prints JSON (and writes $OUT/decode_host.json when OUT is set).
 """
@@ -55,6 +56,7 @@ def main() -> None:
                     "engines": {}}
     for batch in (64, 256):
         prompts = torch.randint(0, shape["pad_token_id"], (batch, 128), generator=gen)
+        engines, rows = {}, {}
         for name in ("no_adapter", "torch", "triton"):
             slots = [None if name == "no_adapter" else team.agent_names[r % 4]
                      for r in range(batch)]
@@ -75,22 +77,24 @@ def main() -> None:
             engine._decode = timed_decode
             for _ in range(2):
                 engine.generate(requests)
-            rows = []
-            for _ in range(5):
+            engines[name], rows[name] = (engine, requests), []
+        for _ in range(5):  # rounds: every engine once, in turn
+            for name, (engine, requests) in engines.items():
                 clock["wait"] = clock["decode"] = 0.0
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 engine.generate(requests)
                 wall = time.perf_counter() - start
-                rows.append({"wall_ms_per_step": 1000 * wall / NEW_TOKENS,
-                             "wait_ms_per_step": 1000 * clock["wait"] / NEW_TOKENS,
-                             "decode_call_host_ms": 1000 * clock["decode"] / (NEW_TOKENS - 1),
-                             "tok_s": batch * NEW_TOKENS / wall})
-            rows.sort(key=lambda row: row["wall_ms_per_step"])
-            result["engines"][f"{batch}/{name}"] = rows[2]
-            print(batch, name, rows[2], file=sys.stderr, flush=True)
-            del engine, decode, timed_decode
-            torch.cuda.empty_cache()
+                rows[name].append({"wall_ms_per_step": 1000 * wall / NEW_TOKENS,
+                                   "wait_ms_per_step": 1000 * clock["wait"] / NEW_TOKENS,
+                                   "decode_call_host_ms": 1000 * clock["decode"] / (NEW_TOKENS - 1),
+                                   "tok_s": batch * NEW_TOKENS / wall})
+        for name, runs in rows.items():
+            runs.sort(key=lambda row: row["wall_ms_per_step"])
+            result["engines"][f"{batch}/{name}"] = runs[2]
+            print(batch, name, runs[2], file=sys.stderr, flush=True)
+        del engines, engine, decode, timed_decode
+        torch.cuda.empty_cache()
     emit(result, "decode_host.json")
 
 
