@@ -15,6 +15,10 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   hf_base         HF ``generate`` of the base model (adapters off), dynamic cache
   with --extra:   ours_compiled_no_lora (our compiled loop, no adapter: the cost of the
                   fused LoRA) and hf_base_compiled (HF generate, static cache + auto-compile)
+  with --serve:   ours_compiled_serve (the same compiled engine's continuous batching,
+                  ``serve``: one lane per request, its compiled decode step one captured CUDA
+                  graph) and ours_eager_serve (the uncompiled engine's: the eager step
+                  captured as a CUDA graph)
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter); run after ours, with
@@ -160,25 +164,46 @@ def run_ours(engine: HFEngine, requests, repeats: int, device) -> dict:
             "warmup_s": warmup}, outputs
 
 
+def served(engine: HFEngine, requests: list[GenerationRequest]) -> list:
+    """``engine.serve`` (continuous batching, one lane per request) of these requests; their
+    outputs in request order."""
+    outputs: dict = {}
+
+    def follow(key: int, output) -> list:
+        outputs[key] = output
+        return []
+
+    engine.serve(requests, follow)
+    return [outputs[key] for key in range(len(requests))]
+
+
 def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
     """name → (engine, requests): one warm-up each, then ``rounds`` rounds that time every
     variant once, in turn (a drift of the machine's speed then hits all of them alike).
+    Variants named ``*_serve`` run ``engine.serve``, the others ``engine.generate``.
     Returns figures (median tok/s, and every round's) and each variant's warm-up outputs."""
     figures, outputs, times = {}, {}, {name: [] for name in variants}
+
+    def call(name, engine, requests):
+        return served(engine, requests) if name.endswith("_serve") else engine.generate(requests)
+
     for name, (engine, requests) in variants.items():
-        warmup, outputs[name] = timed(lambda e=engine, r=requests: e.generate(r), device)
+        warmup, outputs[name] = timed(lambda n=name, e=engine, r=requests: call(n, e, r), device)
         assert all(len(o.token_ids) == r.sampling.max_new_tokens
                    for o, r in zip(outputs[name], requests, strict=True))
         figures[name] = {"warmup_s": warmup}
     for _ in range(rounds):
         for name, (engine, requests) in variants.items():
-            times[name].append(timed(lambda e=engine, r=requests: e.generate(r), device)[0])
+            times[name].append(timed(lambda n=name, e=engine, r=requests: call(n, e, r),
+                                     device)[0])
     for name, (engine, _) in variants.items():
         tokens = sum(len(o.token_ids) for o in outputs[name])
         figures[name] |= {"tok_s": tokens / statistics.median(times[name]),
                           "seconds": statistics.median(times[name]),
                           "tok_s_rounds": [round(tokens / t) for t in times[name]],
                           "decode_captures": engine.decode_captures}
+        if name.endswith("_serve"):
+            figures[name]["serve"] = engine.last_serve
     return figures, outputs
 
 
@@ -244,6 +269,9 @@ def main() -> None:
     parser.add_argument("--torch-kernels", action="store_true",
                         help="also: the compiled engine with lora_kernels='torch' (the stacked "
                              "products) beside the default (triton on CUDA), one more warm-up")
+    parser.add_argument("--serve", action="store_true",
+                        help="also: the compiled engine's continuous batching (serve, one lane "
+                             "per request, its decode step a captured CUDA graph)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed calls of each compiled engine, interleaved round by round")
     parser.add_argument("--vllm", action="store_true",
@@ -321,6 +349,9 @@ def main() -> None:
             variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
+        if compiled is not None and args.serve:
+            variants["ours_compiled_serve"] = (compiled, requests)
+            variants["ours_eager_serve"] = (eager, requests)
         if compiled is not None and args.extra:
             variants["ours_compiled_no_lora"] = (no_lora, [replace(r, adapter=None)
                                                            for r in requests])

@@ -102,6 +102,7 @@ class ContinuousDecoder:
         self.graphs = graphs and device.type == "cuda"
         self.graph: CapturedStep | None = None
         self.graph_layout: int | None = None
+        self._step: Callable[..., Tensor] | None = None
         self.captures = 0
         self.capture_failures = 0
         self.grows = 0
@@ -197,7 +198,8 @@ class ContinuousDecoder:
         self.prefills += 1
         logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], self.dtype),
                                      positions, capture)  # (rows, V)
-        lanes = torch.tensor([lane for lane, _, _ in admitted], device=self.device)
+        lane_list = [lane for lane, _, _ in admitted]
+        lanes = torch.tensor(lane_list, device=self.device)
         layers = range(self.ring.keys.shape[0])
         keys = torch.stack([capture.keys[layer] for layer in layers])  # (layers, rows, H, W, D)
         values = torch.stack([capture.values[layer] for layer in layers])
@@ -221,12 +223,13 @@ class ContinuousDecoder:
             self.running[lane] = _Lane(key, request, trie)
         self.position[lanes] = torch.tensor([len(p) for p in prompts], device=self.device)
         self.steps[lanes] = 0
-        return self._sample(lanes, logits, follow)
+        return self._sample(lane_list, logits, follow)
 
     # ------------------------------------------------------------------ decoding
     def _decode_step(self, follow: Follow) -> list[GenerationRequest]:
         """One token for every running lane."""
         engine = self.engine
+        lane_list = [i for i, lane in enumerate(self.running) if lane is not None]
         active = torch.tensor([lane is not None for lane in self.running], device=self.device)
         self.visible[:, self.column] = active
         self.ring.column.fill_(self.column)
@@ -239,18 +242,22 @@ class ContinuousDecoder:
         logits = self._decode_forward()  # (lanes, V)
         self.column = (self.column + 1) % self.capacity
         self.position += 1
-        lanes = active.nonzero().squeeze(-1)
-        return self._sample(lanes, logits[lanes], follow)
+        return self._sample(lane_list, logits[torch.tensor(lane_list, device=self.device)],
+                            follow)
 
     def _decode_forward(self) -> Tensor:
         """One decode forward of every lane from the static buffers; on CUDA (``graphs``) a
         captured CUDA graph replayed, captured again only if the fused-LoRA layout changed."""
         engine = self.engine
 
+        if self._step is None:
+            # compile: one fused step (captured below on CUDA); compiled again after a growth
+            self._step = (torch.compile(self._forward_step, dynamic=False) if engine.compile
+                          else self._forward_step)
+
         def forward() -> Tensor:
             with decode_attention(engine.model):
-                return engine.forward_last(self.last_token[:, None], self.mask,
-                                           self.position[:, None], self.ring)
+                return self._step(self.last_token[:, None], self.mask, self.position[:, None])
 
         if not self.graphs:
             return forward()
@@ -265,6 +272,13 @@ class ContinuousDecoder:
                 return forward()
         return self.graph.replay()
 
+    def _forward_step(self, tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+        """The decode forward (what ``torch.compile`` sees): tokens (lanes, 1) → logits
+        (lanes, V) over the ring."""
+        if not self.engine.fused.layout_key:  # read so that a compiled step guards on it
+            raise AssertionError("empty layout key")
+        return self.engine.forward_last(tokens, mask, positions, self.ring)
+
     def _capture(self, forward: Callable[[], Tensor]) -> None:
         """Capture the step; the warm-ups and the capture write this step's ring column with
         this step's inputs, as the replay does."""
@@ -272,29 +286,34 @@ class ContinuousDecoder:
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 
-    def _sample(self, lanes: Tensor, logits: Tensor, follow: Follow) -> list[GenerationRequest]:
+    def _sample(self, lane_list: list[int], logits: Tensor, follow: Follow
+                ) -> list[GenerationRequest]:
         """Choose the next token of these lanes (logits (n, V)), record it, finish lanes that
         are done and hand their outputs to ``follow``; the requests it returns."""
         logits = logits.float()
-        lane_list = lanes.tolist()
+        lanes = torch.tensor(lane_list, device=self.device)
         states = [self.running[lane] for lane in lane_list]
         masked = self._constrain(logits, states)
         temperature = self.temperature[lanes][:, None]  # (n, 1)
         tokens = masked.argmax(-1)  # greedy first
-        sampled = ~self.greedy[lanes]
-        if bool(sampled.any()):
+        # What to run is decided from the requests on the host: no device read before the one
+        # below (each read waits for the whole step).
+        params = [state.request.sampling for state in states]
+        if not all(sampling.greedy for sampling in params):
+            sampled = ~self.greedy[lanes]
             scaled = masked / temperature
-            top_k, top_p = self.top_k[lanes], self.top_p[lanes]
-            if bool(((top_k > 0) | (top_p < 1.0)).any()):
-                scaled = filter_top_k_top_p(scaled, top_k, top_p)
+            if any(sampling.top_k > 0 or sampling.top_p < 1.0 for sampling in params):
+                scaled = filter_top_k_top_p(scaled, self.top_k[lanes], self.top_p[lanes])
             noisy = scaled + gumbel_noise(self.row_keys[lanes], self.steps[lanes], self.vocab_keys)
             tokens = torch.where(sampled, noisy.argmax(-1), tokens)
         logprobs = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None])[:, 0]
         self.last_token[lanes] = tokens
         self.steps[lanes] += 1
+        # tokens and log-probs in one device → host copy (token ids are exact in float64)
+        pair = torch.stack([tokens.double(), logprobs.double()]).cpu()  # (2, n)
         new: list[GenerationRequest] = []
-        for lane, state, token, logprob in zip(lane_list, states, tokens.tolist(),
-                                               logprobs.tolist(), strict=True):
+        for lane, state, token, logprob in zip(lane_list, states, pair[0].long().tolist(),
+                                               pair[1].tolist(), strict=True):
             state.tokens.append(token)
             state.logprobs.append(logprob)
             reason = self._finished(state, token)

@@ -4,6 +4,7 @@ ring KV cache, and every request gets exactly what the lock-step ``generate`` gi
 from __future__ import annotations
 
 import pytest
+import torch
 
 from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters, serve
 from roll.models import load_tokenizer
@@ -155,3 +156,38 @@ def test_the_ring_grows_under_rows_in_flight(tiny_model_path, team):
     for key, want in enumerate(expected):
         assert outputs[key].token_ids == want.token_ids, key
         assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
+
+
+def test_compiled_continuous_step_equals_the_eager_one(tiny_model_path, team, monkeypatch):
+    """With ``compile`` on, continuous decoding runs a torch.compile'd decode step (traced with
+    the 'eager' backend so that it runs on CPU; on CUDA it is then captured as a graph). Every
+    request gets what the uncompiled engine gives it, a ring growth included."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    compiled_functions = []
+
+    def compile_eager(fn, **kwargs):
+        compiled_functions.append(fn.__name__)
+        return compile_(fn, backend="eager", dynamic=False)
+
+    monkeypatch.setattr(torch, "compile", compile_eager)
+    tokenizer = load_tokenizer(tiny_model_path)
+    engines = {mode: HFEngine(team, tokenizer, max_batch_size=3, compile=mode == "compiled")
+               for mode in ("eager", "compiled")}
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)
+    long = GenerationRequest(requests[0].prompt_ids, team.agent_names[1],
+                             SamplingParams(temperature=0.0, max_new_tokens=60, ignore_eos=True))
+    outputs = {}
+    counters.clear()
+    for mode, engine in engines.items():
+        push_adapters(engine, team, version=1)
+        first, follow, outputs[mode] = _chain([*requests, long], 3)
+        assert engine.serve(first, follow) == len(requests) + 1
+        assert engine.last_serve["grows"] == 1  # the long request arrived last
+    assert compiled_functions == ["_forward_step"]
+    assert counters["stats"]["unique_graphs"] >= 2  # traced, and again for the grown ring
+    for index in range(len(requests) + 1):
+        got, want = outputs["compiled"][index], outputs["eager"][index]
+        assert got.token_ids == want.token_ids, index
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5), index
