@@ -162,11 +162,11 @@ class ContinuousDecoder:
         old = self.capacity
         capacity = max(need, old + old // 2)
         order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
-        for name in ("keys", "values"):
-            ring = getattr(self.ring, name)
-            grown = ring.new_zeros(*ring.shape[:3], capacity, ring.shape[-1])
-            grown[:, :, :, :old] = ring.index_select(3, order)
-            setattr(self.ring, name, grown)
+        for layers in (self.ring.keys, self.ring.values):
+            for layer, ring in enumerate(layers):  # (lanes, H, C, D)
+                grown = ring.new_zeros(*ring.shape[:2], capacity, ring.shape[-1])
+                grown[:, :, :old] = ring.index_select(2, order)
+                layers[layer] = grown
         visible = self.visible.new_zeros(self.lanes, capacity)
         visible[:, :old] = self.visible.index_select(1, order)
         self.visible = visible
@@ -200,17 +200,24 @@ class ContinuousDecoder:
                                      positions, capture)  # (rows, V)
         lane_list = [lane for lane, _, _ in admitted]
         lanes = torch.tensor(lane_list, device=self.device)
-        layers = range(self.ring.keys.shape[0])
-        keys = torch.stack([capture.keys[layer] for layer in layers])  # (layers, rows, H, W, D)
-        values = torch.stack([capture.values[layer] for layer in layers])
-        for row, (lane, key, request) in enumerate(admitted):
-            length = len(request.prompt_ids)
-            columns = (torch.arange(self.column - length, self.column, device=self.device)
-                       % self.capacity)  # (L,)
-            self.ring.keys[:, lane][:, :, columns] = keys[:, row, :, width - length:]
-            self.ring.values[:, lane][:, :, columns] = values[:, row, :, width - length:]
-            self.visible[lane] = False
-            self.visible[lane, columns] = True
+        # Every prompt token's (lane, ring column) and (prefill row, position), flattened: one
+        # indexed copy per layer for all rows.
+        lengths = [len(request.prompt_ids) for _, _, request in admitted]
+        lane_of = torch.repeat_interleave(lanes, torch.tensor(lengths, device=self.device))
+        row_of = torch.repeat_interleave(torch.arange(rows, device=self.device),
+                                         torch.tensor(lengths, device=self.device))
+        back = torch.cat([torch.arange(length, 0, -1, device=self.device)
+                          for length in lengths])  # tokens before the current column
+        column_of = (self.column - back) % self.capacity  # (P,)
+        position_of = width - back  # (P,) in the left-padded prefill
+        for layer in range(len(self.ring.keys)):
+            self.ring.keys[layer][lane_of, :, column_of] = capture.keys[layer][
+                row_of, :, position_of]  # (P, H, D)
+            self.ring.values[layer][lane_of, :, column_of] = capture.values[layer][
+                row_of, :, position_of]
+        self.visible[lanes] = False
+        self.visible[lane_of, column_of] = True
+        for lane, key, request in admitted:
             sampling = request.sampling
             self.temperature[lane] = 1.0 if sampling.greedy else sampling.temperature
             self.greedy[lane] = sampling.greedy

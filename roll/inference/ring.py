@@ -19,15 +19,19 @@ from torch import Tensor, nn
 class RingCache:
     """The ``past_key_values`` of a decode step: per layer (lanes, kv heads, capacity, head
     dim) keys and values; ``update`` writes the step's one token at ``column`` for every lane
-    and returns the whole ring (the mask says which columns each lane sees)."""
+    and returns the whole ring (the mask says which columns each lane sees).
+
+    Each layer's keys and values are tensors of their own, not views of one stacked tensor: a
+    compiled step that writes into a view of its input copies the whole base tensor back
+    (measured on an H100: 0.7 ms per layer and step at 64 lanes, 45 ms a step)."""
 
     is_compileable = False
 
     def __init__(self, layers: int, lanes: int, heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (layers, lanes, heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (lanes, heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.column = torch.zeros(1, dtype=torch.long, device=device)  # (1,) write column
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int,
