@@ -65,6 +65,21 @@ class _Lane:
     node: int = 0
     """Trie node (constrained requests)."""
     stop_matched: bool = False
+    in_flight: int = 0
+    """Tokens sampled on the device that the host has not read yet."""
+    finished: bool = False
+
+
+@dataclass
+class _Step:
+    """A sampling step (a prefill's first tokens or a decode step) the host has not read yet."""
+
+    lanes: list[int]
+    states: list[_Lane]
+    host: Tensor
+    """(2, n) float64: tokens and log-probs, copied from the device without waiting."""
+    done: torch.cuda.Event | None
+    """Recorded after the copy (CUDA); None on CPU, where the copy is already done."""
 
 
 class ContinuousDecoder:
@@ -146,19 +161,35 @@ class ContinuousDecoder:
                 submitted += 1
 
         submit(first)
-        while queue or any(lane is not None for lane in self.running):
+        # The host reads a step's tokens after launching the next step, so that its work
+        # (finishing requests, the caller's follow, admitting new ones) overlaps the device's.
+        # A lane whose request ended at the step read late runs one more step for nothing.
+        pending: list[_Step] = []
+        while queue or pending or any(lane is not None for lane in self.running):
             free = [i for i, lane in enumerate(self.running) if lane is None]
             if queue and free:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
-                submit(self._admit(admitted, follow))
-            if any(lane is not None for lane in self.running):
-                submit(self._decode_step(follow))
+                pending.append(self._admit(admitted))
+            needed = [lane for lane in self.running if lane is not None and not lane.finished
+                      and len(lane.tokens) + lane.in_flight < lane.request.sampling.max_new_tokens]
+            # Constrained lanes sample from their trie node: their tokens must be read first.
+            if pending and (not needed or any(lane.trie is not None for lane in needed)):
+                for step in pending:
+                    submit(self._finish(step, follow))
+                pending = []
+                continue
+            launched = [self._decode_step()] if needed else []
+            for step in pending:
+                submit(self._finish(step, follow))
+            pending = launched
         return submitted
 
     def _grow(self, need: int) -> None:
         """A ring of at least ``need`` columns (x 1.5 at least): the old ring is unrolled so that
         the last written column ends at the old capacity and the new columns follow; lanes in
         flight keep their keys. The decode graph is captured again for the new shape."""
+        if self.device.type == "cuda":  # a step in flight still writes the old ring
+            torch.cuda.current_stream().synchronize()
         old = self.capacity
         capacity = max(need, old + old // 2)
         order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
@@ -176,8 +207,7 @@ class ContinuousDecoder:
         self.grows += 1
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, admitted: list[tuple[int, int, GenerationRequest]], follow: Follow
-               ) -> list[GenerationRequest]:
+    def _admit(self, admitted: list[tuple[int, int, GenerationRequest]]) -> _Step:
         """Prefill these requests into their lanes, sample each one's first token."""
         engine = self.engine
         prompts = [request.prompt_ids for _, _, request in admitted]
@@ -217,24 +247,28 @@ class ContinuousDecoder:
                 row_of, :, position_of]
         self.visible[lanes] = False
         self.visible[lane_of, column_of] = True
+        params = [request.sampling for _, _, request in admitted]
+        seeds = [sampling.seed if sampling.seed is not None else engine.next_seed()
+                 for sampling in params]
         for lane, key, request in admitted:
-            sampling = request.sampling
-            self.temperature[lane] = 1.0 if sampling.greedy else sampling.temperature
-            self.greedy[lane] = sampling.greedy
-            self.top_k[lane] = sampling.top_k
-            self.top_p[lane] = sampling.top_p
-            seed = sampling.seed if sampling.seed is not None else engine.next_seed()
-            self.row_keys[lane] = seed_key(seed)
             completions = request.allowed_completions
             trie = CompletionTrie(completions, engine.vocab_size) if completions else None
             self.running[lane] = _Lane(key, request, trie)
-        self.position[lanes] = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.steps[lanes] = 0
-        return self._sample(lane_list, logits, follow)
+        # one host → device copy per buffer for all admitted lanes
+        for buffer, values in (
+                (self.temperature, [1.0 if s.greedy else s.temperature for s in params]),
+                (self.greedy, [s.greedy for s in params]),
+                (self.top_k, [s.top_k for s in params]),
+                (self.top_p, [s.top_p for s in params]),
+                (self.row_keys, [seed_key(seed) for seed in seeds]),
+                (self.position, lengths),
+                (self.steps, [0] * rows)):
+            buffer[lanes] = torch.tensor(values, dtype=buffer.dtype).to(self.device)
+        return self._sample(lane_list, logits)
 
     # ------------------------------------------------------------------ decoding
-    def _decode_step(self, follow: Follow) -> list[GenerationRequest]:
-        """One token for every running lane."""
+    def _decode_step(self) -> _Step:
+        """One token for every running lane (launched; read by ``_finish``)."""
         engine = self.engine
         lane_list = [i for i, lane in enumerate(self.running) if lane is not None]
         active = torch.tensor([lane is not None for lane in self.running], device=self.device)
@@ -249,8 +283,7 @@ class ContinuousDecoder:
         logits = self._decode_forward()  # (lanes, V)
         self.column = (self.column + 1) % self.capacity
         self.position += 1
-        return self._sample(lane_list, logits[torch.tensor(lane_list, device=self.device)],
-                            follow)
+        return self._sample(lane_list, logits[torch.tensor(lane_list, device=self.device)])
 
     def _decode_forward(self) -> Tensor:
         """One decode forward of every lane from the static buffers; on CUDA (``graphs``) a
@@ -293,10 +326,9 @@ class ContinuousDecoder:
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 
-    def _sample(self, lane_list: list[int], logits: Tensor, follow: Follow
-                ) -> list[GenerationRequest]:
-        """Choose the next token of these lanes (logits (n, V)), record it, finish lanes that
-        are done and hand their outputs to ``follow``; the requests it returns."""
+    def _sample(self, lane_list: list[int], logits: Tensor) -> _Step:
+        """Choose the next token of these lanes (logits (n, V)) on the device and start copying
+        it to the host; ``_finish`` reads it."""
         logits = logits.float()
         lanes = torch.tensor(lane_list, device=self.device)
         states = [self.running[lane] for lane in lane_list]
@@ -316,16 +348,36 @@ class ContinuousDecoder:
         logprobs = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None])[:, 0]
         self.last_token[lanes] = tokens
         self.steps[lanes] += 1
+        for state in states:
+            state.in_flight += 1
         # tokens and log-probs in one device → host copy (token ids are exact in float64)
-        pair = torch.stack([tokens.double(), logprobs.double()]).cpu()  # (2, n)
+        pair = torch.stack([tokens.double(), logprobs.double()])  # (2, n)
+        if pair.device.type != "cuda":
+            return _Step(lane_list, states, pair, None)
+        host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
+        host.copy_(pair, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return _Step(lane_list, states, host, done)
+
+    def _finish(self, step: _Step, follow: Follow) -> list[GenerationRequest]:
+        """Read a step's tokens (waiting for it), record them, finish lanes that are done and
+        hand their outputs to ``follow``; the requests it returns."""
+        if step.done is not None:
+            step.done.synchronize()
         new: list[GenerationRequest] = []
-        for lane, state, token, logprob in zip(lane_list, states, pair[0].long().tolist(),
-                                               pair[1].tolist(), strict=True):
+        for lane, state, token, logprob in zip(step.lanes, step.states,
+                                               step.host[0].long().tolist(),
+                                               step.host[1].tolist(), strict=True):
+            state.in_flight -= 1
+            if state.finished:  # the step after its last token, run before that was read
+                continue
             state.tokens.append(token)
             state.logprobs.append(logprob)
             reason = self._finished(state, token)
             if reason is None:
                 continue
+            state.finished = True
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True

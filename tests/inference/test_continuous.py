@@ -191,3 +191,40 @@ def test_compiled_continuous_step_equals_the_eager_one(tiny_model_path, team, mo
         got, want = outputs["compiled"][index], outputs["eager"][index]
         assert got.token_ids == want.token_ids, index
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5), index
+
+
+def test_the_host_reads_a_step_after_launching_the_next(tiny_model_path, team, engine):
+    """One lane, requests one after another. The host reads a decode step's tokens after it
+    has launched the next step, so a request that ends at a token the host cannot foresee (a
+    stop string here, or EOS) costs one more decode step, run for nothing; one that ends at
+    its max_new_tokens does not (the host counts the tokens in flight), and a constrained one
+    makes the host read each step before the next (its trie picks the allowed tokens)."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)
+    # Unconstrained greedy requests that end at a stop string: the text of their 4th token.
+    greedy = [GenerationRequest(r.prompt_ids, r.adapter, SamplingParams(
+        temperature=0.0, max_new_tokens=12, ignore_eos=True)) for r in requests[:4]]
+    for request, output in zip(greedy, engine.generate(greedy), strict=True):
+        stop = tokenizer.decode(output.token_ids[3:4])
+        requests.append(GenerationRequest(request.prompt_ids, request.adapter, SamplingParams(
+            temperature=0.0, max_new_tokens=12, ignore_eos=True, stop=[stop])))
+    steps_at_follow, outputs = [], {}
+
+    def follow(key, output):
+        steps_at_follow.append(engine._decoder.decode_steps)
+        outputs[key] = output
+        return [requests[key + 1]] if key + 1 < len(requests) else []
+
+    engine.serve([requests[0]], follow)
+    assert engine.last_serve["lanes"] == 1
+    expected, steps, cases = [], 0, set()
+    for key, request in enumerate(requests):
+        output = outputs[key]
+        steps += len(output.token_ids) - 1  # the first token comes from the prefill
+        unforeseen = output.finish_reason != "length"
+        if unforeseen and request.allowed_completions is None:
+            steps += 1  # the step launched before this request's last token was read
+        expected.append(steps)
+        cases.add((unforeseen, request.allowed_completions is None))
+    assert steps_at_follow == expected
+    assert cases == {(True, True), (True, False), (False, True)}  # every kind of end above
