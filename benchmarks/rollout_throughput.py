@@ -286,9 +286,6 @@ def main() -> None:
     rank, agents = (8, 4) if args.tiny else (32, 4)
     prompt_len, new_tokens = (16, 16) if args.tiny else (128, 128)
     compile_ours = device.type == "cuda" and not args.no_compile
-    # Every engine compiles the same step function, whose compiled variants torch.compile
-    # counts together (8 by default): several engines × batch sizes in one process exceed it.
-    torch._dynamo.config.recompile_limit = 64
     result: dict = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
-from roll.inference.cuda_graph import CapturedStep
+from roll.inference.cuda_graph import CapturedStep, compile_step
 from roll.inference.decoding import cut_at_stop, hits_stop
 from roll.inference.ring import CaptureCache, RingCache, additive_mask, decode_attention
 from roll.inference.sampling import (
@@ -292,7 +292,7 @@ class ContinuousDecoder:
 
         if self._step is None:
             # compile: one fused step (captured below on CUDA); compiled again after a growth
-            self._step = (torch.compile(self._forward_step, dynamic=False) if engine.compile
+            self._step = (compile_step(self._forward_step) if engine.compile
                           else self._forward_step)
 
         def forward() -> Tensor:

@@ -1,4 +1,5 @@
-"""One decoding step captured as a CUDA graph and replayed (both hf decoding loops use it)."""
+"""One decoding step compiled, and captured as a CUDA graph and replayed (both hf decoding
+loops use these)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+RECOMPILE_LIMIT = 64
+"""Compiled variants a decode step may have (torch.compile's default is 8 per function, after
+which new shapes silently run uncompiled): one per batch bucket × cache length × LoRA layout."""
+
+
+def compile_step(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``torch.compile(step)`` (static shapes) called under a raised recompile limit: the
+    limit is patched for the call only, not for the process."""
+    compiled = torch.compile(step, dynamic=False)
+
+    def call(*args: Tensor) -> Tensor:
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args)
+
+    return call
 
 
 class CapturedStep:

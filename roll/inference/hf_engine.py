@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest, SamplingParams
 from roll.inference.constrained import CompletionTrie
 from roll.inference.continuous import ContinuousDecoder
-from roll.inference.cuda_graph import CapturedStep, cache_counters
+from roll.inference.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.decoding import REASONS, HostChecks, RowFinish, cut_at_stop
 from roll.inference.fused_lora import KERNELS, FusedLoRA
 from roll.inference.ring import additive_mask, decode_attention
@@ -401,7 +401,7 @@ class HFEngine:
             if not self.compile:
                 return self._run(input_ids, mask, position_ids, cache, cache_position)[0]
             if self._compiled_step is None:
-                self._compiled_step = torch.compile(self._static_step, dynamic=False)
+                self._compiled_step = compile_step(self._static_step)
             if self.device.type != "cuda":
                 return self._compiled_step(input_ids, mask, position_ids, cache, cache_position)
             key = (tuple(input_ids.shape), tuple(mask.shape), id(cache), self.fused.layout_key)
