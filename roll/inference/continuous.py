@@ -22,6 +22,13 @@ forward is captured once as a CUDA graph (``graphs``) and replayed every step; i
 again only when the fused-LoRA layout changes (a new slot that grows the stacks). Prefills run
 eagerly (their shapes vary).
 
+The host never waits for a step before launching the next: each step's tokens are copied to
+pinned memory without waiting and read after the next step is launched, so the host's work
+(finishing requests, the caller's ``follow``, admissions) overlaps the device's. A request that
+ends at a token the host cannot foresee (EOS, a stop string) thus runs one decode step more,
+for nothing; lanes with constrained answers are read before each step (their trie decides
+what they may sample).
+
 Sampling and log-probs follow the lock-step path exactly (same per-row seeded Gumbel noise by
 the row's own token index, log-probs at the row's temperature, constraint masks on sampling
 only), so a request's tokens do not depend on when it joined or what ran beside it.
