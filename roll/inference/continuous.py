@@ -200,11 +200,7 @@ class ContinuousDecoder:
         old = self.capacity
         capacity = max(need, old + old // 2)
         order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
-        for layers in (self.ring.keys, self.ring.values):
-            for layer, ring in enumerate(layers):  # (lanes, H, C, D)
-                grown = ring.new_zeros(*ring.shape[:2], capacity, ring.shape[-1])
-                grown[:, :, :old] = ring.index_select(2, order)
-                layers[layer] = grown
+        self.ring.unroll(capacity, order)
         visible = self.visible.new_zeros(self.lanes, capacity)
         visible[:, :old] = self.visible.index_select(1, order)
         self.visible = visible
@@ -237,8 +233,7 @@ class ContinuousDecoder:
                                      positions, capture)  # (rows, V)
         lane_list = [lane for lane, _, _ in admitted]
         lanes = torch.tensor(lane_list, device=self.device)
-        # Every prompt token's (lane, ring column) and (prefill row, position), flattened: one
-        # indexed copy per layer for all rows.
+        # Every prompt token's (lane, ring column) and (prefill row, position), flattened.
         lengths = [len(request.prompt_ids) for _, _, request in admitted]
         lane_of = torch.repeat_interleave(lanes, torch.tensor(lengths, device=self.device))
         row_of = torch.repeat_interleave(torch.arange(rows, device=self.device),
@@ -247,11 +242,7 @@ class ContinuousDecoder:
                           for length in lengths])  # tokens before the current column
         column_of = (self.column - back) % self.capacity  # (P,)
         position_of = width - back  # (P,) in the left-padded prefill
-        for layer in range(len(self.ring.keys)):
-            self.ring.keys[layer][lane_of, :, column_of] = capture.keys[layer][
-                row_of, :, position_of]  # (P, H, D)
-            self.ring.values[layer][lane_of, :, column_of] = capture.values[layer][
-                row_of, :, position_of]
+        self.ring.write(capture, lane_of, column_of, row_of, position_of)
         self.visible[lanes] = False
         self.visible[lane_of, column_of] = True
         params = [request.sampling for _, _, request in admitted]

@@ -43,6 +43,24 @@ class RingCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # never read: the engine passes positions and a ready 4D mask
 
+    def write(self, capture: CaptureCache, lanes: Tensor, columns: Tensor, rows: Tensor,
+              positions: Tensor) -> None:
+        """Copy prefilled keys/values into the ring, one indexed copy per layer: token p of the
+        flattened index tensors (P,) goes from ``capture``'s (row, position) to this ring's
+        (lane, column)."""
+        for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            keys[lanes, :, columns] = capture.keys[layer][rows, :, positions]  # (P, H, D)
+            values[lanes, :, columns] = capture.values[layer][rows, :, positions]
+
+    def unroll(self, capacity: int, order: Tensor) -> None:
+        """Grow every layer to ``capacity`` columns: old column ``order[i]`` becomes column i,
+        the new columns (zeros) follow."""
+        for layers in (self.keys, self.values):
+            for layer, ring in enumerate(layers):  # (lanes, H, C, D)
+                grown = ring.new_zeros(*ring.shape[:2], capacity, ring.shape[-1])
+                grown[:, :, :len(order)] = ring.index_select(2, order)
+                layers[layer] = grown
+
 
 RING_ATTENTION = "roll_ring_decode"
 """Name under which ``ring_decode_attention`` is registered with transformers."""
