@@ -46,7 +46,7 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
-from roll.inference.cuda_graph import CapturedStep, compile_step
+from roll.inference.cuda_graph import CapturedStep, compile_step, upload
 from roll.inference.decoding import cut_at_stop, hits_stop
 from roll.inference.ring import CaptureCache, RingCache, additive_mask, decode_attention
 from roll.inference.sampling import (
@@ -221,7 +221,8 @@ class ContinuousDecoder:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             real[row, width - len(prompt):] = True
-        input_ids, real = input_ids.to(self.device), real.to(self.device)
+        input_ids = upload(input_ids, torch.long, self.device)
+        real = upload(real, torch.bool, self.device)
         positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (rows, width)
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         allowed = causal[None] & real[:, None, :]  # (rows, width, width)
@@ -232,16 +233,17 @@ class ContinuousDecoder:
         logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], self.dtype),
                                      positions, capture)  # (rows, V)
         lane_list = [lane for lane, _, _ in admitted]
-        lanes = torch.tensor(lane_list, device=self.device)
-        # Every prompt token's (lane, ring column) and (prefill row, position), flattened.
+        lanes = upload(lane_list, torch.long, self.device)
+        # Every prompt token's (lane, ring column) and (prefill row, position), flattened (P,).
         lengths = [len(request.prompt_ids) for _, _, request in admitted]
-        lane_of = torch.repeat_interleave(lanes, torch.tensor(lengths, device=self.device))
-        row_of = torch.repeat_interleave(torch.arange(rows, device=self.device),
-                                         torch.tensor(lengths, device=self.device))
-        back = torch.cat([torch.arange(length, 0, -1, device=self.device)
-                          for length in lengths])  # tokens before the current column
-        column_of = (self.column - back) % self.capacity  # (P,)
-        position_of = width - back  # (P,) in the left-padded prefill
+        repeats = torch.tensor(lengths)
+        lane_of = torch.repeat_interleave(torch.tensor(lane_list), repeats)
+        row_of = torch.repeat_interleave(torch.arange(rows), repeats)
+        back = torch.cat([torch.arange(length, 0, -1) for length in lengths])  # tokens before
+        lane_of, row_of, back = (upload(t, torch.long, self.device)  # the current column
+                                 for t in (lane_of, row_of, back))
+        column_of = (self.column - back) % self.capacity
+        position_of = width - back  # in the left-padded prefill
         self.ring.write(capture, lane_of, column_of, row_of, position_of)
         self.visible[lanes] = False
         self.visible[lane_of, column_of] = True
@@ -261,7 +263,7 @@ class ContinuousDecoder:
                 (self.row_keys, [seed_key(seed) for seed in seeds]),
                 (self.position, lengths),
                 (self.steps, [0] * rows)):
-            buffer[lanes] = torch.tensor(values, dtype=buffer.dtype).to(self.device)
+            buffer[lanes] = upload(values, buffer.dtype, self.device)
         return self._sample(lane_list, logits)
 
     # ------------------------------------------------------------------ decoding
@@ -269,7 +271,7 @@ class ContinuousDecoder:
         """One token for every running lane (launched; read by ``_finish``)."""
         engine = self.engine
         lane_list = [i for i, lane in enumerate(self.running) if lane is not None]
-        active = torch.tensor([lane is not None for lane in self.running], device=self.device)
+        active = upload([lane is not None for lane in self.running], torch.bool, self.device)
         self.visible[:, self.column] = active
         self.ring.column.fill_(self.column)
         if self.rows_stale or engine.fused.row_mask.shape[-1] != engine.fused.columns:
@@ -281,7 +283,9 @@ class ContinuousDecoder:
         logits = self._decode_forward()  # (lanes, V)
         self.column = (self.column + 1) % self.capacity
         self.position += 1
-        return self._sample(lane_list, logits[torch.tensor(lane_list, device=self.device)])
+        if len(lane_list) < self.lanes:
+            logits = logits[upload(lane_list, torch.long, self.device)]
+        return self._sample(lane_list, logits)
 
     def _decode_forward(self) -> Tensor:
         """One decode forward of every lane from the static buffers; on CUDA (``graphs``) a
@@ -328,7 +332,7 @@ class ContinuousDecoder:
         """Choose the next token of these lanes (logits (n, V)) on the device and start copying
         it to the host; ``_finish`` reads it."""
         logits = logits.float()
-        lanes = torch.tensor(lane_list, device=self.device)
+        lanes = upload(lane_list, torch.long, self.device)
         states = [self.running[lane] for lane in lane_list]
         masked = self._constrain(logits, states)
         temperature = self.temperature[lanes][:, None]  # (n, 1)
@@ -393,9 +397,9 @@ class ContinuousDecoder:
         if not rows:
             return logits
         bias = torch.zeros_like(logits)
-        bias[sorted(set(rows))] = float("-inf")
-        bias[torch.tensor(rows, device=logits.device),
-             torch.tensor(allowed, device=logits.device)] = 0.0
+        bias[upload(sorted(set(rows)), torch.long, logits.device)] = float("-inf")
+        bias[upload(rows, torch.long, logits.device), upload(allowed, torch.long, logits.device)
+             ] = 0.0
         return logits + bias
 
     def _finished(self, state: _Lane, token: int) -> str | None:

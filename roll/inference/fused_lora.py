@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from roll.inference.cuda_graph import upload
 from roll.inference.lora_groups import Group, build_groups, shares_inputs
 
 PEFT_PREFIX = "base_model.model."
@@ -310,7 +311,7 @@ class FusedLoRA:
             if self.static_addresses:
                 torch._dynamo.mark_static_address(buffer)
             buffers[values.shape] = buffer
-        buffer.copy_(values)
+        buffer.copy_(upload(values, values.dtype, self.device))  # no wait for the device
         return buffer
 
     def _hook(self, stack: _Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
