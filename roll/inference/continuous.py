@@ -261,10 +261,10 @@ class ContinuousDecoder:
                 (self.top_k, [s.top_k for s in params]),
                 (self.top_p, [s.top_p for s in params]),
                 (self.row_keys, [seed_key(seed) for seed in seeds]),
-                (self.position, lengths),
-                (self.steps, [0] * rows)):
+                (self.position, lengths)):
             buffer[lanes] = upload(values, buffer.dtype, self.device)
-        return self._sample(lane_list, logits)
+        self.steps[lanes] = 0
+        return self._sample(lane_list, lanes, logits)
 
     # ------------------------------------------------------------------ decoding
     def _decode_step(self) -> _Step:
@@ -283,9 +283,9 @@ class ContinuousDecoder:
         logits = self._decode_forward()  # (lanes, V)
         self.column = (self.column + 1) % self.capacity
         self.position += 1
-        if len(lane_list) < self.lanes:
-            logits = logits[upload(lane_list, torch.long, self.device)]
-        return self._sample(lane_list, logits)
+        lanes = upload(lane_list, torch.long, self.device)
+        return self._sample(lane_list, lanes,
+                            logits if len(lane_list) == self.lanes else logits[lanes])
 
     def _decode_forward(self) -> Tensor:
         """One decode forward of every lane from the static buffers; on CUDA (``graphs``) a
@@ -328,11 +328,10 @@ class ContinuousDecoder:
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 
-    def _sample(self, lane_list: list[int], logits: Tensor) -> _Step:
-        """Choose the next token of these lanes (logits (n, V)) on the device and start copying
-        it to the host; ``_finish`` reads it."""
+    def _sample(self, lane_list: list[int], lanes: Tensor, logits: Tensor) -> _Step:
+        """Choose the next token of these lanes (``lanes``: ``lane_list`` on the device; logits
+        (n, V)) on the device and start copying it to the host; ``_finish`` reads it."""
         logits = logits.float()
-        lanes = upload(lane_list, torch.long, self.device)
         states = [self.running[lane] for lane in lane_list]
         masked = self._constrain(logits, states)
         temperature = self.temperature[lanes][:, None]  # (n, 1)

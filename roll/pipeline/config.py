@@ -150,10 +150,11 @@ class HFEngineSchema:
     """CUDA only: continuous batching replays its fixed-shape decode step as one captured
     CUDA graph (captured once per run, again only when the adapter layout grows)."""
     lora_kernels: str = "auto"
-    """How each row's LoRA delta is added on decode steps: 'triton' (per-row kernels, two per
-    group of projections with one input, CUDA), 'torch' (every slot's stacked products and a
-    row mask, three kernels per projection), or 'auto': triton on CUDA when it is importable,
-    torch otherwise. Prefills always use the stacked products."""
+    """How each row's LoRA delta is added on decode steps: 'triton' (one tiled kernel per group
+    of projections with one input: rows of one agent share its factors' loads; CUDA), 'torch'
+    (every slot's stacked products and a row mask, three kernels per projection), or 'auto':
+    triton on CUDA when it is importable, torch otherwise. Prefills always use the stacked
+    products."""
 
 
 @dataclass
