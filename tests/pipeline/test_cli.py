@@ -81,6 +81,7 @@ BAD = [
     (["model.device=cuda:99"], "model.device='cuda:99'"),
     (["rollout.hf.lora_kernels=cuda"], ("rollout.hf.lora_kernels='cuda'", "'triton'")),
     (["rollout.hf.lora_kernels=triton"], ("rollout.hf.lora_kernels='triton'", "model.device")),
+    (["rollout.hf.compile=true"], ("rollout.hf.compile=True", "model.device")),
     (["trainer.compile=true", "team.lora.dropout=0.1"],
      ("trainer.compile=True", "dropout 0.1")),
     (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
@@ -153,6 +154,22 @@ def test_good_config_validates_and_flags_become_overrides(capsys):
     text = capsys.readouterr().out
     assert code == 0
     assert "rank: 32" in text and "alpha: 64.0" in text and "max_steps: 7" in text
+
+
+def test_rollout_compile_defaults_to_on_where_the_model_is_on_cuda():
+    """rollout.hf.compile: null (the default) compiles the decode step on CUDA only; an explicit
+    value wins (false on CUDA: the eager step, still captured)."""
+    from roll.pipeline.builders import hf_compile
+
+    def resolved(*overrides: str) -> bool:
+        return hf_compile(load_config(str(ROOT / "examples" / "tictactoe"),
+                                      "multi_agent_tictactoe", list(overrides),
+                                      check_paths=False))
+
+    assert resolved() is False  # the example runs on CPU
+    assert resolved("model.device=cuda") is True
+    assert resolved("model.device=cuda:1") is True
+    assert resolved("model.device=cuda", "rollout.hf.compile=false") is False
 
 
 def test_exit_code_from_a_real_process(tmp_path):
