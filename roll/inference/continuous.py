@@ -32,22 +32,24 @@ what they may sample).
 Sampling and log-probs follow the lock-step path exactly (same per-row seeded Gumbel noise by
 the row's own token index, log-probs at the row's temperature, constraint masks on sampling
 only), so a request's tokens do not depend on when it joined or what ran beside it.
+
+This module is the device side and the loop; ``lanes.py`` holds the host's record of each
+lane's request (when it ends, its output) and of the steps launched but not read yet.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from roll.inference.base import Follow, GenerationOutput, GenerationRequest
+from roll.inference.base import Follow, GenerationRequest
 from roll.inference.constrained import CompletionTrie
 from roll.inference.cuda_graph import CapturedStep, compile_step, upload
-from roll.inference.decoding import cut_at_stop, hits_stop
+from roll.inference.lanes import Lane, Step, constrain
 from roll.inference.ring import (
     CaptureCache,
     RingCache,
@@ -65,35 +67,6 @@ from roll.inference.sampling import (
 
 if TYPE_CHECKING:
     from roll.inference.hf_engine import HFEngine
-
-@dataclass
-class _Lane:
-    """Host-side state of the request a lane is running."""
-
-    key: int
-    request: GenerationRequest
-    trie: CompletionTrie | None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    node: int = 0
-    """Trie node (constrained requests)."""
-    stop_matched: bool = False
-    in_flight: int = 0
-    """Tokens sampled on the device that the host has not read yet."""
-    finished: bool = False
-
-
-@dataclass
-class _Step:
-    """A sampling step (a prefill's first tokens or a decode step) the host has not read yet."""
-
-    lanes: list[int]
-    states: list[_Lane]
-    host: Tensor
-    """(2, n) float64: tokens and log-probs, copied from the device without waiting."""
-    done: torch.cuda.Event | None
-    """Recorded after the copy (CUDA); None on CPU, where the copy is already done."""
-
 
 class ContinuousDecoder:
     """Serves requests (and the requests their outputs lead to) on ``lanes`` decode rows."""
@@ -134,7 +107,7 @@ class ContinuousDecoder:
         self.captures = 0
         self.capture_failures = 0
         self.grows = 0
-        self.running: list[_Lane | None] = [None] * lanes
+        self.running: list[Lane | None] = [None] * lanes
         self.rows_stale = True
         """Whether the fused LoRA's per-row slots must be set again before the next step."""
         self.column = 0
@@ -177,7 +150,7 @@ class ContinuousDecoder:
         # The host reads a step's tokens after launching the next step, so that its work
         # (finishing requests, the caller's follow, admitting new ones) overlaps the device's.
         # A lane whose request ended at the step read late runs one more step for nothing.
-        pending: list[_Step] = []
+        pending: list[Step] = []
         while queue or pending or any(lane is not None for lane in self.running):
             free = [i for i, lane in enumerate(self.running) if lane is None]
             if queue and free:
@@ -216,7 +189,7 @@ class ContinuousDecoder:
         self.grows += 1
 
     # ------------------------------------------------------------------ admission
-    def _admit(self, admitted: list[tuple[int, int, GenerationRequest]]) -> _Step:
+    def _admit(self, admitted: list[tuple[int, int, GenerationRequest]]) -> Step:
         """Prefill these requests into their lanes, sample each one's first token."""
         engine = self.engine
         prompts = [request.prompt_ids for _, _, request in admitted]
@@ -259,7 +232,7 @@ class ContinuousDecoder:
         for lane, key, request in admitted:
             completions = request.allowed_completions
             trie = CompletionTrie(completions, engine.vocab_size) if completions else None
-            self.running[lane] = _Lane(key, request, trie)
+            self.running[lane] = Lane(key, request, trie)
         # one host → device copy per buffer for all admitted lanes
         for buffer, values in (
                 (self.temperature, [1.0 if s.greedy else s.temperature for s in params]),
@@ -273,7 +246,7 @@ class ContinuousDecoder:
         return self._sample(lane_list, lanes, logits)
 
     # ------------------------------------------------------------------ decoding
-    def _decode_step(self) -> _Step:
+    def _decode_step(self) -> Step:
         """One token for every running lane (launched; read by ``_finish``)."""
         engine = self.engine
         lane_list = [i for i, lane in enumerate(self.running) if lane is not None]
@@ -334,12 +307,12 @@ class ContinuousDecoder:
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 
-    def _sample(self, lane_list: list[int], lanes: Tensor, logits: Tensor) -> _Step:
+    def _sample(self, lane_list: list[int], lanes: Tensor, logits: Tensor) -> Step:
         """Choose the next token of these lanes (``lanes``: ``lane_list`` on the device; logits
         (n, V)) on the device and start copying it to the host; ``_finish`` reads it."""
         logits = logits.float()
         states = [self.running[lane] for lane in lane_list]
-        masked = self._constrain(logits, states)
+        masked = constrain(logits, states)
         temperature = self.temperature[lanes][:, None]  # (n, 1)
         tokens = masked.argmax(-1)  # greedy first
         # What to run is decided from the requests on the host: no device read before the one
@@ -360,18 +333,19 @@ class ContinuousDecoder:
         # tokens and log-probs in one device → host copy (token ids are exact in float64)
         pair = torch.stack([tokens.double(), logprobs.double()])  # (2, n)
         if pair.device.type != "cuda":
-            return _Step(lane_list, states, pair, None)
+            return Step(lane_list, states, pair, None)
         host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
         host.copy_(pair, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return _Step(lane_list, states, host, done)
+        return Step(lane_list, states, host, done)
 
-    def _finish(self, step: _Step, follow: Follow) -> list[GenerationRequest]:
+    def _finish(self, step: Step, follow: Follow) -> list[GenerationRequest]:
         """Read a step's tokens (waiting for it), record them, finish lanes that are done and
         hand their outputs to ``follow``; the requests it returns."""
         if step.done is not None:
             step.done.synchronize()
+        engine = self.engine
         new: list[GenerationRequest] = []
         for lane, state, token, logprob in zip(step.lanes, step.states,
                                                step.host[0].long().tolist(),
@@ -381,60 +355,12 @@ class ContinuousDecoder:
                 continue
             state.tokens.append(token)
             state.logprobs.append(logprob)
-            reason = self._finished(state, token)
+            reason = state.finish_reason(token, engine.eos_ids, engine.decode_text)
             if reason is None:
                 continue
             state.finished = True
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True
-            new += follow(state.key, self._output(state, reason))
+            new += follow(state.key, state.output(reason, engine))
         return new
-
-    def _constrain(self, logits: Tensor, states: list[_Lane]) -> Tensor:
-        """Logits (n, V) with every token a constrained lane may not emit next at -inf."""
-        rows, allowed = [], []
-        for row, state in enumerate(states):
-            if state.trie is not None:
-                options = state.trie.allowed(state.node)
-                rows += [row] * len(options)
-                allowed += options
-        if not rows:
-            return logits
-        bias = torch.zeros_like(logits)
-        bias[upload(sorted(set(rows)), torch.long, logits.device)] = float("-inf")
-        bias[upload(rows, torch.long, logits.device), upload(allowed, torch.long, logits.device)
-             ] = 0.0
-        return logits + bias
-
-    def _finished(self, state: _Lane, token: int) -> str | None:
-        """Why the lane ends at this token (None: it goes on). Priority: EOS, stop string,
-        completed allowed sequence, max_new_tokens (as decoding.py)."""
-        sampling = state.request.sampling
-        if token in self.engine.eos_ids and not sampling.ignore_eos:
-            return "eos"
-        if sampling.stop and hits_stop(state.tokens, sampling.stop, self.engine.decode_text):
-            state.stop_matched = True
-            return "stop"
-        if state.trie is not None:
-            state.node = state.trie.advance(state.node, token)
-            if state.trie.is_complete(state.node):
-                return "stop"
-        if len(state.tokens) >= sampling.max_new_tokens:
-            return "length"
-        return None
-
-    def _output(self, state: _Lane, reason: str) -> GenerationOutput:
-        request = state.request
-        text = self.engine.decode_text(state.tokens)
-        if state.stop_matched:
-            text = cut_at_stop(text, request.sampling.stop)
-        slot = request.adapter
-        return GenerationOutput(
-            token_ids=list(state.tokens),
-            logprobs=list(state.logprobs),
-            text=text,
-            finish_reason=reason,
-            adapter=slot,
-            adapter_version=self.engine.adapter_version(slot) if slot is not None else None,
-        )
