@@ -96,9 +96,11 @@ def build_engine(
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:
-    """``rollout.hf.compile``, its default (None) resolved: compile where the model is on CUDA."""
+    """``rollout.hf.compile``, its default (None) resolved: compile where the model is on CUDA
+    and turns are batched continuously (one decode shape per run). Lock-step rounds would
+    compile once per row and cache-length bucket, about a minute each, so they stay eager."""
     if cfg.rollout.hf.compile is None:
-        return str(cfg.model.device).startswith("cuda")
+        return str(cfg.model.device).startswith("cuda") and bool(cfg.rollout.continuous)
     return bool(cfg.rollout.hf.compile)
 
 

@@ -142,9 +142,10 @@ class HFEngineSchema:
 
     compile: bool | None = None
     """CUDA only: static KV cache + torch.compile'd decode step with CUDA graphs. None (the
-    default): on where model.device is CUDA. On an H100 it decodes 1.5x faster inside the
-    pipeline; the first step pays about a minute of compiling (again after the ring grows).
-    false: the eager step, still captured as a CUDA graph (no warm-up)."""
+    default): on where model.device is CUDA and rollout.continuous is on. On an H100 it decodes
+    1.5x faster inside the pipeline; the first step pays about a minute of compiling (again
+    after the ring grows). false: the eager step, still captured as a CUDA graph (no warm-up).
+    Lock-step rounds (rollout.continuous=false) compile once per batch bucket."""
     max_batch_size: int = 256
     """Rows per forward; larger rollouts are generated in chunks (continuous batching: the
     most turns decoding at once)."""

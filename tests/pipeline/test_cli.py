@@ -157,8 +157,8 @@ def test_good_config_validates_and_flags_become_overrides(capsys):
 
 
 def test_rollout_compile_defaults_to_on_where_the_model_is_on_cuda():
-    """rollout.hf.compile: null (the default) compiles the decode step on CUDA only; an explicit
-    value wins (false on CUDA: the eager step, still captured)."""
+    """rollout.hf.compile: null (the default) compiles the decode step on CUDA with continuous
+    batching only; an explicit value wins (false on CUDA: the eager step, still captured)."""
     from roll.pipeline.builders import hf_compile
 
     def resolved(*overrides: str) -> bool:
@@ -170,6 +170,10 @@ def test_rollout_compile_defaults_to_on_where_the_model_is_on_cuda():
     assert resolved("model.device=cuda") is True
     assert resolved("model.device=cuda:1") is True
     assert resolved("model.device=cuda", "rollout.hf.compile=false") is False
+    # lock-step rounds would compile per batch bucket: eager unless asked
+    assert resolved("model.device=cuda", "rollout.continuous=false") is False
+    assert resolved("model.device=cuda", "rollout.continuous=false",
+                    "rollout.hf.compile=true") is True
 
 
 def test_exit_code_from_a_real_process(tmp_path):
