@@ -25,13 +25,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rollout_throughput as rt  # noqa: E402
 from report import emit  # noqa: E402
 
-from roll.inference import (  # noqa: E402
-    GenerationRequest,
-    HFEngine,
-    SamplingParams,
-    decoding,  # noqa: E402
-    push_adapters,
-)
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference.hf import finish
 
 NEW_TOKENS = 128
 
@@ -43,7 +39,7 @@ def main() -> None:
     sampling = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     gen = torch.Generator().manual_seed(0)
     clock = {"wait": 0.0, "decode": 0.0}
-    all_finished = decoding.RowFinish.all_finished
+    all_finished = finish.RowFinish.all_finished
 
     def timed_all_finished(self) -> bool:
         start = time.perf_counter()
@@ -51,7 +47,7 @@ def main() -> None:
         clock["wait"] += time.perf_counter() - start
         return done
 
-    decoding.RowFinish.all_finished = timed_all_finished
+    finish.RowFinish.all_finished = timed_all_finished
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "engines": {}}
     for batch in (64, 256):

@@ -123,7 +123,7 @@ def run_recipe(args, name: str) -> dict:
 def _versus(pipeline, opponent: str, out: Path) -> dict:
     """Each agent in both seats against ``opponent``, with the pipeline's current adapters:
     ``{agent: {win_rate, non_loss_rate, loss_rate (+ _low/_high), seat0/.., seat1/..}}``."""
-    from roll.pipeline.validation import seatings_of
+    from roll.pipeline.env_setup import seatings_of
     from roll.utils.tracking import Tracker, TrackingConfig
 
     names = pipeline.agent_names

@@ -47,7 +47,7 @@ def build(args):
     from roll.batch import TrajectoryBatch
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
-    from roll.multi_agent.worker import MultiAgentTrainer
+    from roll.multi_agent.trainer import MultiAgentTrainer
 
     device = torch.device(args.device)
     dtype = torch.float32 if args.tiny else torch.bfloat16

@@ -1,5 +1,5 @@
 """The fused LoRA deltas of a decode step, per group of projections with one input: torch's
-stacked products vs the tiled Triton kernel (``roll/inference/lora_kernels.py``) under several
+stacked products vs the tiled Triton kernel (``roll/inference/hf/lora_kernels.py``) under several
 launch settings.
 
     python benchmarks/lora_kernels.py          # GPU only (CUDA graphs replay each variant)
@@ -39,7 +39,7 @@ def main() -> None:
     import triton
     from triton.testing import do_bench_cudagraph
 
-    from roll.inference import lora_kernels as lk
+    from roll.inference.hf import lora_kernels as lk
 
     device = torch.device("cuda")
     dtype = torch.bfloat16

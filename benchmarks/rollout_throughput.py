@@ -47,7 +47,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters  # noqa: E402
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig  # noqa: E402
 from roll.multi_agent.model import MultiAgentLoRAModel  # noqa: E402
 

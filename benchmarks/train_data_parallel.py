@@ -45,7 +45,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from roll.distributed.deepspeed_strategy import resident_elements
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
-    from roll.multi_agent.worker import MultiAgentTrainer
+    from roll.multi_agent.trainer import MultiAgentTrainer
 
     device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
     if device.type == "cuda":

@@ -80,7 +80,7 @@ def profile_step(step, top: int) -> dict:
 def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
-    from roll.multi_agent.worker import MultiAgentTrainer
+    from roll.multi_agent.trainer import MultiAgentTrainer
 
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]

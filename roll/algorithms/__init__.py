@@ -20,7 +20,7 @@ from roll.algorithms.advantages import (
     reinforce,
     vdn,
 )
-from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
+from roll.algorithms.happo_ratios import episode_log_ratio, happo_factors, happo_order
 from roll.algorithms.losses import (
     aggregate,
     entropy_from_logits,

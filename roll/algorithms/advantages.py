@@ -38,7 +38,7 @@ class AdvantageConfig:
     """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo",
     "happo", "vdn", or one you registered first (gae, ippo, mappo, happo and vdn read the
     critics' values: critic.mode; happo also updates the agents one after another,
-    roll/algorithms/happo.py)."""
+    roll/algorithms/happo_ratios.py)."""
     gamma: float = 1.0
     """Discount in [0, 1]: per turn for REINFORCE, per response token for GAE; unused by GRPO."""
     lam: float = 1.0
@@ -339,7 +339,7 @@ def happo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
     """HAPPO (Kuba et al. 2022): the advantage is GAE (``gae``) with the centralised critic's
     values (critic.mode=shared, as MAPPO); what makes it HAPPO is the update that follows —
     agents one after another in a random order, each agent's advantage weighted by the ratio of
-    the agents updated before it (roll/algorithms/happo.py, driven by the pipeline).
+    the agents updated before it (roll/algorithms/happo_ratios.py, driven by the pipeline).
     """
     return gae(batch, cfg)
 

@@ -6,6 +6,7 @@ train with the torch strategy (gradient all-reduce, per-agent AdamW on every ran
 DeepSpeed ZeRO-2 one (deepspeed_strategy.py). Ray and DeepSpeed are imported only where used.
 """
 
-from roll.distributed.train_group import LocalTrainGroup, RoleFailed, TrainGroup, TrainSpec
+from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
+from roll.errors import RoleFailed
 
 __all__ = ["LocalTrainGroup", "RoleFailed", "TrainGroup", "TrainSpec"]

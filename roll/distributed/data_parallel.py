@@ -1,6 +1,6 @@
 """Data-parallel gradient sharing over ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
 
-``MultiAgentTrainer`` (roll/multi_agent/worker.py) splits each agent's mini-batch across ranks
+``MultiAgentTrainer`` (roll/multi_agent/trainer.py) splits each agent's mini-batch across ranks
 and asks a ``GradSync`` for the sum of the round's gradients; this is that sum. We sum the
 adapters' gradients by hand instead of wrapping the model in ``DistributedDataParallel``: each
 round touches a different subset of agents (DDP's buckets assume every step reduces the same

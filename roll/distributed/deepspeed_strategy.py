@@ -23,7 +23,7 @@ Invariant 1 across ranks, and what DeepSpeed does or does not do:
 - each rank computes its share's gradients with ``torch.autograd.grad`` (DeepSpeed's gradient
   hooks stay out of the uneven, agent-dependent graphs), then the trainer sums them over ranks,
   clips each agent by its own max_grad_norm and refuses NaN/inf BEFORE anything steps — the very
-  code of the torch strategy (roll/multi_agent/worker.py);
+  code of the torch strategy (roll/multi_agent/trainer.py);
 - the finished gradients reach DeepSpeed through one backward of ``sum(p * g)`` over every
   adapter tensor (ZeRO-2), the same graph on every rank, so ZeRO's reduce-scatter lines up, or
   straight into ZeRO-3's reduce-scatter buckets (its own hooks fire on the leaf layers'
@@ -50,7 +50,8 @@ from torch import Tensor
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.worker import GradSync, MultiAgentTrainer, lr_lambda
+from roll.multi_agent.optim import schedule
+from roll.multi_agent.trainer import GradSync, MultiAgentTrainer
 
 ZERO_STAGES = (2, 3)
 
@@ -138,7 +139,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
             # which agents a forward routes to then never changes the ranks' collectives.
             from deepspeed.utils import set_z3_leaf_modules
 
-            set_z3_leaf_modules(model, [type(layer) for _, layer in model._lora_layers])
+            set_z3_leaf_modules(model, [type(layer) for _, layer in model.lora_layers])
         self.inner = AgentGroupAdamW([
             dict(params=self.params[agent.name], agent=agent.name, lr=agent.optim.lr,
                  betas=tuple(agent.optim.betas), eps=agent.optim.eps,
@@ -164,8 +165,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
                                           betas=tuple(agent.optim.betas), eps=agent.optim.eps,
                                           weight_decay=agent.optim.weight_decay)
             self.optimizers[agent.name] = optimizer
-            self.schedulers[agent.name] = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lr_lambda(agent.optim))
+            self.schedulers[agent.name] = schedule(optimizer, agent.optim)
         self._step([])  # no agent moves: ZeRO-2 links its shards to the state a 1st step makes
 
     def _on_cpu(self) -> bool:

@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from roll.distributed.train_group import RoleFailed
+from roll.errors import RoleFailed
 
 
 class SharedBundles:

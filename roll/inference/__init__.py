@@ -6,10 +6,9 @@ from roll.inference.base import (
     InferenceEngine,
     SamplingParams,
     load_adapter_folder,
-    push_adapters,
     serve,
 )
-from roll.inference.hf_engine import HFEngine
+from roll.inference.hf.engine import HFEngine
 
 __all__ = [
     "GenerationOutput",
@@ -18,6 +17,5 @@ __all__ = [
     "InferenceEngine",
     "SamplingParams",
     "load_adapter_folder",
-    "push_adapters",
     "serve",
 ]

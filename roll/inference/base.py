@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from roll.multi_agent.model import MultiAgentLoRAModel
-
 FinishReason = Literal["eos", "length", "stop"]
+
+_STOP_WINDOW_EXTRA = 8
+"""Stop strings are searched in the text of the last (longest stop + this) tokens."""
 
 
 def _is_int(value: object) -> bool:
@@ -169,21 +170,6 @@ class InferenceEngine(Protocol):
         ...
 
 
-def push_adapters(
-    engine: InferenceEngine,
-    model: MultiAgentLoRAModel,
-    version: int,
-    agents: list[str] | None = None,
-) -> None:
-    """Sync agents' adapters from the trainer's model into same-named engine slots.
-
-    Only adapter tensors travel (DESIGN.md invariant 3); afterwards
-    ``engine.adapter_version(name) == version`` for each synced agent.
-    """
-    for name in agents if agents is not None else model.agent_names:
-        engine.load_adapter(name, model.export_adapter(name), model.lora_config(name), version)
-
-
 def load_adapter_folder(
     engine: InferenceEngine, slot: str, directory: str | Path, version: int
 ) -> None:
@@ -228,3 +214,17 @@ def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follo
         served += len(queue)
         queue = following
     return served
+
+
+def hits_stop(tokens: list[int], stops: list[str], decode: Callable[[list[int]], str]) -> bool:
+    """Whether a stop string appears in the text of the row's last tokens (enough of them to
+    hold the longest stop string)."""
+    window = max(len(s) for s in stops) + _STOP_WINDOW_EXTRA
+    tail = decode(tokens[-window:])
+    return any(stop in tail for stop in stops)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str:
+    """Text up to and including the first stop string in it."""
+    ends = [text.find(s) + len(s) for s in stops if s in text]
+    return text[: min(ends)] if ends else text

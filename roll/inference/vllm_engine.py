@@ -56,9 +56,9 @@ from roll.inference.base import (
     GenerationOutput,
     GenerationRequest,
     SamplingParams,
+    cut_at_stop,
 )
 from roll.inference.constrained import CompletionTrie
-from roll.inference.decoding import cut_at_stop
 from roll.models.peft_io import write_peft_folder
 
 logger = init_logger(__name__)

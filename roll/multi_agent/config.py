@@ -9,24 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from roll.errors import ConfigError
+
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the field and the value."""
-
-    def __init__(self, field_path: str, value: object, reason: str) -> None:
-        self.field_path = field_path
-        self.value = value
-        super().__init__(f"config error: {field_path}={value!r}: {reason}")
-
-
-def require_int(field_path: str, value: object, minimum: int = 1) -> None:
-    """ConfigError unless ``value`` is an int (not a bool) >= ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(field_path, value, f"must be an integer >= {minimum}")
+CRITIC_MODES = ("none", "per_agent", "shared")
+CRITIC_INPUTS = ("local", "global")
 
 
 @dataclass
@@ -309,3 +298,50 @@ class TrainerConfig:
     def forward_rows(self) -> int:
         """Rows per forward of the no-grad log-prob passes."""
         return self.logprob_micro_batch_size or 4 * self.micro_batch_size
+
+
+@dataclass
+class CriticConfig:
+    """Value models as adapters on the shared base (roll/multi_agent/critics.py): each is its
+    own LoRA adapter + a scalar value head, trained on the clipped value loss after the agents'
+    update. Needed by advantage.estimator gae, ippo, mappo, happo and vdn; refused with the
+    others."""
+
+    mode: str = "none"
+    """'none'; 'per_agent': one critic per trained agent (``critic_<agent>``), each fitting its
+    own agent's rows (IPPO); 'shared': one centralised critic (``critic``) fitting every
+    agent's rows (MAPPO)."""
+    input: str = "local"
+    """What a critic reads before each response: 'local', the acting agent's own prompt;
+    'global', that prompt plus every seat's observation (the state as the whole table knows
+    it, hidden cards included: roll/agentic/env/base.py ``global_view``), the centralised
+    critic of MAPPO. The agents' prompts are the same either way."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Every critic's LoRA shape."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Every critic's optimizer (its own AdamW, clipping and schedule)."""
+    value_clip: float | None = 0.2
+    """A value moves at most this far from its value at rollout time to gain on the loss;
+    null: plain squared error."""
+    micro_batch_size: int = 8
+    """Rows of one critic per forward/backward; gradients accumulate over its micro-batches."""
+
+    def validate(self, model_modules: set[str] | None = None) -> CriticConfig:
+        """Each field on its own (whether the estimator needs critics is the pipeline's
+        check); the LoRA shape and optimizer only where critics exist."""
+        if self.mode not in CRITIC_MODES:
+            raise ConfigError("critic.mode", self.mode, f"must be one of {CRITIC_MODES}")
+        if self.input not in CRITIC_INPUTS:
+            raise ConfigError("critic.input", self.input, f"must be one of {CRITIC_INPUTS}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ConfigError("critic.value_clip", self.value_clip, "must be > 0 or null")
+        if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
+            raise ConfigError("critic.micro_batch_size", self.micro_batch_size, "must be >= 1")
+        if self.mode == "none":
+            if self.input != "local":
+                raise ConfigError("critic.input", self.input,
+                                  "there are no critics to read it (critic.mode='none')")
+            return self
+        self.lora.validate("critic.lora", model_modules)
+        self.optim.validate("critic.optim")
+        return self

@@ -24,16 +24,15 @@ import os
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.logprobs import response_window, sequence_logprobs
+from roll.multi_agent.routing import agent_segments, segment_lora
 
 
 def adapter_init_seed(seed: int, agent_name: str) -> int:
@@ -113,7 +112,7 @@ class MultiAgentLoRAModel(nn.Module):
             param.requires_grad_(False)
         self.agent_names: list[str] = [agent.name for agent in agents]
         self.critic_names: list[str] = [critic.name for critic in critics]
-        """Adapters of value models (roll/multi_agent/critic.py): in the same PEFT model, never
+        """Adapters of value models (roll/multi_agent/critics.py): in the same PEFT model, never
         synced to an engine."""
         self.seed = seed
         peft_model = None
@@ -127,7 +126,7 @@ class MultiAgentLoRAModel(nn.Module):
                     peft_model.add_adapter(agent.name, config)
         self.peft_model = peft_model
         self.peft_model.eval()  # dropout (LoRA and base) off outside training_forward
-        self._lora_layers: list[tuple[str, nn.Module]] = [
+        self.lora_layers: list[tuple[str, nn.Module]] = [
             (path, module)
             for path, module in peft_model.named_modules()
             if isinstance(module, LoraLayer)
@@ -147,7 +146,7 @@ class MultiAgentLoRAModel(nn.Module):
     def _install_dropout(self, name: str, p: float) -> None:
         generators: dict[torch.device, torch.Generator] = {}
         layers = []
-        for _, layer in self._lora_layers:
+        for _, layer in self.lora_layers:
             if name in layer.lora_dropout:
                 layer.lora_dropout[name] = AgentDropout(p, generators)
                 layers.append(layer.lora_dropout[name])
@@ -236,7 +235,7 @@ class MultiAgentLoRAModel(nn.Module):
         (``critic_names``) are accepted too.
         """
         self._check_adapter(name)
-        for path, layer in self._lora_layers:
+        for path, layer in self.lora_layers:
             for container_name in layer.adapter_layer_names:
                 container = getattr(layer, container_name, None)
                 if container is None or name not in container:
@@ -306,7 +305,7 @@ class MultiAgentLoRAModel(nn.Module):
 
         ``agent_id`` (B,) indexes ``agent_names``; None runs the reference (adapters off). One
         forward serves any mix of agents: each run of rows of one agent gets that agent's LoRA
-        delta (``_segment_lora``), so gradients reach every agent's A/B from its own rows
+        delta (``routing.segment_lora``), so gradients reach every agent's A/B from its own rows
         only. Keep each agent's rows contiguous: an agent's dropout masks are then those of a
         forward of its rows alone.
         ``positions`` (B, T) selects the tokens to score (e.g. the response mask); None scores
@@ -346,7 +345,8 @@ class MultiAgentLoRAModel(nn.Module):
             # PEFT adds no LoRA of its own ("__base__" rows; unlike disable_adapter this keeps
             # every adapter trainable); the hooks add each row segment's own agent's delta.
             kwargs["adapter_names"] = ["__base__"] * input_ids.shape[0]
-            with self._segment_lora(_segments(agent_id.tolist(), self.agent_names)):
+            with segment_lora(self.lora_layers,
+                              agent_segments(agent_id.tolist(), self.agent_names)):
                 logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                          **kwargs).logits
         if not self._takes_logits_to_keep:
@@ -365,7 +365,7 @@ class MultiAgentLoRAModel(nn.Module):
                 raise ValueError(f"trainer.compile=true needs LoRA dropout 0; agent {name!r} "
                                  f"has dropout {layers[0].p}")
         self._compiled = CompiledForward(self.peft_model, [layer for _, layer in
-                                                           self._lora_layers],
+                                                           self.lora_layers],
                                          self.agent_names, backend)
 
     def disable_compile(self) -> None:
@@ -453,47 +453,6 @@ class MultiAgentLoRAModel(nn.Module):
             )
         return out
 
-    @contextmanager
-    def _segment_lora(self, segments: list[tuple[str, int, int]]) -> Iterator[None]:
-        """While active, rows [first, stop) of every adapted layer's output get agent
-        ``name``'s LoRA delta, ``B(A(dropout(x))) * scaling`` with that agent's own dropout,
-        as PEFT computes it for one adapter (in the base layer's dtype: bf16 products with
-        fp32 master weights on a bf16 base, as under autocast; exact on an fp32 base); a
-        forward hook on each base layer (call the PEFT model with no adapter of its own).
-        Differentiable: each agent's A/B get gradients from its own rows only. Instead of
-        PEFT's mixed-batch routing, which gathers and scatters every agent's rows in every
-        adapted layer."""
-        rows = segments[-1][2] if segments else 0
-
-        def hook(layer, module, args, output):
-            x = args[0]
-            parts = []
-            for name, first, stop in segments:
-                if name not in layer.lora_A:
-                    parts.append(output[first:stop])
-                    continue
-                # In the base layer's dtype, the adapter weights cast down (their gradients
-                # reach the fp32 weights through the cast): casting the activations up to
-                # fp32 and back cost more GPU time than the products themselves (profiled).
-                dtype = output.dtype
-                part = x if stop - first == rows else x[first:stop]
-                hidden = F.linear(layer.lora_dropout[name](part.to(dtype)),
-                                  layer.lora_A[name].weight.to(dtype))
-                delta = F.linear(hidden, layer.lora_B[name].weight.to(dtype)) \
-                    * layer.scaling[name]
-                if stop - first == rows:  # one agent: PEFT's own sum
-                    return output + delta
-                parts.append(output[first:stop] + delta)
-            return torch.cat(parts) if parts else output
-
-        handles = [layer.base_layer.register_forward_hook(partial(hook, layer))
-                   for _, layer in self._lora_layers]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:
         """One agent's adapter tensors with PEFT's on-disk key names (detached CPU copies)."""
@@ -541,14 +500,3 @@ class MultiAgentLoRAModel(nn.Module):
         if not path.is_file():
             raise FileNotFoundError(f"no {ADAPTER_WEIGHTS} in {directory} (agent {name!r})")
         self.import_adapter(name, load_file(str(path)))
-
-
-def _segments(agent_ids: list[int], names: Sequence[str]) -> list[tuple[str, int, int]]:
-    """(agent name, first row, stop row) of each run of equal agent ids."""
-    runs: list[tuple[str, int, int]] = []
-    for row, index in enumerate(agent_ids):
-        if runs and runs[-1][0] == names[index]:
-            runs[-1] = (runs[-1][0], runs[-1][1], row + 1)
-        else:
-            runs.append((names[index], row, row + 1))
-    return runs

@@ -5,9 +5,9 @@
         [engine awake]  sync adapters → engine   (only LoRA tensors travel)
                         train rollouts           (all pending turns → one mixed-adapter batch)
         old/reference log-probs       (trainer's forward at the sampling temperature)
-        values                        (critic.mode: the critics' V, roll/pipeline/critics.py)
+        values                        (critic.mode: the critics' V, roll/multi_agent/critics.py)
         advantages                    (roll/algorithms: estimator, then per-agent normalisation)
-        per-agent update              (roll/multi_agent/worker.py; trainer.global_step += 1;
+        per-agent update              (roll/multi_agent/trainer.py; trainer.global_step += 1;
                                        happo: one agent after another, sequential.py)
         critics' update               (on the advantages' returns)
         [engine awake]  sync adapters → engine, validation rollouts  (every eval.eval_steps
@@ -38,25 +38,26 @@ from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, 
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import compute_advantages
 from roll.algorithms.losses import kl_per_token
-from roll.distributed.train_group import RoleFailed, TrainGroup, TrainSpec, build_train_group
-from roll.inference.base import SamplingParams, push_adapters
+from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
+from roll.errors import RoleFailed
+from roll.inference.base import SamplingParams
 from roll.models import load_model, load_tokenizer
+from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.builders import (
     build_engine,
     build_env_host,
     build_shared_bundles,
+    build_train_group,
     model_path,
     start_ray,
 )
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.critics import Critics, critic_agents
-from roll.pipeline.env_setup import build_env_setup
+from roll.pipeline.env_setup import build_env_setup, run_seatings
 from roll.pipeline.evaluation import before_after, policy_divergences, summarize_episodes
-from roll.pipeline.sequential import happo_update
+from roll.pipeline.happo_update import happo_update
 from roll.pipeline.snapshot_pool import SnapshotPool
-from roll.pipeline.validation import run_seatings
 from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roll.distributed.train_group import TrainSpec
+from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.cluster_checks import (
@@ -72,7 +72,7 @@ def build_engine(
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
                        lora_kernels=cfg.rollout.hf.lora_kernels)
     if cfg.actor_infer.num_engines:
-        from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
+        from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
         infer = cfg.actor_infer
         return RayInferGroup(train_spec, infer.num_engines,
@@ -82,7 +82,7 @@ def build_engine(
         from roll.inference.vllm_engine import VLLMEngine
 
         return VLLMEngine(str(path), tokenizer, **options)
-    from roll.inference.hf_engine import HFEngine
+    from roll.inference.hf.engine import HFEngine
 
     return HFEngine(
         model,
@@ -109,6 +109,23 @@ def build_env_host(cfg: PipelineConfig):
     None: the episodes stay in the pipeline's process."""
     if not cfg.env_workers.num_workers:
         return None
-    from roll.distributed.env_workers import RayEpisodes
+    from roll.distributed.ray_env import RayEpisodes
 
     return RayEpisodes(cfg.env_workers.num_workers, cfg.env_workers.cpus_per_worker)
+
+
+def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
+                      world_size: int = 1, cpus_per_rank: float = 1.0,
+                      gpus_per_rank: float = 0.0, shared=None) -> TrainGroup:
+    """The trainer for ``cluster.backend``: local (``world_size`` 1) or Ray actors (in the
+    bundles ``shared`` with the engines when colocated)."""
+    if backend == "local":
+        if world_size != 1:
+            raise ValueError(f"actor_train.world_size={world_size}: the local backend runs "
+                             f"one rank; use cluster.backend=ray")
+        return LocalTrainGroup(model, list(spec.agents), spec.trainer, spec.temperature)
+    if backend == "ray":
+        from roll.distributed.ray_train import RayTrainGroup
+
+        return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank, shared)
+    raise ValueError(f"cluster.backend={backend!r}: must be 'local' or 'ray'")

@@ -144,7 +144,7 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
         return 0
-    from roll.multi_agent.config import ConfigError
+    from roll.errors import ConfigError
 
     try:
         main(cfg)

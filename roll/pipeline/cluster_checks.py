@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 
 from roll.distributed.deepspeed_strategy import ZERO_STAGES
-from roll.multi_agent.config import ConfigError, require_int
+from roll.errors import ConfigError, require_int
 from roll.pipeline.config import PipelineConfig
 
 

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll.algorithms.advantages import AdvantageConfig
-from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.config import (
+    CriticConfig,
+    MultiAgentConfig,
+    TrainerConfig,
+)
 
 TINY_MODEL = "tiny"
 ENGINES = ("hf", "vllm")
-CRITIC_MODES = ("none", "per_agent", "shared")
-CRITIC_INPUTS = ("local", "global")
 
 
 @dataclass
@@ -295,33 +297,6 @@ class EnvWorkersSchema:
 
 
 @dataclass
-class CriticSchema:
-    """Value models as adapters on the shared base (roll/multi_agent/critic.py): each is its
-    own LoRA adapter + a scalar value head, trained on the clipped value loss after the agents'
-    update. Needed by advantage.estimator gae, ippo, mappo, happo and vdn; refused with the
-    others."""
-
-    mode: str = "none"
-    """'none'; 'per_agent': one critic per trained agent (``critic_<agent>``), each fitting its
-    own agent's rows (IPPO); 'shared': one centralised critic (``critic``) fitting every
-    agent's rows (MAPPO)."""
-    input: str = "local"
-    """What a critic reads before each response: 'local', the acting agent's own prompt;
-    'global', that prompt plus every seat's observation (the state as the whole table knows
-    it, hidden cards included: roll/agentic/env/base.py ``global_view``), the centralised
-    critic of MAPPO. The agents' prompts are the same either way."""
-    lora: LoRAConfig = field(default_factory=LoRAConfig)
-    """Every critic's LoRA shape."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """Every critic's optimizer (its own AdamW, clipping and schedule)."""
-    value_clip: float | None = 0.2
-    """A value moves at most this far from its value at rollout time to gain on the loss;
-    null: plain squared error."""
-    micro_batch_size: int = 8
-    """Rows of one critic per forward/backward."""
-
-
-@dataclass
 class PipelineConfig:
     """A whole training run."""
 
@@ -329,7 +304,7 @@ class PipelineConfig:
     team: MultiAgentConfig = field(default_factory=MultiAgentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    critic: CriticSchema = field(default_factory=CriticSchema)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutSchema = field(default_factory=RolloutSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)

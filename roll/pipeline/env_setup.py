@@ -3,17 +3,21 @@
 ``build_env_setup`` is the one place that turns the env config into seats, env factories,
 renderers and (for tasks) datasets. Validation calls it before any model loads, so a bad game,
 task parameter, dataset path or field is one ConfigError naming the key; the pipeline calls it
-again to build the rollouts.
+again to build the rollouts. ``run_seatings`` turns ``env.seat_to_agent`` /
+``env.role_to_agent`` and ``eval.*`` into who sits where, for training and evaluation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from roll.multi_agent.config import ConfigError
+from roll.errors import ConfigError
 from roll.pipeline.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from roll.agentic.env.seating import Seating
 
 
 @dataclass
@@ -144,3 +148,89 @@ def task_seat_to_agent(cfg: PipelineConfig, roles: tuple[str, ...],
                           f"roles {missing} have no agent; {cfg.env.task} has roles "
                           f"{list(roles)}")
     return [mapping[role] for role in roles]
+
+
+def run_seatings(cfg: PipelineConfig, setup: EnvSetup, agents: list[str]
+                 ) -> tuple[list[Seating], list[Seating]]:
+    """The training and evaluation seatings of the run. Team tasks: ``env.role_to_agent``
+    for both (every role is an agent; eval.seat_to_agent may still override evaluation)."""
+    if setup.is_task:
+        if cfg.env.seat_to_agent:
+            raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
+                              f"is for games; team task {cfg.env.task} maps roles with "
+                              "env.role_to_agent")
+        raw = _shared(cfg, task_seat_to_agent(cfg, setup.roles, agents))
+        train = seatings_of(raw, setup.num_seats, agents, "env.role_to_agent")
+        if cfg.eval.seat_to_agent:
+            return train, eval_seatings(cfg, train, setup.num_seats, agents)
+        return train, train
+    raw = _shared(cfg, list(cfg.env.seat_to_agent))
+    if not raw and cfg.team.shared_adapter:
+        raw = [agents[0]] * setup.num_seats
+    train = seatings_of(raw, setup.num_seats, agents, "env.seat_to_agent")
+    return train, eval_seatings(cfg, train, setup.num_seats, agents)
+
+
+def _shared(cfg: PipelineConfig, raw: list[Any]) -> list[Any]:
+    """Under team.shared_adapter every configured agent's name in a seat list (flat or nested)
+    stands for the one shared agent."""
+    if not cfg.team.shared_adapter:
+        return raw
+    declared, shared = set(cfg.team.declared_agent_names), cfg.team.agent_names[0]
+    return [_shared(cfg, list(item)) if isinstance(item, list | tuple)
+            else (shared if item in declared else item) for item in raw]
+
+
+def seatings_of(
+    raw: list[Any], num_seats: int, agents: list[str], where: str
+) -> list[Seating]:
+    """Seatings from a flat list (one seating) or a list of lists; empty: seat i → agent i."""
+    from roll.agentic.env.seating import build_seating
+
+    if not raw:
+        if len(agents) != num_seats:
+            raise ConfigError(
+                where, [], f"is empty, so each of the {num_seats} seats needs its own agent, "
+                f"but team.num_agents={len(agents)}; list who sits where",
+            )
+        raw = list(agents)
+    nested = all(isinstance(item, list | tuple) for item in raw)
+    seatings = [list(item) for item in raw] if nested else [list(raw)]
+    built = []
+    for i, seating in enumerate(seatings):
+        try:
+            built.append(build_seating(seating, num_seats, agents))
+        except ValueError as error:
+            label = f"{where}[{i}]" if nested else where
+            raise ConfigError(label, seating, str(error)) from None
+    return built
+
+
+def eval_seatings(
+    cfg: PipelineConfig, train: list[Seating], num_seats: int, agents: list[str]
+) -> list[Seating]:
+    """Evaluation seatings: eval.seat_to_agent, or each agent in its training seats against
+    eval.opponent in every other seat. Each one seats a trained agent."""
+    if cfg.eval.seat_to_agent:
+        seatings = seatings_of(cfg.eval.seat_to_agent, num_seats, agents, "eval.seat_to_agent")
+        for i, seating in enumerate(seatings):
+            if not any(spec.is_trained for spec in seating.seats):
+                raise ConfigError("eval.seat_to_agent", list(cfg.eval.seat_to_agent),
+                                  f"seating {i} has no trained agent: nothing to evaluate")
+        return seatings
+    if cfg.eval.opponent in agents:
+        raise ConfigError("eval.opponent", cfg.eval.opponent,
+                          "is a trained agent; the opponent must be fixed ('random', "
+                          "'mcts[:N]', 'cfr[:N]', 'snapshot:<agent>@<step|latest>'); seat agents "
+                          "against "
+                          "each other with eval.seat_to_agent")
+    specs: list[list[str]] = []
+    for agent in agents:
+        for seating in train:
+            seats = seating.seats_of(agent)
+            if not seats:
+                continue
+            row = [agent if s in seats else cfg.eval.opponent for s in range(num_seats)]
+            if row not in specs:
+                specs.append(row)
+    return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []

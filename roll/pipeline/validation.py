@@ -1,10 +1,8 @@
 """Everything a run's configuration must satisfy, checked before any model loads.
 
 ``validate_config`` refuses any setting that cannot run with one ``ConfigError`` naming the full
-key and the value; it writes nothing. The seatings the pipeline derives from the config
-(``run_seatings``, ``seatings_of``, ``eval_seatings``) live here too, and the game or task
-itself comes from ``roll.pipeline.env_setup``, so the pipeline and the checks read them the same
-way.
+key and the value; it writes nothing. The game or task and the seatings come from
+``roll.pipeline.env_setup``, so the pipeline and the checks read them the same way.
 """
 
 from __future__ import annotations
@@ -16,21 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roll.algorithms.advantages import AdvantageConfig
-from roll.inference.hf_engine import LORA_KERNELS
+from roll.errors import ConfigError, require_int
+from roll.inference.hf.engine import LORA_KERNELS
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
-from roll.multi_agent.config import ConfigError, require_int
-from roll.multi_agent.critic_trainer import CriticTrainConfig
 from roll.pipeline.cluster_checks import check_cluster
 from roll.pipeline.config import (
-    CRITIC_INPUTS,
-    CRITIC_MODES,
     ENGINES,
     ActionSchema,
     ModelConfig,
     PipelineConfig,
     RolloutSchema,
 )
-from roll.pipeline.env_setup import EnvSetup, build_env_setup, task_seat_to_agent
+from roll.pipeline.env_setup import build_env_setup, run_seatings
 from roll.utils.checkpoint import (
     AGENTS_DIR,
     CheckpointError,
@@ -204,19 +199,13 @@ CRITIC_ESTIMATORS = {"gae": ("per_agent", "shared"), "ippo": ("per_agent",),
 def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
     """critic.* values, and that critics exist exactly when the estimator reads values."""
     critic, estimator = cfg.critic, cfg.advantage.estimator
-    if critic.mode not in CRITIC_MODES:
-        raise ConfigError("critic.mode", critic.mode, f"must be one of {CRITIC_MODES}")
+    critic.validate(model_modules)
     needs = CRITIC_ESTIMATORS.get(estimator)
     if needs is not None and critic.mode not in needs:
         raise ConfigError("critic.mode", critic.mode,
                           f"advantage.estimator={estimator} reads values, which need critic.mode "
                           + " or ".join(repr(mode) for mode in needs))
-    if critic.input not in CRITIC_INPUTS:
-        raise ConfigError("critic.input", critic.input, f"must be one of {CRITIC_INPUTS}")
     if critic.mode == "none":
-        if critic.input != "local":
-            raise ConfigError("critic.input", critic.input,
-                              "there are no critics to read it (critic.mode='none')")
         return
     if needs is None:
         raise ConfigError("critic.mode", critic.mode,
@@ -227,10 +216,6 @@ def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
         raise ConfigError("critic.mode", critic.mode,
                           "critics run with cluster.backend=local only so far (the Ray train "
                           f"ranks hold no critics); got cluster.backend={cfg.cluster.backend!r}")
-    critic.lora.validate("critic.lora", model_modules)
-    critic.optim.validate("critic.optim")
-    CriticTrainConfig(value_clip=critic.value_clip,
-                      micro_batch_size=critic.micro_batch_size).validate()
 
 
 def advantage_error(error: ValueError, fields: dict[str, Any]) -> ConfigError:
@@ -331,96 +316,10 @@ def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
                           f"{path} holds agents {sorted(saved)}, the config has {agents}")
 
 
-def run_seatings(cfg: PipelineConfig, setup: EnvSetup, agents: list[str]
-                 ) -> tuple[list[Seating], list[Seating]]:
-    """The training and evaluation seatings of the run. Team tasks: ``env.role_to_agent``
-    for both (every role is an agent; eval.seat_to_agent may still override evaluation)."""
-    if setup.is_task:
-        if cfg.env.seat_to_agent:
-            raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
-                              f"is for games; team task {cfg.env.task} maps roles with "
-                              "env.role_to_agent")
-        raw = _shared(cfg, task_seat_to_agent(cfg, setup.roles, agents))
-        train = seatings_of(raw, setup.num_seats, agents, "env.role_to_agent")
-        if cfg.eval.seat_to_agent:
-            return train, eval_seatings(cfg, train, setup.num_seats, agents)
-        return train, train
-    raw = _shared(cfg, list(cfg.env.seat_to_agent))
-    if not raw and cfg.team.shared_adapter:
-        raw = [agents[0]] * setup.num_seats
-    train = seatings_of(raw, setup.num_seats, agents, "env.seat_to_agent")
-    return train, eval_seatings(cfg, train, setup.num_seats, agents)
-
-
-def _shared(cfg: PipelineConfig, raw: list[Any]) -> list[Any]:
-    """Under team.shared_adapter every configured agent's name in a seat list (flat or nested)
-    stands for the one shared agent."""
-    if not cfg.team.shared_adapter:
-        return raw
-    declared, shared = set(cfg.team.declared_agent_names), cfg.team.agent_names[0]
-    return [_shared(cfg, list(item)) if isinstance(item, list | tuple)
-            else (shared if item in declared else item) for item in raw]
-
-
 def _check_task(cfg: PipelineConfig) -> None:
     if cfg.eval.exploitability:
         raise ConfigError("eval.exploitability", True,
                           f"is for two-player zero-sum games, not team task {cfg.env.task}")
-
-
-def seatings_of(
-    raw: list[Any], num_seats: int, agents: list[str], where: str
-) -> list[Seating]:
-    """Seatings from a flat list (one seating) or a list of lists; empty: seat i → agent i."""
-    from roll.agentic.env.seating import build_seating
-
-    if not raw:
-        if len(agents) != num_seats:
-            raise ConfigError(
-                where, [], f"is empty, so each of the {num_seats} seats needs its own agent, "
-                f"but team.num_agents={len(agents)}; list who sits where",
-            )
-        raw = list(agents)
-    nested = all(isinstance(item, list | tuple) for item in raw)
-    seatings = [list(item) for item in raw] if nested else [list(raw)]
-    built = []
-    for i, seating in enumerate(seatings):
-        try:
-            built.append(build_seating(seating, num_seats, agents))
-        except ValueError as error:
-            label = f"{where}[{i}]" if nested else where
-            raise ConfigError(label, seating, str(error)) from None
-    return built
-
-
-def eval_seatings(
-    cfg: PipelineConfig, train: list[Seating], num_seats: int, agents: list[str]
-) -> list[Seating]:
-    """Evaluation seatings: eval.seat_to_agent, or each agent in its training seats against
-    eval.opponent in every other seat. Each one seats a trained agent."""
-    if cfg.eval.seat_to_agent:
-        seatings = seatings_of(cfg.eval.seat_to_agent, num_seats, agents, "eval.seat_to_agent")
-        for i, seating in enumerate(seatings):
-            if not any(spec.is_trained for spec in seating.seats):
-                raise ConfigError("eval.seat_to_agent", list(cfg.eval.seat_to_agent),
-                                  f"seating {i} has no trained agent: nothing to evaluate")
-        return seatings
-    if cfg.eval.opponent in agents:
-        raise ConfigError("eval.opponent", cfg.eval.opponent,
-                          "is a trained agent; the opponent must be fixed ('random', "
-                          "'mcts[:N]', 'cfr[:N]', 'snapshot:<agent>@<step|latest>'); seat agents "
-                          "against "
-                          "each other with eval.seat_to_agent")
-    specs: list[list[str]] = []
-    for agent in agents:
-        for seating in train:
-            seats = seating.seats_of(agent)
-            if not seats:
-                continue
-            row = [agent if s in seats else cfg.eval.opponent for s in range(num_seats)]
-            if row not in specs:
-                specs.append(row)
-    return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []
 
 
 def _check_model_path(path: str) -> None:

@@ -14,7 +14,7 @@ from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout import RolloutConfig, RolloutScheduler
 from roll.inference.base import GenerationOutput, SamplingParams
-from roll.inference.hf_engine import HFEngine
+from roll.inference.hf.engine import HFEngine
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig
 

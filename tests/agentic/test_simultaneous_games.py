@@ -17,7 +17,8 @@ import pytest
 
 from roll.agentic.env.openspiel_env import OpenSpielEnv, load_game
 from roll.agentic.env.renderers import render_prompt
-from roll.multi_agent.config import ConfigError, LoRAConfig, MultiAgentConfig, OptimConfig
+from roll.errors import ConfigError
+from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
 from roll.pipeline.config import (

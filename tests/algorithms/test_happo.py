@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
+from roll.algorithms.happo_ratios import episode_log_ratio, happo_factors, happo_order
 
 
 def test_factor_is_the_product_of_the_updated_agents_ratios_in_the_episode():

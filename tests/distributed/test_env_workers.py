@@ -16,11 +16,11 @@ from roll.agentic.env.openspiel_env import OpenSpielEnv
 from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout import RolloutConfig, RolloutScheduler
-from roll.distributed import RoleFailed
+from roll.errors import ConfigError, RoleFailed
 from roll.inference.base import SamplingParams
-from roll.inference.hf_engine import HFEngine
+from roll.inference.hf.engine import HFEngine
 from roll.models import load_tokenizer
-from roll.multi_agent.config import AgentConfig, ConfigError
+from roll.multi_agent.config import AgentConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError
 from roll.pipeline.cluster_checks import check_ray_resources
@@ -53,7 +53,7 @@ def _turns(result):
 
 def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
                                                                      tiny_model_path):
-    from roll.distributed.env_workers import RayEpisodes
+    from roll.distributed.ray_env import RayEpisodes
 
     team, _ = make_team(tiny_model_path, [AgentConfig(a) for a in AGENTS])
     gen = torch.Generator().manual_seed(0)

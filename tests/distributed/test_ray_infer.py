@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll.distributed import RoleFailed
-from roll.distributed.infer_group import EngineSpec, RayInferGroup, forwarded_env
-from roll.distributed.train_group import TrainSpec
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters
+from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
+from roll.distributed.roles import TrainSpec, push_adapters
+from roll.errors import RoleFailed
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline

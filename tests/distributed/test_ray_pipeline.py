@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll.distributed import RoleFailed
-from roll.multi_agent.config import ConfigError
+from roll.errors import ConfigError, RoleFailed
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
 from roll.pipeline.cluster_checks import check_ray_resources

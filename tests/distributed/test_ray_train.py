@@ -8,9 +8,11 @@ import pytest
 import ray
 import torch
 
-from roll.distributed.train_group import RoleFailed, TrainSpec, build_train_group
+from roll.distributed.roles import TrainSpec
+from roll.errors import RoleFailed
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.worker import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer
+from roll.pipeline.builders import build_train_group
 from tests.multi_agent.helpers import make_rows, make_team
 
 pytestmark = pytest.mark.slow
@@ -191,9 +193,9 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
 
         from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
         from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+        from roll.errors import NonFiniteLossError
         from roll.models import load_model
         from roll.multi_agent.model import MultiAgentLoRAModel
-        from roll.multi_agent.worker import NonFiniteLossError
 
         torch.set_num_threads(1)
         init_ranks(0, 1, f"127.0.0.1:{free_port()}", "cpu")

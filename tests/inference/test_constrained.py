@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
 from roll.inference.constrained import CompletionTrie, ConstraintState
 from roll.models import load_tokenizer
 

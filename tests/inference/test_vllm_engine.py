@@ -15,13 +15,13 @@ import torch
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process
 pytest.importorskip("vllm")
 
-from roll.inference import (  # noqa: E402
+from roll.distributed.roles import push_adapters
+from roll.inference import (
     GenerationRequest,
     HFEngine,
     InferenceEngine,
     SamplingParams,
     load_adapter_folder,
-    push_adapters,
 )
 from roll.inference.vllm_engine import ALLOWED_RANKS, VLLMEngine, round_lora_rank  # noqa: E402
 from roll.models import load_tokenizer  # noqa: E402

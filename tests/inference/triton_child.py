@@ -10,7 +10,9 @@ import sys
 
 import torch
 
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, lora_kernels, push_adapters
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference.hf import lora_kernels
 from roll.models import load_tokenizer
 
 from .helpers import chat_prompts, perturbed_team

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from roll.agentic.env.actions import ActionConfig, parse_action
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams
 from roll.models import apply_chat_template, load_model, load_tokenizer
 from roll.models.smollm2 import ALIAS, build_smollm2, gguf_path
 from roll.multi_agent.config import AgentConfig, LoRAConfig

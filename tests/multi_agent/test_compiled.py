@@ -17,7 +17,7 @@ import torch
 
 from roll.multi_agent.compiled import compile_count, decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.worker import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
 
@@ -108,18 +108,18 @@ def test_row_routing_skips_layers_only_critics_adapt(tiny_model_path):
     """Critics may adapt projections no agent does: the row routing hooks only layers with
     an agent (a critic's delta is never added by it), and the compiled forward builds."""
     from roll.models import load_model
-    from roll.multi_agent.compiled import RowRouting
     from roll.multi_agent.model import MultiAgentLoRAModel
+    from roll.multi_agent.routing import RowRouting
 
     agent_lora = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj"])
     critic_lora = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
     model = MultiAgentLoRAModel(load_model(tiny_model_path),
                                 [AgentConfig("alice", lora=agent_lora)],
                                 critics=[AgentConfig("critic", lora=critic_lora)])
-    layers = [layer for _, layer in model._lora_layers]
+    layers = [layer for _, layer in model.lora_layers]
     routing = RowRouting(layers, model.agent_names)
     hooked = {id(base) for base in routing.base_layers}
-    for path, layer in model._lora_layers:
+    for path, layer in model.lora_layers:
         assert (id(layer.base_layer) in hooked) == path.endswith("q_proj"), path
 
 

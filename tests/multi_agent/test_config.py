@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from roll.errors import ConfigError
 from roll.multi_agent.config import (
     AgentConfig,
-    ConfigError,
     LoRAConfig,
     MultiAgentConfig,
     OptimConfig,

@@ -1,4 +1,4 @@
-"""Critics as adapters (roll/multi_agent/critic.py): a critic's values are its own LoRA on the
+"""Critics as adapters (roll/multi_agent/critics.py): a critic's values are its own LoRA on the
 shared base + its head, at the right positions; its gradients come from its own rows only; it
 saves and loads bit-exactly."""
 
@@ -11,7 +11,7 @@ import torch
 
 from roll.models import load_model
 from roll.multi_agent.config import AgentConfig, LoRAConfig
-from roll.multi_agent.critic import ValueHeads, critic_values, load_critic, save_critic
+from roll.multi_agent.critics import ValueHeads, critic_values, load_critic, save_critic
 from roll.multi_agent.model import MultiAgentLoRAModel
 
 from .helpers import make_rows
@@ -122,12 +122,13 @@ def _targets(batch, critic_id, trainer, row_target=None):
 
 
 def test_critics_trained_together_equal_each_alone_and_fit_their_returns(tiny_model_path):
-    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
+    from roll.multi_agent.config import CriticConfig
+    from roll.multi_agent.critics import CriticTrainer
 
     batch = make_rows([0] * 7, seed=6)
     critic_id = torch.tensor([0, 1, 1, 0, 0, 1, 0])
     model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
-    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig(micro_batch_size=3))
+    trainer = CriticTrainer(model, heads, critics, CriticConfig(micro_batch_size=3))
     errors = []
     for _ in range(25):
         step_batch = _targets(batch, critic_id, trainer)
@@ -144,7 +145,7 @@ def test_critics_trained_together_equal_each_alone_and_fit_their_returns(tiny_mo
     for index, name in enumerate(["critic_a", "critic_b"]):
         alone, alone_heads, alone_critics = _critic_team(tiny_model_path, [name])
         solo = CriticTrainer(alone, alone_heads, alone_critics,
-                             CriticTrainConfig(micro_batch_size=3))
+                             CriticConfig(micro_batch_size=3))
         own = batch.select(critic_id == index)
         zeros = torch.zeros(len(own), dtype=torch.long)
         target = torch.full((len(own),), 1.0 if index == 0 else -2.0)
@@ -158,12 +159,13 @@ def test_critics_trained_together_equal_each_alone_and_fit_their_returns(tiny_mo
 
 
 def test_an_idle_critic_keeps_its_weights_and_state_and_resume_is_bit_exact(tiny_model_path):
-    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
+    from roll.multi_agent.config import CriticConfig
+    from roll.multi_agent.critics import CriticTrainer
 
     batch = make_rows([0] * 5, seed=7)
     only_a = torch.zeros(5, dtype=torch.long)
     model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
-    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig())
+    trainer = CriticTrainer(model, heads, critics, CriticConfig())
     before = {key: value.clone() for key, value in model.export_adapter("critic_b").items()}
     steps = [_targets(batch, only_a, trainer)]
     trainer.train_step(steps[0], only_a)
@@ -180,7 +182,7 @@ def test_an_idle_critic_keeps_its_weights_and_state_and_resume_is_bit_exact(tiny
     for name, (adapter, head) in saved.items():
         resumed.import_adapter(name, adapter)
         resumed_heads.heads[name].load_state_dict(head)
-    again = CriticTrainer(resumed, resumed_heads, critics, CriticTrainConfig())
+    again = CriticTrainer(resumed, resumed_heads, critics, CriticConfig())
     again.load_state_dict(state)
     again.train_step(step2, only_a)
     for key, value in model.export_adapter("critic_a").items():
@@ -190,13 +192,14 @@ def test_an_idle_critic_keeps_its_weights_and_state_and_resume_is_bit_exact(tiny
 
 
 def test_a_non_finite_critic_loss_refuses_the_whole_step(tiny_model_path):
-    from roll.multi_agent.critic_trainer import CriticTrainConfig, CriticTrainer
-    from roll.multi_agent.worker import NonFiniteLossError
+    from roll.errors import NonFiniteLossError
+    from roll.multi_agent.config import CriticConfig
+    from roll.multi_agent.critics import CriticTrainer
 
     batch = make_rows([0] * 4, seed=8)
     critic_id = torch.tensor([0, 1, 0, 1])
     model, heads, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
-    trainer = CriticTrainer(model, heads, critics, CriticTrainConfig())
+    trainer = CriticTrainer(model, heads, critics, CriticConfig())
     step = _targets(batch, critic_id, trainer)
     returns = step.returns.clone()
     returns[1, batch.response_mask[1].bool()] = float("inf")  # a row of critic_b

@@ -12,7 +12,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.worker import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
 

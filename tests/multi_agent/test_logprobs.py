@@ -11,7 +11,7 @@ import roll.multi_agent.logprobs as logprobs_module
 from roll.models import load_model
 from roll.multi_agent.config import AgentConfig, LoRAConfig, TrainerConfig
 from roll.multi_agent.logprobs import TokenLogProb, response_window, sequence_logprobs
-from roll.multi_agent.worker import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
 

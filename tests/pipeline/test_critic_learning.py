@@ -1,4 +1,4 @@
-"""Critic-based learners end to end (critic.mode; roll/pipeline/critics.py): IPPO, MAPPO, HAPPO.
+"""Critic-based learners end to end (critic.mode; roll/multi_agent/critics.py): IPPO, MAPPO, HAPPO.
 
 Two agents see the SAME prompt; agent 0 is paid 0.5 for 'left', agent 1 is paid 1.5 for
 'right'. With IPPO each agent has its own critic: on the same state (the prompt) critic_agent_0
@@ -17,11 +17,16 @@ from roll.agentic.env.base import StepResult, global_view
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.algorithms.advantages import AdvantageConfig
 from roll.models import apply_chat_template
-from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.critic import critic_values
+from roll.multi_agent.config import (
+    CriticConfig,
+    LoRAConfig,
+    MultiAgentConfig,
+    OptimConfig,
+    TrainerConfig,
+)
+from roll.multi_agent.critics import critic_values
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.config import (
-    CriticSchema,
     EnvConfig,
     EvalSchema,
     PipelineConfig,
@@ -53,7 +58,7 @@ def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
                               optim=OptimConfig(lr=2e-2)),
         trainer=TrainerConfig(micro_batch_size=32),
         advantage=AdvantageConfig(estimator=estimator),
-        critic=CriticSchema(mode=mode, lora=LoRAConfig(rank=8, alpha=16),
+        critic=CriticConfig(mode=mode, lora=LoRAConfig(rank=8, alpha=16),
                             optim=OptimConfig(lr=1e-2), micro_batch_size=16,
                             input=critic_input),
         env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),

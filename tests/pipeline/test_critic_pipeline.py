@@ -10,10 +10,15 @@ from safetensors.torch import load_file
 
 from roll.agentic.env.renderers import RenderedPrompt
 from roll.algorithms.advantages import AdvantageConfig
-from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.config import (
+    CriticConfig,
+    LoRAConfig,
+    MultiAgentConfig,
+    OptimConfig,
+    TrainerConfig,
+)
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.config import (
-    CriticSchema,
     EnvConfig,
     EvalSchema,
     PipelineConfig,
@@ -33,7 +38,7 @@ def _config(out, mode="per_agent", estimator="ippo", **overrides) -> PipelineCon
                               optim=OptimConfig(lr=1e-2)),
         trainer=TrainerConfig(micro_batch_size=8),
         advantage=AdvantageConfig(estimator=estimator),
-        critic=CriticSchema(mode=mode, lora=LoRAConfig(rank=4, alpha=8, dropout=0.1),
+        critic=CriticConfig(mode=mode, lora=LoRAConfig(rank=4, alpha=8, dropout=0.1),
                             optim=OptimConfig(lr=1e-2), micro_batch_size=4),
         env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=2, group_size=3,
@@ -122,7 +127,7 @@ def test_critics_are_not_synced_to_the_engine(tmp_path):
 
 
 def test_relayout_moves_response_values_between_prompt_layouts():
-    from roll.pipeline.critics import relayout
+    from roll.multi_agent.critics import relayout
 
     source = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 1, 0]])
     target = torch.tensor([[0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0]])

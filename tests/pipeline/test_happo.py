@@ -1,4 +1,4 @@
-"""HAPPO's update (roll/pipeline/sequential.py) against the algorithm written out by hand."""
+"""HAPPO's update (roll/pipeline/happo_update.py) against the algorithm written out by hand."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from roll.algorithms.happo import happo_order
+from roll.algorithms.happo_ratios import happo_order
 from roll.multi_agent.config import AgentConfig, TrainerConfig
-from roll.multi_agent.worker import MultiAgentTrainer
-from roll.pipeline.sequential import happo_update
+from roll.multi_agent.trainer import MultiAgentTrainer
+from roll.pipeline.happo_update import happo_update
 
 from ..multi_agent.helpers import make_rows, make_team
 

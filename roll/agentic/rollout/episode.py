@@ -6,7 +6,7 @@ group. It plays the opponents' turns, renders the prompt of the LLM seat that mu
 rewards to its latest turn. The rollout (scheduler.py) keeps the other side: tokens, requests,
 engine calls, trajectories. Between the two only text and numbers travel, so the episodes of a
 rollout can live in the rollout's process (``LocalEpisodes``, the default) or in env worker
-processes (``roll.distributed.env_workers``, Ray actors for CPU-heavy games and opponents):
+processes (``roll.distributed.ray_env``, Ray actors for CPU-heavy games and opponents):
 the same seeds give the same episodes either way.
 
 Rewards. A seat's turn earns what the seat receives from that turn until its next one, minus the

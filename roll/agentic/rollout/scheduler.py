@@ -101,7 +101,7 @@ class RolloutScheduler:
         cooperative: the game gives every seat the same return (report ``team/score``, no
             win rate).
         episodes: where the episodes live (episode.py): in this process by default, or env
-            worker actors (``roll.distributed.env_workers``).
+            worker actors (``roll.distributed.ray_env``).
         summarize: team tasks: turns the episodes' own metrics into ``task/...`` metrics
             (the task's ``summarize``).
     """

@@ -48,16 +48,16 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationRequest
 from roll.inference.constrained import CompletionTrie
-from roll.inference.cuda_graph import CapturedStep, compile_step, upload
-from roll.inference.lanes import Lane, Step, constrain
-from roll.inference.ring import (
+from roll.inference.hf.cuda_graph import CapturedStep, compile_step, upload
+from roll.inference.hf.lanes import Lane, Step, constrain
+from roll.inference.hf.ring import (
     CaptureCache,
     RingCache,
     additive_mask,
     aligned_columns,
     decode_attention,
 )
-from roll.inference.sampling import (
+from roll.inference.hf.sampling import (
     _VOCAB_SALT,
     filter_top_k_top_p,
     gumbel_noise,
@@ -66,7 +66,7 @@ from roll.inference.sampling import (
 )
 
 if TYPE_CHECKING:
-    from roll.inference.hf_engine import HFEngine
+    from roll.inference.hf.engine import HFEngine
 
 class ContinuousDecoder:
     """Serves requests (and the requests their outputs lead to) on ``lanes`` decode rows."""

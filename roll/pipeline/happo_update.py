@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from roll.algorithms.happo import episode_log_ratio, happo_factors, happo_order
+from roll.algorithms.happo_ratios import episode_log_ratio, happo_factors, happo_order
 from roll.batch import TrajectoryBatch
-from roll.distributed.train_group import TrainGroup
+from roll.distributed.roles import TrainGroup
 from roll.multi_agent.model import MultiAgentLoRAModel
 
 

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roll.inference.cuda_graph import upload
-from roll.inference.lora_groups import Group, build_groups, shares_inputs
+from roll.inference.hf.cuda_graph import upload
+from roll.inference.hf.lora_groups import Group, Stack, build_groups, shares_inputs
 
 PEFT_PREFIX = "base_model.model."
 # Layout keys are unique across all FusedLoRA objects of the process: a compiled step guards on
@@ -62,15 +62,6 @@ class SlotInfo:
     """alpha / r (or alpha / sqrt(r) with rsLoRA), folded into B_stack."""
     modules: frozenset[str]
     """Module paths (e.g. 'model.layers.0.self_attn.q_proj') the slot adapts."""
-
-
-class _Stack:
-    """The stacked factors of one target linear layer."""
-
-    def __init__(self, linear: nn.Linear, columns: int, dtype: torch.dtype, device) -> None:
-        self.linear = linear
-        self.A = torch.zeros(columns, linear.in_features, dtype=dtype, device=device)  # (S·R, in)
-        self.B = torch.zeros(linear.out_features, columns, dtype=dtype, device=device)  # (out, S·R)
 
 
 def parse_peft_tensors(tensors: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
@@ -145,7 +136,7 @@ class FusedLoRA:
         self.rank_capacity = max(1, rank_capacity)
         self.static_addresses = static_addresses
         self.slots: dict[str, SlotInfo] = {}
-        self.stacks: dict[str, _Stack] = {}
+        self.stacks: dict[str, Stack] = {}
         self.row_mask = torch.zeros(0, self.columns, dtype=dtype, device=device)  # (B, S·R)
         self._row_masks: dict[torch.Size, Tensor] = {}
         self.groups: dict[str, tuple[Group, int]] = {}  # triton: path -> (group, position)
@@ -252,8 +243,8 @@ class FusedLoRA:
                 stack.B[:, lo:hi].zero_()
         del self.slots[slot]
 
-    def _new_stack(self, linear: nn.Linear) -> _Stack:
-        stack = _Stack(linear, self.columns, self.dtype, self.device)
+    def _new_stack(self, linear: nn.Linear) -> Stack:
+        stack = Stack(linear, self.columns, self.dtype, self.device)
         if self.static_addresses:
             torch._dynamo.mark_static_address(stack.A)
             torch._dynamo.mark_static_address(stack.B)
@@ -295,7 +286,7 @@ class FusedLoRA:
         mask = (blocks[:, None] == column_block[None, :]).to(self.dtype)  # (B, S·R)
         self.row_mask = self._refill(self._row_masks, mask)
         if self.kernels == "triton":
-            from roll.inference.lora_kernels import row_tiles
+            from roll.inference.hf.lora_kernels import row_tiles
 
             order, tiles = row_tiles(blocks.tolist(), self.slot_capacity)
             self.row_order = self._refill(self._row_orders, order)
@@ -314,18 +305,18 @@ class FusedLoRA:
         buffer.copy_(upload(values, values.dtype, self.device))  # no wait for the device
         return buffer
 
-    def _hook(self, stack: _Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+    def _hook(self, stack: Stack, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         x = args[0]  # (B, T, in)
         h = F.linear(x.to(stack.A.dtype), stack.A)  # (B, T, S·R)
         h = h * self.row_mask.unsqueeze(1)  # keep each row's own slot block
         return output + F.linear(h, stack.B).to(output.dtype)  # (B, T, out)
 
-    def _group_hook(self, stack: _Stack, group: Group, position: int, module: nn.Module,
+    def _group_hook(self, stack: Stack, group: Group, position: int, module: nn.Module,
                     args: tuple, output: Tensor) -> Tensor:
         """``_hook`` with the Triton kernels on decode steps (one token per row): the group's
         first member computes every member's delta (one kernel), each member adds its slice.
         Prefills (many tokens per row: large products) take the stacked path."""
-        from roll.inference import lora_kernels
+        from roll.inference.hf import lora_kernels
 
         x = args[0]  # (B, 1, in)
         if x.shape[-2] != 1:

@@ -38,8 +38,10 @@ from torch import Tensor
 
 from roll.algorithms.losses import aggregate, kl_loss, ppo_policy_loss
 from roll.batch import TrajectoryBatch
-from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
+from roll.errors import NonFiniteLossError
+from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel, agent_stream_seed
+from roll.multi_agent.optim import adamw, clip_gradients, schedule
 
 METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "clip_frac", "approx_kl", "grad_norm")
 _SUMMED_PARTS = METRIC_PARTS[:-1]  # summed over ranks; grad_norm is taken after the sum
@@ -54,39 +56,6 @@ class GradSync(Protocol):
     def all_reduce(self, flat: Tensor) -> Tensor:
         """The element-wise sum of ``flat`` over all ranks (same shape, same device)."""
         ...
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss or gradient norm was NaN/inf: the step is refused, never masked."""
-
-
-def clip_gradients(params: Sequence[torch.nn.Parameter], limit: float) -> Tensor:
-    """Clip the gradients of ``params`` (those that have one) to total norm ``limit`` (0: no
-    clipping); the norm before clipping, 0 when none has a gradient (rows without a response
-    token: nothing to learn, a zero update)."""
-    with_grad = [p for p in params if p.grad is not None]
-    if not with_grad:
-        return torch.zeros((), device=params[0].device)
-    if limit > 0:
-        return torch.nn.utils.clip_grad_norm_(with_grad, limit)
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in with_grad]))
-
-
-def lr_lambda(optim: OptimConfig):
-    """Multiplier of the peak LR after ``step`` optimizer steps of one agent."""
-
-    def factor(step: int) -> float:
-        if optim.warmup_steps and step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
-        if optim.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - optim.warmup_steps) / max(1, optim.total_steps - optim.warmup_steps)
-        progress = min(1.0, progress)
-        if optim.lr_scheduler == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 class MultiAgentTrainer:
@@ -127,21 +96,9 @@ class MultiAgentTrainer:
         for agent in agents:
             optim = agent.optim
             params = model.optimizer_parameters(agent.name)
-            optimizer = torch.optim.AdamW(
-                params,
-                lr=optim.lr,
-                betas=tuple(optim.betas),
-                eps=optim.eps,
-                weight_decay=optim.weight_decay,
-                # On CUDA one fused kernel per step instead of foreach's ~10 multi-tensor ops
-                # and their per-tensor host work (with 8 agents x 392 tensors that host work
-                # was most of what 8 agents' train step cost over one agent's).
-                fused=True if all(param.is_cuda for param in params) else None,
-            )
+            optimizer = adamw(params, optim)
             self.optimizers[agent.name] = optimizer
-            self.schedulers[agent.name] = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lr_lambda(optim)
-            )
+            self.schedulers[agent.name] = schedule(optimizer, optim)
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
         self.global_step = 0
         self.grad_sync = grad_sync
@@ -496,4 +453,4 @@ def _share(mask: Tensor, normaliser: Tensor, mode: str) -> Tensor:
     return (mask.sum(-1) > 0).sum() / normaliser
 
 
-__all__ = ["MultiAgentTrainer", "NonFiniteLossError", "lr_lambda"]
+__all__ = ["MultiAgentTrainer"]

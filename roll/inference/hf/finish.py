@@ -16,13 +16,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from roll.inference.base import FinishReason, SamplingParams
+from roll.inference.base import FinishReason, SamplingParams, hits_stop
 from roll.inference.constrained import CompletionTrie, ConstraintState
 
 RUNNING, EOS, LENGTH, STOP = 0, 1, 2, 3
 REASONS: dict[int, FinishReason] = {EOS: "eos", LENGTH: "length", STOP: "stop"}
-_STOP_WINDOW_EXTRA = 8
-"""Stop strings are searched in the text of the last (longest stop + this) tokens."""
 
 
 class RowFinish:
@@ -119,17 +117,3 @@ class HostChecks:
 
     def _hits_stop(self, row: int) -> bool:
         return hits_stop(self.tokens[row], self.params[row].stop, self.decode)
-
-
-def hits_stop(tokens: list[int], stops: list[str], decode: Callable[[list[int]], str]) -> bool:
-    """Whether a stop string appears in the text of the row's last tokens (enough of them to
-    hold the longest stop string)."""
-    window = max(len(s) for s in stops) + _STOP_WINDOW_EXTRA
-    tail = decode(tokens[-window:])
-    return any(stop in tail for stop in stops)
-
-
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    """Text up to and including the first stop string in it."""
-    ends = [text.find(s) + len(s) for s in stops if s in text]
-    return text[: min(ends)] if ends else text

@@ -1,4 +1,4 @@
-"""Continuous batching (roll/inference/continuous.py): rows join and leave a running batch over a
+"""Continuous batching (roll/inference/hf/continuous.py): rows join and leave a running batch over a
 ring KV cache, and every request gets exactly what the lock-step ``generate`` gives it."""
 
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, push_adapters, serve
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, HFEngine, SamplingParams, serve
 from roll.models import load_tokenizer
 
-from .helpers import chat_prompts, perturbed_team
+from ..helpers import chat_prompts, perturbed_team
 
 
 @pytest.fixture(scope="module")

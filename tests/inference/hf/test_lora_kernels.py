@@ -14,7 +14,7 @@ import pytest
 from roll.inference import HFEngine
 from roll.models import load_model, load_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.worker import MultiAgentTrainer, NonFiniteLossError, lr_lambda
+from roll.multi_agent.optim import lr_lambda
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
 

@@ -10,13 +10,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from roll.inference.base import FinishReason, GenerationOutput, GenerationRequest
+from roll.inference.base import (
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    cut_at_stop,
+    hits_stop,
+)
 from roll.inference.constrained import CompletionTrie
-from roll.inference.cuda_graph import upload
-from roll.inference.decoding import cut_at_stop, hits_stop
+from roll.inference.hf.cuda_graph import upload
 
 if TYPE_CHECKING:
-    from roll.inference.hf_engine import HFEngine
+    from roll.inference.hf.engine import HFEngine
 
 
 @dataclass

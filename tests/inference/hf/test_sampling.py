@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from roll.inference.sampling import bits_to_uniform, gumbel_noise, mix32
+from roll.inference.hf.sampling import bits_to_uniform, gumbel_noise, mix32
 
 
 def test_uniforms_stay_strictly_inside_zero_one_at_the_extremes():

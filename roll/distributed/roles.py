@@ -14,13 +14,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from roll.batch import TrajectoryBatch
+from roll.inference.base import InferenceEngine
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.worker import MultiAgentTrainer
-
-
-class RoleFailed(RuntimeError):
-    """A role's actor died or raised; the message is one line naming the role and rank."""
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 
 @dataclass(frozen=True)
@@ -70,18 +67,16 @@ class LocalTrainGroup(MultiAgentTrainer):
         """Nothing to release."""
 
 
-def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
-                      world_size: int = 1, cpus_per_rank: float = 1.0,
-                      gpus_per_rank: float = 0.0, shared=None) -> TrainGroup:
-    """The trainer for ``cluster.backend``: local (``world_size`` 1) or Ray actors (in the
-    bundles ``shared`` with the engines when colocated)."""
-    if backend == "local":
-        if world_size != 1:
-            raise ValueError(f"actor_train.world_size={world_size}: the local backend runs "
-                             f"one rank; use cluster.backend=ray")
-        return LocalTrainGroup(model, list(spec.agents), spec.trainer, spec.temperature)
-    if backend == "ray":
-        from roll.distributed.ray_backend import RayTrainGroup
+def push_adapters(
+    engine: InferenceEngine,
+    model: MultiAgentLoRAModel,
+    version: int,
+    agents: list[str] | None = None,
+) -> None:
+    """Sync agents' adapters from the trainer's model into same-named engine slots.
 
-        return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank, shared)
-    raise ValueError(f"cluster.backend={backend!r}: must be 'local' or 'ray'")
+    Only adapter tensors travel (DESIGN.md invariant 3); afterwards
+    ``engine.adapter_version(name) == version`` for each synced agent.
+    """
+    for name in agents if agents is not None else model.agent_names:
+        engine.load_adapter(name, model.export_adapter(name), model.lora_config(name), version)

@@ -4,7 +4,7 @@ Each rank (``TrainRank``) builds the same team from the same ``TrainSpec`` (same
 seeded adapter init), joins a torch.distributed group and runs ``MultiAgentTrainer`` with a
 ``TorchDistributedSync``: every rank gets the whole batch (one ``ray.put``), forwards its share
 of each agent's mini-batch, and the ranks sum their gradients, so all replicas stay equal
-(roll/multi_agent/worker.py). After a step the driver copies the trained agents' adapter tensors
+(roll/multi_agent/trainer.py). After a step the driver copies the trained agents' adapter tensors
 from rank 0 into its own model (MBs through the object store, never the base). A rank that dies
 stops the step with one line naming it.
 """
@@ -19,10 +19,10 @@ import torch
 from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
-from roll.distributed.train_group import TrainSpec
+from roll.distributed.roles import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.worker import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 
 class TrainRank:

@@ -10,18 +10,23 @@ stacks become views of those buffers, so loading a slot writes through.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from roll.inference.fused_lora import _Stack
 
 SHARED_INPUT_FAMILIES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling projections that these models call, in this order, on one input tensor."""
 SHARED_INPUT_MODELS = frozenset({"qwen3", "qwen2", "llama", "mistral"})
 """Model types (``config.model_type``) whose attention and MLP blocks do so."""
+
+
+class Stack:
+    """The stacked factors of one target linear layer."""
+
+    def __init__(self, linear: nn.Linear, columns: int, dtype: torch.dtype, device) -> None:
+        self.linear = linear
+        self.A = torch.zeros(columns, linear.in_features, dtype=dtype, device=device)  # (S·R, in)
+        self.B = torch.zeros(linear.out_features, columns, dtype=dtype, device=device)  # (out, S·R)
 
 
 class Group:
@@ -38,7 +43,7 @@ def shares_inputs(model: nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) in SHARED_INPUT_MODELS
 
 
-def build_groups(stacks: dict[str, _Stack], columns: int, share_inputs: bool,
+def build_groups(stacks: dict[str, Stack], columns: int, share_inputs: bool,
                  static_addresses: bool) -> dict[str, tuple[Group, int]]:
     """Move every stack into its group's buffers (values kept); path → (group, position)."""
     siblings: dict[str, dict[str, str]] = {}

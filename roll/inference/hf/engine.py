@@ -30,14 +30,20 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from roll.inference.base import Follow, GenerationOutput, GenerationRequest, SamplingParams
+from roll.inference.base import (
+    Follow,
+    GenerationOutput,
+    GenerationRequest,
+    SamplingParams,
+    cut_at_stop,
+)
 from roll.inference.constrained import CompletionTrie
-from roll.inference.continuous import ContinuousDecoder
-from roll.inference.cuda_graph import CapturedStep, cache_counters, compile_step
-from roll.inference.decoding import REASONS, HostChecks, RowFinish, cut_at_stop
-from roll.inference.fused_lora import KERNELS, FusedLoRA
-from roll.inference.ring import additive_mask, decode_attention
-from roll.inference.sampling import BatchSampler
+from roll.inference.hf.continuous import ContinuousDecoder
+from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
+from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
+from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
+from roll.inference.hf.ring import additive_mask, decode_attention
+from roll.inference.hf.sampling import BatchSampler
 
 LORA_KERNELS = ("auto", *KERNELS)
 CACHE_LEN_MULTIPLE = 256

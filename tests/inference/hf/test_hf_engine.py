@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from roll.distributed.roles import push_adapters
 from roll.inference import (
     GenerationRequest,
     HFEngine,
     InferenceEngine,
     SamplingParams,
     load_adapter_folder,
-    push_adapters,
 )
 from roll.models import load_model, load_tokenizer
 
-from .helpers import (
+from ..helpers import (
     chat_prompts,
     perturb,
     perturbed_team,
@@ -198,7 +198,7 @@ def test_static_cache_path_equals_the_dynamic_path(tiny_model_path):
 def test_decode_steps_use_grouped_query_attention(tiny_model_path, monkeypatch, static_cache):
     """Every decode step (not the prefill) runs ``ring_decode_attention`` in every layer:
     transformers' sdpa path would first copy each cached key and value per query head."""
-    import roll.inference.ring as ring
+    import roll.inference.hf.ring as ring
 
     calls = []
 

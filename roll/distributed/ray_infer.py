@@ -20,7 +20,7 @@ import ray
 import torch
 
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
-from roll.distributed.train_group import TrainSpec
+from roll.distributed.roles import TrainSpec
 from roll.inference.base import GenerationOutput, GenerationRequest
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -56,7 +56,7 @@ class InferRank:
 
             self.engine = VLLMEngine(spec.model_path, tokenizer, **engine.options)
             return
-        from roll.inference.hf_engine import HFEngine
+        from roll.inference.hf.engine import HFEngine
 
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
         model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)

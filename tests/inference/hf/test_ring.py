@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from roll.inference.ring import additive_mask, aligned_columns, ring_decode_attention
+from roll.inference.hf.ring import additive_mask, aligned_columns, ring_decode_attention
 
 
 def _by_hand(query, key, value, allowed, scale):

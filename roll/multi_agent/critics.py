@@ -1,0 +1,373 @@
+"""Critics: value models as adapters on the one frozen base (issue 13), their update, and the
+critics of a run.
+
+A critic is the shared base + its own LoRA adapter (held by the same PEFT model as the agents,
+listed in ``MultiAgentLoRAModel.critic_names``, never synced to an engine) + a scalar value
+head, ``Linear(hidden, 1)`` in fp32, zero-initialised (every value starts at 0). So invariant 2
+holds: however many critics, the base exists once.
+
+Values are per token: ``values[:, t]`` is V of the state in which token t was generated, i.e.
+the head applied to the final hidden state at position t - 1 (the position whose output
+predicts token t) — the alignment GAE reads (roll/algorithms/advantages.py). Token-level rather
+than turn-level values, because the PPO loss is per token and GAE with gamma = lam = 1 over a
+turn reduces to the turn's return minus its first value anyway.
+
+Rows are routed to critics exactly as the agents' forward routes rows to agents: each
+contiguous run of one critic's rows gets that critic's LoRA delta (``routing.segment_lora``),
+with PEFT's own LoRA off, so a critic's gradients come from its own rows only.
+
+A critic is saved as a standard PEFT adapter folder plus ``value_head.safetensors``.
+
+Update (``CriticTrainer``): each critic trains its own LoRA adapter and value head on its own
+rows. One train step = one optimizer step per critic that has rows: the clipped value loss
+(``roll.algorithms.losses.value_loss``) of its rows against their return targets, token-mean
+over the critic's response tokens, accumulated over micro-batches of ``micro_batch_size`` of
+its rows, its gradient norm clipped to its ``optim.max_grad_norm``, then its own AdamW and
+learning-rate schedule. Critics never share a forward here (one critic's micro-batch at a time;
+a critic is one forward more per step, not a fused path), so invariant 1 holds as for agents:
+critics trained together get exactly what each gets alone, and a critic without rows keeps its
+weights and optimizer state bitwise. A non-finite loss or gradient norm in any critic refuses
+the whole step before any critic moves.
+
+Simplification, stated: one pass over the rows per step (no PPO epochs or mini-batches for
+critics yet).
+
+The run's critics (``Critics``, ``critic.mode``): which exist, their values before the
+advantages, their update after the agents', their checkpoint folders.
+
+    per_agent   critic_<agent> for each trained agent; a row's critic is its agent's (IPPO)
+    shared      one centralised critic for every agent's rows (MAPPO)
+
+The critics are adapters of the trainer's PEFT model (``MultiAgentLoRAModel(critics=...)``),
+so the base stays one copy (invariant 2); engines never see them. In a step:
+
+    rollout → old/reference log-probs → values (this module) → advantages (GAE reads values)
+            → agents' update → critics' update on the returns (this module)
+
+The values the advantages use are the critics' before their update, and the same values are
+the clip anchors of the value loss.
+
+``critic.input=global``: the critics read each row's global view (``critic_input_ids``: the
+acting seat's prompt plus every seat's observation, then the same response tokens) instead of
+the agent's prompt. Values and returns stay in the agents' (B, T) layout; they move between
+the two layouts by response-token order (``relayout``), which both layouts share.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from roll.algorithms.losses import value_loss
+from roll.batch import TrajectoryBatch
+from roll.errors import NonFiniteLossError
+from roll.multi_agent.config import AgentConfig, CriticConfig
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.optim import adamw, clip_gradients, schedule
+from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.utils.checkpoint import critic_dir
+
+VALUE_HEAD = "value_head.safetensors"
+
+
+class ValueHeads(nn.Module):
+    """One scalar head per critic, ``Linear(hidden_size, 1)`` in fp32, zero-initialised."""
+
+    def __init__(self, names: Sequence[str], hidden_size: int,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict()
+        for name in names:
+            head = nn.Linear(hidden_size, 1, device=device, dtype=torch.float32)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            self.heads[name] = head
+
+    def forward(self, name: str, hidden: Tensor) -> Tensor:
+        """Values (b, T) of hidden states (b, T, H) through ``name``'s head."""
+        return self.heads[name](hidden.float()).squeeze(-1)
+
+
+def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tensor,
+                  attention_mask: Tensor, critic_id: Tensor,
+                  positions: Tensor | None = None) -> Tensor:
+    """Values (B, T) of each row's critic (``critic_id`` (B,) indexes ``model.critic_names``):
+    ``values[:, t]`` = V(state before token t); 0 at t = 0 and outside ``positions`` (B, T).
+    Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
+    (its dropout masks are then those of a forward of its rows alone)."""
+    segments = agent_segments(critic_id.tolist(), model.critic_names)
+    decoder = model.base_model.get_decoder()
+    # PEFT's own LoRA off (the reference context; it also freezes every adapter, so they are
+    # made trainable again inside it); the segment hooks add each row's critic's delta.
+    with model.reference(), segment_lora(model.lora_layers, segments):
+        model._all_trainable()
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                         use_cache=False).last_hidden_state  # (B, T, H)
+    values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    parts = [heads(name, hidden[first:stop, :-1]) for name, first, stop in segments]
+    values = torch.cat([values[:, :1], torch.cat(parts)], dim=1) if parts else values
+    if positions is not None:
+        values = torch.where(positions.bool(), values, torch.zeros_like(values))
+    return values
+
+
+def save_critic(model: MultiAgentLoRAModel, heads: ValueHeads, name: str,
+                directory: str | os.PathLike) -> Path:
+    """A PEFT adapter folder (the critic's LoRA) + ``value_head.safetensors`` (its head)."""
+    from safetensors.torch import save_file
+
+    if name not in model.critic_names:
+        raise KeyError(f"unknown critic {name!r}; critics are {model.critic_names}")
+    folder = model.save_agent(name, directory)
+    head = heads.heads[name]
+    save_file({"weight": head.weight.detach().cpu().contiguous(),
+               "bias": head.bias.detach().cpu().contiguous()}, str(folder / VALUE_HEAD))
+    return folder
+
+
+def load_critic(model: MultiAgentLoRAModel, heads: ValueHeads, name: str,
+                directory: str | os.PathLike) -> None:
+    """Load a folder written by ``save_critic`` into critic ``name`` (shapes must match)."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / VALUE_HEAD
+    if not path.is_file():
+        raise FileNotFoundError(f"no {VALUE_HEAD} in {directory} (critic {name!r})")
+    model.load_agent(name, directory)
+    tensors = load_file(str(path))
+    head = heads.heads[name]
+    with torch.no_grad():
+        for key, param in (("weight", head.weight), ("bias", head.bias)):
+            if tensors[key].shape != param.shape:
+                raise ValueError(f"{path}: {key} has shape {tuple(tensors[key].shape)}, "
+                                 f"expected {tuple(param.shape)}")
+            param.copy_(tensors[key])
+
+
+class CriticTrainer:
+    """Per-critic AdamW over (its LoRA tensors, its head), clipped value loss.
+
+    Args:
+        model: holds the critics' adapters (``critic_names``) on the shared base.
+        heads: their value heads.
+        critics: each critic's config (name, lora, optim), in ``model.critic_names`` order.
+    """
+
+    def __init__(self, model: MultiAgentLoRAModel, heads: ValueHeads,
+                 critics: Sequence[AgentConfig], config: CriticConfig) -> None:
+        if [c.name for c in critics] != model.critic_names:
+            raise ValueError(f"critic trainer critics {[c.name for c in critics]} differ from "
+                             f"the model's {model.critic_names}")
+        self.model, self.heads, self.config = model, heads, config.validate()
+        self.names = list(model.critic_names)
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
+        self.max_grad_norm = {critic.name: critic.optim.max_grad_norm for critic in critics}
+        for critic in critics:
+            optim = critic.optim
+            params = [*model.agent_parameters(critic.name), *heads.heads[critic.name].parameters()]
+            self.optimizers[critic.name] = adamw(params, optim)
+            self.schedulers[critic.name] = schedule(self.optimizers[critic.name], optim)
+
+    def parameters(self, name: str) -> list[torch.nn.Parameter]:
+        """Critic ``name``'s trained tensors: its adapter's, then its head's."""
+        return list(self.optimizers[name].param_groups[0]["params"])
+
+    @torch.no_grad()
+    def values(self, batch: TrajectoryBatch, critic_id: Tensor) -> Tensor:
+        """Values (B, T) on the response tokens, each row through its critic (``critic_id``
+        (B,)), in forwards of one critic's rows at a time."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32,
+                          device=batch.input_ids.device)
+        for rows in self._micro_batches(critic_id).values():
+            for micro in rows:
+                out[micro] = self._forward(batch, critic_id, micro)
+        return out
+
+    def train_step(self, batch: TrajectoryBatch, critic_id: Tensor) -> dict[str, dict[str, float]]:
+        """One update of every critic with rows. ``batch`` needs ``values`` (the critics'
+        values when the rows were scored) and ``returns`` (the targets), (B, T)."""
+        batch.require("values", "returns")
+        plan = self._micro_batches(critic_id)
+        mask = batch.response_mask.float()
+        metrics: dict[str, dict[str, float]] = {}
+        norms: dict[str, Tensor] = {}
+        losses: dict[str, Tensor] = {}
+        steps = {name: self.schedulers[name].last_epoch for name in plan}
+        for name, micros in plan.items():
+            self.optimizers[name].zero_grad(set_to_none=True)
+            normaliser = mask[torch.cat(micros)].sum().clamp(min=1.0)
+            sums = dict.fromkeys(("value_loss", "value_clip_frac", "value_error"), 0.0)
+            with self.model.training_forward({name: steps[name]}, "critic_dropout"):
+                for micro in micros:
+                    values = self._forward(batch, critic_id, micro)
+                    loss, parts = value_loss(values, batch.values[micro], batch.returns[micro],
+                                             mask[micro], clip=self.config.value_clip,
+                                             normalizer=normaliser)
+                    loss.backward()
+                    share = mask[micro].sum() / normaliser
+                    sums["value_loss"] += loss.detach()
+                    sums["value_clip_frac"] += parts["value_clip_frac"] * share
+                    sums["value_error"] += parts["value_error"] * share
+            losses[name] = sums["value_loss"]
+            norms[name] = self._clip(name)
+            metrics[name] = {key: float(value) for key, value in sums.items()}
+            metrics[name]["num_rows"] = float(sum(len(m) for m in micros))
+        self._refuse_non_finite(losses, norms)
+        for name in plan:
+            self.optimizers[name].step()
+            self.schedulers[name].step()
+            self.optimizers[name].zero_grad(set_to_none=True)
+            metrics[name]["grad_norm"] = float(norms[name])
+        return metrics
+
+    def state_dict(self) -> dict:
+        """Optimizers and schedulers (adapters and heads are saved by ``save_critic``)."""
+        return {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
+                "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.names:
+            self.optimizers[name].load_state_dict(state["optimizers"][name])
+            self.schedulers[name].load_state_dict(state["schedulers"][name])
+
+    # ------------------------------------------------------------------ internals
+    def _micro_batches(self, critic_id: Tensor) -> dict[str, list[Tensor]]:
+        """Each critic with rows -> its rows (indices, in batch order) in micro-batches."""
+        plan = {}
+        for index, name in enumerate(self.names):
+            rows = (critic_id == index).nonzero().squeeze(-1)
+            if rows.numel():
+                plan[name] = list(rows.split(self.config.micro_batch_size))
+        return plan
+
+    def _forward(self, batch: TrajectoryBatch, critic_id: Tensor, rows: Tensor) -> Tensor:
+        return critic_values(self.model, self.heads, batch.input_ids[rows],
+                             batch.attention_mask[rows], critic_id[rows],
+                             positions=batch.response_mask[rows].bool())
+
+    def _clip(self, name: str) -> Tensor:
+        return clip_gradients(self.parameters(name), self.max_grad_norm[name])
+
+    def _refuse_non_finite(self, losses: dict[str, Tensor], norms: dict[str, Tensor]) -> None:
+        for name in losses:
+            for what, value in (("value loss", losses[name]), ("gradient norm", norms[name])):
+                if not math.isfinite(float(value)):
+                    for optimizer in self.optimizers.values():
+                        optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteLossError(
+                        f"critic {name!r}: {what} is {float(value)}; the critic step was "
+                        "refused and no critic was updated")
+
+
+SHARED_CRITIC = "critic"
+
+
+def critic_agents(cfg: CriticConfig, agent_names: list[str]) -> list[AgentConfig]:
+    """The critics ``cfg.mode`` asks for, as adapter configs (none for mode 'none')."""
+    if cfg.mode == "none":
+        return []
+    names = ([f"critic_{name}" for name in agent_names] if cfg.mode == "per_agent"
+             else [SHARED_CRITIC])
+    return [AgentConfig(name, lora=cfg.lora, optim=cfg.optim) for name in names]
+
+
+def relayout(x: Tensor, source_mask: Tensor, target_mask: Tensor) -> Tensor:
+    """``x`` (B, T) moved from the response tokens of ``source_mask`` (B, T) to those of
+    ``target_mask`` (B, T'), in order; zero elsewhere. Both masks must mark as many tokens per
+    row (the same responses under different prompts)."""
+    source, target = source_mask.bool(), target_mask.bool()
+    if not torch.equal(source.sum(dim=1), target.sum(dim=1)):
+        raise ValueError("relayout: the two layouts mark different response lengths")
+    out = torch.zeros(target.shape, dtype=x.dtype, device=x.device)
+    out[target] = x[source]  # row-major order: row by row, left to right in both
+    return out
+
+
+class Critics:
+    """The run's critics on ``model`` (which must hold ``critic_agents(cfg, ...)``)."""
+
+    def __init__(self, cfg: CriticConfig, model: MultiAgentLoRAModel,
+                 critics: list[AgentConfig]) -> None:
+        self.mode = cfg.mode
+        self.input = cfg.input
+        self.model = model
+        device = model.base_model.get_input_embeddings().weight.device
+        self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size, device)
+        self.trainer = CriticTrainer(model, self.heads, critics, cfg)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.model.critic_names)
+
+    def critic_id(self, batch: TrajectoryBatch) -> Tensor:
+        """(B,) each row's critic, an index into ``names``."""
+        if self.mode == "per_agent":
+            return batch.agent_id  # critic_<agent i> is critic i
+        return torch.zeros_like(batch.agent_id)
+
+    def with_values(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` with ``values`` (B, T): each row's critic's V before each response token."""
+        view = self._view(batch)
+        values = self.trainer.values(view, self.critic_id(batch))
+        if view is not batch:
+            values = relayout(values, view.response_mask, batch.response_mask)
+        return batch.with_fields(values=values)
+
+    def train_step(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """One update of every critic with rows (``batch`` has ``values`` and ``returns``);
+        metrics ``critic/<critic>/<name>`` plus ``critic/explained_variance`` of the values
+        it was given (1: the values predicted the returns, 0: no better than their mean)."""
+        view = self._view(batch)
+        if view is not batch:
+            view = view.with_fields(**{
+                name: relayout(getattr(batch, name), batch.response_mask, view.response_mask)
+                for name in ("values", "returns")})
+        per_critic = self.trainer.train_step(view, self.critic_id(batch))
+        metrics = {f"critic/{critic}/{key}": value
+                   for critic, parts in per_critic.items() for key, value in parts.items()}
+        mask = batch.response_mask.bool()
+        returns, values = batch.returns[mask].float(), batch.values[mask].float()
+        if returns.numel() > 1:
+            variance = returns.var(unbiased=False)
+            residual = (returns - values).var(unbiased=False)
+            metrics["critic/explained_variance"] = float(
+                1.0 - residual / variance) if variance > 0 else 0.0
+        return metrics
+
+    def _view(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """The rows as the critics read them: ``batch`` itself (critic.input=local) or its
+        global-view layout (critic.input=global)."""
+        if self.input == "local":
+            return batch
+        if batch.critic_input_ids is None:
+            raise ValueError("critic.input='global': the batch has no critic_input_ids (the "
+                             "rollout must render global views: RolloutConfig.critic_view)")
+        return batch.with_fields(input_ids=batch.critic_input_ids,
+                                 attention_mask=batch.critic_attention_mask,
+                                 response_mask=batch.critic_response_mask)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, checkpoint: Path) -> None:
+        """Each critic's folder (PEFT adapter + value head) under ``checkpoint/critics/``."""
+        for name in self.names:
+            save_critic(self.model, self.heads, name, critic_dir(checkpoint, name))
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "names": self.names, "trainer": self.trainer.state_dict()}
+
+    def load(self, checkpoint: Path, state: dict | None) -> None:
+        """Adapters, heads, optimizers and schedulers from a checkpoint ``save`` wrote into
+        (``state``: ``state_dict()`` as saved in the trainer state)."""
+        if state is None or state["names"] != self.names:
+            saved = "no critics" if state is None else f"critics {state['names']}"
+            raise ValueError(f"resume={str(checkpoint)!r}: the checkpoint has {saved}, the "
+                             f"config's critic.mode={self.mode!r} asks for {self.names}")
+        for name in self.names:
+            load_critic(self.model, self.heads, name, critic_dir(checkpoint, name))
+        self.trainer.load_state_dict(state["trainer"])
