@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference import GenerationRequest, SamplingParams
 from roll.models import apply_chat_template, build_tiny_model, load_model, load_tokenizer
 from roll.multi_agent.config import ALL_LINEAR, AgentConfig, LoRAConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.builders import hf_engine_for
 
 RANK = 32
 
@@ -72,11 +73,11 @@ def bench_vllm(engine, model, prompt, names, steps, version) -> dict:
         start = time.perf_counter()  # the folder write alone, to split load_adapter's cost
         for name in names:
             _write_peft_folder(scratch / f"{step}-{name}", exported[name],
-                               model.lora_config(name))
+                               model.peft_config(name))
         write = time.perf_counter() - start
         start = time.perf_counter()
         for name in names:
-            engine.load_adapter(name, exported[name], model.lora_config(name), version + step)
+            engine.load_adapter(name, exported[name], model.peft_config(name), version + step)
         load = time.perf_counter() - start
         first = _timed(lambda: engine.generate(requests))
         steady = _timed(lambda: engine.generate(requests))
@@ -91,7 +92,7 @@ def bench_vllm(engine, model, prompt, names, steps, version) -> dict:
 
 
 def bench_hf(model, tokenizer, prompt, names, steps) -> dict:
-    engine = HFEngine(model, tokenizer)
+    engine = hf_engine_for(model, tokenizer)
     one_token = SamplingParams(temperature=0.0, max_new_tokens=1)
     requests = [GenerationRequest(prompt, name, one_token) for name in names]
     samples: dict[str, list[float]] = {"export": [], "load_adapter": [], "sync_total": []}
@@ -102,7 +103,7 @@ def bench_hf(model, tokenizer, prompt, names, steps) -> dict:
         export = time.perf_counter() - start
         start = time.perf_counter()
         for name in names:
-            engine.load_adapter(name, exported[name], model.lora_config(name), step)
+            engine.load_adapter(name, exported[name], model.peft_config(name), step)
         load = time.perf_counter() - start
         engine.generate(requests)
         if step:

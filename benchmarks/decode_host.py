@@ -26,8 +26,9 @@ import rollout_throughput as rt  # noqa: E402
 from report import emit  # noqa: E402
 
 from roll.distributed.roles import push_adapters
-from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference import GenerationRequest, SamplingParams
 from roll.inference.hf import finish
+from roll.pipeline.builders import hf_engine_for
 
 NEW_TOKENS = 128
 
@@ -58,8 +59,8 @@ def main() -> None:
                      for r in range(batch)]
             requests = [GenerationRequest(prompts[r].tolist(), slots[r], sampling)
                         for r in range(batch)]
-            engine = HFEngine(team, tokenizer, max_batch_size=batch, compile=True,
-                              lora_kernels="torch" if name == "no_adapter" else name)
+            engine = hf_engine_for(team, tokenizer, max_batch_size=batch, compile=True,
+                                   lora_kernels="torch" if name == "no_adapter" else name)
             if name != "no_adapter":
                 push_adapters(engine, team, version=1)
             decode = engine._decode

@@ -130,7 +130,7 @@ def _versus(pipeline, opponent: str, out: Path) -> dict:
     raw = [seat for agent in names for seat in ([agent, opponent], [opponent, agent])]
     seatings = seatings_of(raw, 2, names, f"versus {opponent}")
     scheduler = pipeline.scheduler(seatings, evaluation=True)
-    with Tracker(TrackingConfig(backends=["console"], log_dir=str(out))) as tracker:
+    with Tracker(TrackingConfig(backends=["console"]), str(out)) as tracker:
         metrics = pipeline.evaluate(scheduler, tracker)
     keep = ("win_rate", "non_loss_rate", "loss_rate", "seat0/non_loss_rate",
             "seat1/non_loss_rate")

@@ -14,7 +14,8 @@ untimed warm-up:
                 log-probs already filled in.
 Peak memory is ``torch.cuda.max_memory_allocated`` over the measured call, minus what was
 allocated before it. Works with the current API and with the older one (no ``positions`` /
-``temperature`` / ``micro_batch_size`` keywords), so one script measures before and after.
+``temperature`` / ``forward_rows`` keywords; ``forward_rows`` was ``micro_batch_size``), so one
+script measures before and after.
 Prints one JSON object; writes it to ``$OUT/logprob_memory[_<label>].json`` when OUT is set.
 """
 
@@ -123,10 +124,12 @@ def main() -> None:
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     device = torch.device(args.device)
     model, trainer, batch = build(args)
-    new_api = "positions" in inspect.signature(model.logprobs).parameters
+    parameters = inspect.signature(model.logprobs).parameters
+    new_api = "positions" in parameters
     forward_rows = args.logprob_micro or args.micro
-    keywords = dict(positions=batch.response_mask.bool(), micro_batch_size=forward_rows) if (
-        new_api) else {}
+    rows_keyword = "forward_rows" if "forward_rows" in parameters else "micro_batch_size"
+    keywords = ({"positions": batch.response_mask.bool(), rows_keyword: forward_rows}
+                if new_api else {})
 
     def old_logprob():
         return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **keywords)

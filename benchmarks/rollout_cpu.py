@@ -21,10 +21,10 @@ from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout import RolloutConfig, RolloutScheduler
 from roll.inference.base import SamplingParams
-from roll.inference.hf.engine import HFEngine
 from roll.models import build_tiny_model, load_model, load_tokenizer
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.builders import hf_engine_for
 
 HANABI = {"players": 2, "colors": 2, "ranks": 3, "hand_size": 2,
           "max_information_tokens": 3, "max_life_tokens": 1}
@@ -41,10 +41,10 @@ def main() -> None:
     tokenizer = load_tokenizer(path)
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=8, alpha=16)) for i in range(2)]
     model = MultiAgentLoRAModel(load_model(path), agents)
-    engine = HFEngine(model, tokenizer)
+    engine = hf_engine_for(model, tokenizer)
     for agent in agents:
         engine.load_adapter(agent.name, model.export_adapter(agent.name),
-                            model.lora_config(agent.name), 0)
+                            model.peft_config(agent.name), 0)
     names = [a.name for a in agents]
     scheduler = RolloutScheduler(
         env_factory=lambda: OpenSpielEnv("hanabi", HANABI),
@@ -56,7 +56,8 @@ def main() -> None:
         sampling=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens),
         action=ActionConfig(),
         config=RolloutConfig(num_groups=args.games, group_size=1, max_turns=64,
-                             constrained_decoding=args.constrained),
+                             max_prompt_tokens=2048, constrained_decoding=args.constrained,
+                             enable_thinking=False, continuous=True),
     )
     start = time.perf_counter()
     result = scheduler.rollout(seed=0)

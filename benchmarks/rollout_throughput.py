@@ -51,6 +51,7 @@ from roll.distributed.roles import push_adapters
 from roll.inference import GenerationRequest, HFEngine, SamplingParams
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig  # noqa: E402
 from roll.multi_agent.model import MultiAgentLoRAModel  # noqa: E402
+from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
 QWEN3_06B = dict(
     vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
@@ -334,17 +335,17 @@ def main() -> None:
         lambda: build_team(shape, rank, agents, dtype, device, save_to=vllm_folder), device)
     result["build_s"] = build_s
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
-    eager = HFEngine(team, tokenizer, max_batch_size=max(batches))
+    eager = hf_engine_for(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
     compiled = no_lora = torch_kernels = None
     if compile_ours:
-        compiled = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
+        compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
         result["lora_kernels"] = compiled.fused.kernels
-        no_lora = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True)
+        no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
         if args.torch_kernels:
-            torch_kernels = HFEngine(team, tokenizer, max_batch_size=max(batches), compile=True,
-                                     lora_kernels="torch")
+            torch_kernels = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
+                                          compile=True, lora_kernels="torch")
             push_adapters(torch_kernels, team, version=1)
 
     gen = torch.Generator().manual_seed(0)

@@ -45,6 +45,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from roll.distributed.deepspeed_strategy import resident_elements
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
+    from roll.multi_agent.strategy import TorchStrategy
     from roll.multi_agent.trainer import MultiAgentTrainer
 
     device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
@@ -61,13 +62,12 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     model = MultiAgentLoRAModel(base, agents, seed=0)
     config = TrainerConfig(micro_batch_size=args.micro)
     if args.strategy == "deepspeed":
-        from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+        from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
-        trainer = DeepSpeedTrainer(model, agents, config, 1.0, TorchDistributedSync(),
-                                   args.zero_stage)
+        strategy = DeepSpeedStrategy(args.zero_stage, TorchDistributedSync())
     else:
-        sync = TorchDistributedSync() if world_size > 1 else None
-        trainer = MultiAgentTrainer(model, agents, config, grad_sync=sync)
+        strategy = TorchStrategy(TorchDistributedSync() if world_size > 1 else None)
+    trainer = MultiAgentTrainer(model, agents, config, strategy=strategy)
     resident = resident_elements(model)
     rows, tokens = args.rows * world_size, args.tokens
     batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,

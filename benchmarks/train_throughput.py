@@ -91,7 +91,7 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     trainer = MultiAgentTrainer(model, agents, config)
     batch = batch.with_fields(agent_id=torch.arange(len(batch), device=batch.input_ids.device)
                               % num_agents)
-    keywords = dict(positions=batch.response_mask.bool(), micro_batch_size=config.forward_rows)
+    keywords = dict(positions=batch.response_mask.bool(), forward_rows=config.forward_rows)
 
     def old_logprob():
         return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **keywords)

@@ -41,8 +41,13 @@ class TrajectoryBatch:
     """(B,) long. Episodes sharing a seed/prompt share a group id (GRPO groups)."""
     turn: Tensor | None = None
     """(B,) long. Index of this turn within its trajectory (0, 1, ...)."""
+    engine_logprobs: Tensor | None = None
+    """(B, T) float. Log-probs the rollout engine reported for the tokens it sampled (written
+    by the rollout; compared with ``old_logprobs`` as a check that the engine served the
+    trainer's weights, ``rollout/engine_logprob_gap``)."""
     old_logprobs: Tensor | None = None
-    """(B, T) float. Log-probs under the policy that generated the rows (behaviour policy)."""
+    """(B, T) float. Log-probs under the policy that generated the rows (behaviour policy),
+    from the trainer's own forward, so PPO ratios start at exactly 1."""
     ref_logprobs: Tensor | None = None
     """(B, T) float. Log-probs under the reference policy (base model, adapters off)."""
     values: Tensor | None = None

@@ -25,6 +25,7 @@ from roll.algorithms.normalize import (
     normalize_advantages,
 )
 from roll.batch import TrajectoryBatch
+from roll.errors import ConfigError
 
 AdvantageFn = Callable[[TrajectoryBatch, "AdvantageConfig"], tuple[Tensor, Tensor]]
 _ESTIMATORS: dict[str, AdvantageFn] = {}
@@ -32,7 +33,8 @@ _ESTIMATORS: dict[str, AdvantageFn] = {}
 
 @dataclass
 class AdvantageConfig:
-    """How rewards become advantages. Checked on construction; errors name the field."""
+    """How rewards become advantages (the run's ``advantage``). Checked on construction;
+    errors name the key ``advantage.<field>``."""
 
     estimator: str = "grpo"
     """Registered estimator name: "reinforce", "grpo", "magrpo", "gae", "ippo", "mappo",
@@ -53,23 +55,23 @@ class AdvantageConfig:
     """Added to a std before dividing by it (GRPO and whitening); > 0."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> AdvantageConfig:
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"AdvantageConfig.{name} must be in [0, 1], got {value!r}")
+                raise ConfigError(f"advantage.{name}", value, "must be in [0, 1]")
         if not self.eps > 0.0:
-            raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps!r}")
+            raise ConfigError("advantage.eps", self.eps, "must be > 0")
         if self.norm not in NORM_MODES:
-            raise ValueError(f"AdvantageConfig.norm must be one of {NORM_MODES}, got {self.norm!r}")
+            raise ConfigError("advantage.norm", self.norm, f"must be one of {NORM_MODES}")
         if self.norm_by not in NORM_BY:
-            raise ValueError(
-                f"AdvantageConfig.norm_by must be one of {NORM_BY}, got {self.norm_by!r}"
-            )
+            raise ConfigError("advantage.norm_by", self.norm_by, f"must be one of {NORM_BY}")
         if self.estimator not in _ESTIMATORS:
-            raise ValueError(
-                f"AdvantageConfig.estimator must be one of {sorted(_ESTIMATORS)}, "
-                f"got {self.estimator!r}"
-            )
+            raise ConfigError("advantage.estimator", self.estimator,
+                              f"must be one of {sorted(_ESTIMATORS)}")
+        return self
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:

@@ -1,12 +1,15 @@
-"""Where the trainer runs: in this process (``local``) or as data-parallel Ray actors (``ray``).
+"""Where the roles run: in this process (``local``) or as Ray actors (``ray``).
 
-The pipeline drives one small interface, ``TrainGroup`` (train_group.py), whichever backend
-holds the ranks; ``build_train_group`` picks the backend from ``cluster.backend``. Ray ranks
-train with the torch strategy (gradient all-reduce, per-agent AdamW on every rank) or the
-DeepSpeed ZeRO-2 one (deepspeed_strategy.py). Ray and DeepSpeed are imported only where used.
+- ``roles.py``: the train role as the pipeline sees it (``TrainGroup``, ``TrainSpec``,
+  ``LocalTrainGroup``) and how adapters travel to the engines (``push_adapters``).
+- ``ray_train.py``: data-parallel train ranks, with the torch strategy (gradient all-reduce,
+  per-agent AdamW on every rank) or DeepSpeed ZeRO-2/3 (``deepspeed_strategy.py``).
+- ``ray_infer.py``: engine actors; ``ray_env.py``: env workers; ``ray_actors.py``: what they share.
+
+The pipeline's builders (roll/pipeline/builders.py) pick the backend from ``cluster.backend``.
+Ray and DeepSpeed are imported only where used.
 """
 
-from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
-from roll.errors import RoleFailed
+from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec, push_adapters
 
-__all__ = ["LocalTrainGroup", "RoleFailed", "TrainGroup", "TrainSpec"]
+__all__ = ["LocalTrainGroup", "TrainGroup", "TrainSpec", "push_adapters"]

@@ -1,7 +1,8 @@
 """Data-parallel gradient sharing over ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
 
 ``MultiAgentTrainer`` (roll/multi_agent/trainer.py) splits each agent's mini-batch across ranks
-and asks a ``GradSync`` for the sum of the round's gradients; this is that sum. We sum the
+and its strategy asks a ``GradSync`` (roll/multi_agent/strategy.py) for the sum of the round's
+gradients; this is that sum. We sum the
 adapters' gradients by hand instead of wrapping the model in ``DistributedDataParallel``: each
 round touches a different subset of agents (DDP's buckets assume every step reduces the same
 parameters), and one flat all-reduce per round is all the traffic LoRA needs (a few MB).

@@ -23,7 +23,8 @@ Invariant 1 across ranks, and what DeepSpeed does or does not do:
 - each rank computes its share's gradients with ``torch.autograd.grad`` (DeepSpeed's gradient
   hooks stay out of the uneven, agent-dependent graphs), then the trainer sums them over ranks,
   clips each agent by its own max_grad_norm and refuses NaN/inf BEFORE anything steps — the very
-  code of the torch strategy (roll/multi_agent/trainer.py);
+  code of the torch strategy (a ``TorchStrategy`` over stand-ins of the adapter tensors:
+  roll/multi_agent/strategy.py);
 - the finished gradients reach DeepSpeed through one backward of ``sum(p * g)`` over every
   adapter tensor (ZeRO-2), the same graph on every rank, so ZeRO's reduce-scatter lines up, or
   straight into ZeRO-3's reduce-scatter buckets (its own hooks fire on the leaf layers'
@@ -47,11 +48,9 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from roll.batch import TrajectoryBatch
-from roll.multi_agent.config import AgentConfig, TrainerConfig
+from roll.multi_agent.config import AgentConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.optim import schedule
-from roll.multi_agent.trainer import GradSync, MultiAgentTrainer
+from roll.multi_agent.strategy import GradSync, TorchStrategy
 
 ZERO_STAGES = (2, 3)
 
@@ -112,17 +111,35 @@ def deepspeed_config(stage: int) -> dict:
     }
 
 
-class DeepSpeedTrainer(MultiAgentTrainer):
-    """``MultiAgentTrainer`` whose adapters' optimizer lives in a DeepSpeed ZeRO engine.
+class DeepSpeedStrategy:
+    """A ``TrainStrategy`` (roll/multi_agent/strategy.py) whose adapters' optimizer lives in a
+    DeepSpeed ZeRO engine: ``MultiAgentTrainer(..., strategy=DeepSpeedStrategy(stage, sync))``.
 
-    Needs ``torch.distributed`` initialised (the Ray train ranks do it); every public method
-    is a collective: call it on every rank.
+    Needs ``torch.distributed`` initialised (the Ray train ranks do it); every method is a
+    collective: call the trainer's public methods on every rank.
     """
 
-    def __init__(self, model: MultiAgentLoRAModel, agents: Sequence[AgentConfig],
-                 config: TrainerConfig, temperature: float, grad_sync: GradSync,
-                 zero_stage: int) -> None:
-        super().__init__(model, agents, config, temperature, grad_sync)
+    def __init__(self, zero_stage: int, grad_sync: GradSync | None = None) -> None:
+        self.zero_stage = zero_stage
+        self.carriers = TorchStrategy(grad_sync)
+        """Per agent an AdamW over stand-ins of its adapter tensors (one element of memory
+        each) that never steps: they carry the gradients (the real tensors' .grad belongs to
+        ZeRO's hooks), the hyperparameters and the LambdaLR schedules; summed over ranks and
+        clipped by the torch strategy's own code."""
+
+    @property
+    def grad_sync(self) -> GradSync | None:
+        return self.carriers.grad_sync
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.carriers.optimizers
+
+    @property
+    def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LambdaLR]:
+        return self.carriers.schedulers
+
+    def setup(self, model: MultiAgentLoRAModel, agents: Sequence[AgentConfig]) -> None:
         if model.peft_model.training:
             raise ValueError("the team must be in eval mode (dropout only in training_forward)")
         if str(next(model.parameters()).device) == "cpu":
@@ -132,7 +149,9 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         import deepspeed
 
         model._all_trainable()
-        self.zero_stage = zero_stage
+        zero_stage = self.zero_stage
+        self.model = model
+        self.agent_names = model.agent_names
         self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
         if zero_stage == 3:
             # Each adapted layer (its base weight and every agent's A/B) is gathered as one:
@@ -153,20 +172,15 @@ class DeepSpeedTrainer(MultiAgentTrainer):
                 handle.remove()
         model.peft_model.eval()
         self.adam_steps = dict.fromkeys(self.agent_names, 0)
-        # The trainer sums, clips and checks gradients on its per-agent AdamW's parameters;
-        # here those are stand-ins of each adapter tensor's shape (one element of memory each)
-        # that never step: they carry the gradients (the real tensors' .grad belongs to ZeRO's
-        # hooks), the hyperparameters and the LambdaLR schedules.
+        stand_ins = {}
         for agent in agents:
-            stand_ins = [torch.zeros((), dtype=param.dtype, device=param.device)
-                         .expand(_whole_shape(param))
-                         for param in self.params[agent.name]]
-            optimizer = torch.optim.AdamW(stand_ins, lr=agent.optim.lr,
-                                          betas=tuple(agent.optim.betas), eps=agent.optim.eps,
-                                          weight_decay=agent.optim.weight_decay)
-            self.optimizers[agent.name] = optimizer
-            self.schedulers[agent.name] = schedule(optimizer, agent.optim)
-        self._step([])  # no agent moves: ZeRO-2 links its shards to the state a 1st step makes
+            tensors = [torch.zeros((), dtype=param.dtype, device=param.device)
+                       .expand(_whole_shape(param)) for param in self.params[agent.name]]
+            stand_ins[agent.name] = torch.optim.AdamW(
+                tensors, lr=agent.optim.lr, betas=tuple(agent.optim.betas), eps=agent.optim.eps,
+                weight_decay=agent.optim.weight_decay)
+        self.carriers.setup(model, agents, optimizers=stand_ins)
+        self.step([])  # no agent moves: ZeRO-2 links its shards to the state a 1st step makes
 
     def _on_cpu(self) -> bool:
         return str(next(iter(self.params.values()))[0].device) == "cpu"
@@ -181,9 +195,9 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         params = [p for params in self.params.values() for p in params]
         return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
 
-    # ------------------------------------------------------------------ seams
+    # ------------------------------------------------------------------ gradients
     def _stand_ins(self, name: str) -> list[Tensor]:
-        return self.optimizers[name].param_groups[0]["params"]
+        return self.carriers.carriers(name)
 
     def _grad(self, total: Tensor, params: list[Tensor]) -> tuple[Tensor | None, ...]:
         """d total / d params, outside DeepSpeed's backward; ZeRO-3 then releases what its
@@ -193,7 +207,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
             self.engine.optimizer.backward_epilogue()
         return grads
 
-    def _local_backward(self, total: Tensor, names: list[str]) -> None:
+    def backward(self, total: Tensor, names: list[str]) -> None:
         params = [p for name in names for p in self.params[name]]
         grads = self._grad(total, params)
         stand_ins = [s for name in names for s in self._stand_ins(name)]
@@ -201,7 +215,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
             if grad is not None:
                 stand_in.grad = grad if stand_in.grad is None else stand_in.grad + grad
 
-    def _padding_passes(self, passes: int) -> int:
+    def padding_passes(self, passes: int) -> int:
         """ZeRO-3 gathers each layer's weights in every forward and backward, a collective:
         a rank with fewer passes this round than another pads with that many more (agreed
         before any pass runs)."""
@@ -213,14 +227,19 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         return int(most) - passes
 
-    def _padding_pass(self, batch: TrajectoryBatch) -> None:
-        """The batch's first row forward and backward with a zero loss, gradients dropped."""
-        row = batch.select(torch.zeros(1, dtype=torch.long, device=batch.agent_id.device))
-        logprobs, _ = self.model(row.input_ids, row.attention_mask, row.agent_id,
-                                 positions=row.response_mask.bool(), temperature=self.temperature)
-        self._grad(logprobs.sum() * 0.0, self.params[self.agent_names[int(row.agent_id[0])]])
+    def padding_backward(self, loss: Tensor, name: str) -> None:
+        self._grad(loss, self.params[name])
 
-    def _step(self, names: list[str]) -> None:
+    def sum_over_ranks(self, names: list[str], extra: Tensor) -> Tensor:
+        return self.carriers.sum_over_ranks(names, extra)
+
+    def clip(self, name: str, limit: float) -> Tensor:
+        return self.carriers.clip(name, limit)
+
+    def zero_grad(self, names: list[str]) -> None:
+        self.carriers.zero_grad(names)
+
+    def step(self, names: list[str]) -> None:
         stepping = [name for name in names
                     if any(s.grad is not None for s in self._stand_ins(name))]
         grads = {name: [s.grad for s in self._stand_ins(name)] for name in self.agent_names}
@@ -275,7 +294,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         from deepspeed.utils import safe_set_full_fp32_param
 
         with self._gathered(modify=True):
-            super().load_adapters(adapters)
+            self.carriers.load_adapters(adapters)
         for name, tensors in adapters.items():
             for key, param in self.model.named_agent_tensors(name):
                 safe_set_full_fp32_param(param, tensors[key].to(self.engine.device).float())
@@ -284,7 +303,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         """The torch strategy's format: per-agent AdamW state dicts, gathered from ZeRO."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        state = super().state_dict()
+        state = self.carriers.state_dict()
         for name, params in self.params.items():
             if not self.adam_steps[name]:
                 continue
@@ -299,7 +318,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
     def load_state_dict(self, state: dict) -> None:
         from deepspeed.utils import safe_set_full_optimizer_state
 
-        super().load_state_dict(state)
+        self.carriers.load_state_dict(state)
         for name, params in self.params.items():
             saved = state["optimizers"][name]["state"]
             self.optimizers[name].state.clear()
@@ -319,7 +338,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
             return optimizer.fp32_partitioned_groups_flat
         return optimizer.single_partition_of_fp32_groups
 
-    def _snapshot(self, names: list[str]) -> dict:
+    def snapshot(self, names: list[str]) -> dict:
         """This rank's own copy of what a step changes: the model's adapter tensors, its fp32
         shards and their AdamW state, the schedules. Each rank restores its own (under ZeRO-3
         gathering the adapters is a collective: every rank snapshots and restores together, as
@@ -337,7 +356,7 @@ class DeepSpeedTrainer(MultiAgentTrainer):
         }
 
     @torch.no_grad()
-    def _restore(self, snapshot: dict) -> None:
+    def restore(self, snapshot: dict) -> None:
         params = [p for params in self.params.values() for p in params]
         with self._gathered(modify=True):
             for param, saved in zip(params, snapshot["params"], strict=True):
@@ -364,5 +383,5 @@ def _whole_shape(param: Tensor) -> torch.Size:
     return getattr(param, "ds_shape", param.shape)
 
 
-__all__ = ["AgentGroupAdamW", "DeepSpeedTrainer", "ZERO_STAGES", "deepspeed_config",
+__all__ = ["AgentGroupAdamW", "DeepSpeedStrategy", "ZERO_STAGES", "deepspeed_config",
            "resident_elements"]

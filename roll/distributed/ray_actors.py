@@ -1,6 +1,6 @@
 """A role's Ray actors: one placement group, one actor per bundle, fail-fast calls.
 
-Shared by the trainer ranks (ray_backend.py) and the inference engines (infer_group.py). A
+Shared by the trainer ranks (ray_train.py) and the inference engines (ray_infer.py). A
 colocated layout (``actor_infer.colocate``) gives both roles one ``SharedBundles``: bundle i
 holds train rank i AND engine i (e.g. one GPU, half for each), so every GPU gets one of each.
 """

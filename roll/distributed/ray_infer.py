@@ -1,14 +1,14 @@
 """Inference engines as Ray actors (``actor_infer.num_engines``): data-parallel generation.
 
 Each ``InferRank`` holds its own engine with its own copy of the base: an hf engine (``HFEngine``
-over the team's PEFT model) or a vLLM engine (``VLLMEngine``, the agents as LoRA adapters), as
+over the plain base) or a vLLM engine (``VLLMEngine``), the agents as adapter slots, as
 ``EngineSpec`` says. ``RayInferGroup`` is an ``InferenceEngine`` to the pipeline: adapters travel
 to every rank as tensors through the object store (one ``ray.put`` per push), a ``generate`` call
 is split round-robin over the ranks and merged back in request order, and every output carries
 the adapter version its rank served, which the rollout checks against the trainer's (a stale
 rank fails the step loudly). ``sleep``/``wake_up`` reach every rank (vLLM frees its KV cache
-while the trainer runs; hf ranks ignore them). It has no ``serve``: the rollout plays lock-step
-rounds over it. A rank that dies stops the call with one line naming it.
+while the trainer runs; hf ranks ignore them). It is not continuous: the rollout plays lock-step
+rounds over it (``RoundsEngine``). A rank that dies stops the call with one line naming it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import torch
 
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.roles import TrainSpec
-from roll.inference.base import GenerationOutput, GenerationRequest
+from roll.inference.base import GenerationOutput, GenerationRequest, RoundsEngine
 from roll.models import load_model, load_tokenizer
-from roll.multi_agent.model import MultiAgentLoRAModel
 
 
 @dataclass(frozen=True)
@@ -59,17 +58,16 @@ class InferRank:
         from roll.inference.hf.engine import HFEngine
 
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
-        model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
-        self.engine = HFEngine(model, tokenizer, device=spec.device, seed=spec.seed,
+        self.engine = HFEngine(base, tokenizer, device=spec.device, seed=spec.seed,
+                               slot_capacity=len(spec.agents),
+                               rank_capacity=max(agent.lora.rank for agent in spec.agents),
                                **engine.options)
 
     def sleep(self) -> None:
-        if callable(getattr(self.engine, "sleep", None)):
-            self.engine.sleep()
+        self.engine.sleep()
 
     def wake_up(self) -> None:
-        if callable(getattr(self.engine, "wake_up", None)):
-            self.engine.wake_up()
+        self.engine.wake_up()
 
     def load_adapter(self, slot: str, tensors: dict, lora_config, version: int) -> None:
         self.engine.load_adapter(slot, tensors, lora_config, version)
@@ -84,9 +82,9 @@ class InferRank:
         return {slot: self.engine.adapter_version(slot) for slot in self.engine.slots}
 
 
-class RayInferGroup:
+class RayInferGroup(RoundsEngine):
     """``num_engines`` InferRank actors in one placement group (or in bundles ``shared`` with
-    the train ranks: colocated), as one ``InferenceEngine``."""
+    the train ranks: colocated), as one ``InferenceEngine`` that serves in rounds."""
 
     def __init__(self, spec: TrainSpec, num_engines: int, engine: EngineSpec,
                  cpus_per_engine: float = 1.0, gpus_per_engine: float = 0.0,

@@ -2,11 +2,11 @@
 
 Each rank (``TrainRank``) builds the same team from the same ``TrainSpec`` (same base, same
 seeded adapter init), joins a torch.distributed group and runs ``MultiAgentTrainer`` with a
-``TorchDistributedSync``: every rank gets the whole batch (one ``ray.put``), forwards its share
-of each agent's mini-batch, and the ranks sum their gradients, so all replicas stay equal
-(roll/multi_agent/trainer.py). After a step the driver copies the trained agents' adapter tensors
-from rank 0 into its own model (MBs through the object store, never the base). A rank that dies
-stops the step with one line naming it.
+strategy (torch or DeepSpeed) summing over a ``TorchDistributedSync``: every rank gets the whole
+batch (one ``ray.put``), forwards its share of each agent's mini-batch, and the ranks sum their
+gradients, so all replicas stay equal (roll/multi_agent/trainer.py). After a step the driver
+copies the trained agents' adapter tensors from rank 0 into its own model (MBs through the
+object store, never the base). A rank that dies stops the step with one line naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.roles import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.strategy import TorchStrategy
 from roll.multi_agent.trainer import MultiAgentTrainer
 
 
@@ -39,15 +40,13 @@ class TrainRank:
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
         self.rank = rank
         if spec.strategy == "deepspeed":
-            from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+            from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
-            self.trainer = DeepSpeedTrainer(self.model, list(spec.agents), spec.trainer,
-                                            spec.temperature, TorchDistributedSync(),
-                                            spec.zero_stage)
+            strategy = DeepSpeedStrategy(spec.zero_stage, TorchDistributedSync())
         else:
-            self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
-                                             temperature=spec.temperature,
-                                             grad_sync=TorchDistributedSync())
+            strategy = TorchStrategy(TorchDistributedSync())
+        self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
+                                         temperature=spec.temperature, strategy=strategy)
 
     def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
         """(metrics per agent, global step, rows this rank ran forward/backward)."""

@@ -2,10 +2,11 @@
 
 A ``TrainGroup`` updates every agent's adapter from one mixed batch (``train_step``) and leaves
 the new adapters in the pipeline's own ``MultiAgentLoRAModel`` afterwards, which serves the
-rollout engine, the old/reference log-probs and the checkpoints. ``MultiAgentTrainer`` is the
-local group (it trains that very model in this process); ``RayTrainGroup`` (ray_backend.py) keeps
-``world_size`` data-parallel replicas in Ray actors and copies the updated adapter tensors back
-(through the object store) after each step.
+rollout engine, the old/reference log-probs and the checkpoints. ``LocalTrainGroup`` (a
+``MultiAgentTrainer`` with the default torch strategy) is the local group: it trains that very
+model in this process. ``RayTrainGroup`` (ray_train.py) keeps ``world_size`` data-parallel
+replicas in Ray actors and copies the updated adapter tensors back (through the object store)
+after each step.
 """
 
 from __future__ import annotations
@@ -79,4 +80,4 @@ def push_adapters(
     ``engine.adapter_version(name) == version`` for each synced agent.
     """
     for name in agents if agents is not None else model.agent_names:
-        engine.load_adapter(name, model.export_adapter(name), model.lora_config(name), version)
+        engine.load_adapter(name, model.export_adapter(name), model.peft_config(name), version)

@@ -146,12 +146,31 @@ class GenerationOutput:
     """Version of that slot's weights at generation time (None for the base model)."""
 
 
+Follow = Callable[[int, GenerationOutput], list[GenerationRequest]]
+"""Called with (request key, its output) as each request finishes; returns new requests. Keys
+number the requests in the order they were made: ``first`` 0..n-1, then every request a
+``Follow`` call returns, in the order returned."""
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """A generation engine holding adapter slots over one base model."""
 
+    continuous: bool
+    """Whether ``serve`` batches continuously (a follow-up joins the running batch at once);
+    False: it plays rounds (``serve_rounds``)."""
+    last_serve: dict[str, int]
+    """Figures of the last ``serve`` call (e.g. lanes, decode_steps, served); empty where the
+    engine keeps none."""
+
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         """Generate for every request (any mix of slots) and return outputs in request order."""
+        ...
+
+    def serve(self, first: list[GenerationRequest], follow: Follow,
+              context_len: int | None = None) -> int:
+        """Generate for ``first`` and for every request ``follow`` returns, until none is left;
+        returns how many requests were served (see ``serve`` below)."""
         ...
 
     def load_adapter(
@@ -167,6 +186,15 @@ class InferenceEngine(Protocol):
 
     def adapter_version(self, slot: str) -> int | None:
         """Version of the weights a slot serves; None if no such slot is loaded."""
+        ...
+
+    def sleep(self) -> None:
+        """Free what the engine can (vLLM with sleep mode: its KV cache) until ``wake_up``;
+        a no-op for an engine that cannot sleep."""
+        ...
+
+    def wake_up(self) -> None:
+        """Take back what ``sleep`` freed; a no-op for an engine that cannot sleep."""
         ...
 
 
@@ -185,26 +213,24 @@ def load_adapter_folder(
                         version)
 
 
-Follow = Callable[[int, GenerationOutput], list[GenerationRequest]]
-"""Called with (request key, its output) as each request finishes; returns new requests. Keys
-number the requests in the order they were made: ``first`` 0..n-1, then every request a
-``Follow`` call returns, in the order returned."""
-
-
 def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow,
           context_len: int | None = None, continuous: bool = True) -> int:
     """Generate for ``first`` and for every request ``follow`` returns, until none is left;
     returns how many requests were served.
 
-    An engine with its own ``serve`` (the hf engine: continuous batching) runs it, so a new
-    request joins the running batch as soon as it exists; any other engine plays rounds: one
-    ``generate`` call per round, follow-ups in the next round. ``context_len`` bounds prompt +
-    max_new_tokens of any request (continuous engines size their cache by it).
-    ``continuous=False`` plays rounds on any engine.
+    A continuous engine (the hf engine, vLLM) runs its own ``serve``, so a new request joins
+    the running batch as soon as it exists; any other engine plays rounds (``serve_rounds``).
+    ``context_len`` bounds prompt + max_new_tokens of any request (continuous engines size
+    their cache by it). ``continuous=False`` plays rounds on any engine.
     """
-    own = getattr(engine, "serve", None)
-    if own is not None and continuous:
-        return own(first, follow, context_len=context_len)
+    if continuous and engine.continuous:
+        return engine.serve(first, follow, context_len=context_len)
+    return serve_rounds(engine, first, follow)
+
+
+def serve_rounds(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow) -> int:
+    """``serve`` in lock-step rounds: one ``generate`` call per round, follow-ups in the next
+    round. Returns how many requests were served."""
     served, queue = 0, list(first)
     while queue:
         outputs = engine.generate(queue)
@@ -214,6 +240,28 @@ def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follo
         served += len(queue)
         queue = following
     return served
+
+
+class RoundsEngine:
+    """Base of an engine that is not continuous (the Ray engine group, test doubles): ``serve``
+    plays rounds, ``last_serve`` stays empty, ``sleep``/``wake_up`` do nothing (override them
+    where the engine can sleep). Subclasses bring ``generate`` and the adapter slots."""
+
+    continuous = False
+
+    @property
+    def last_serve(self) -> dict[str, int]:
+        return {}
+
+    def serve(self, first: list[GenerationRequest], follow: Follow,
+              context_len: int | None = None) -> int:
+        return serve_rounds(self, first, follow)
+
+    def sleep(self) -> None:
+        """Nothing to free."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back."""
 
 
 def hits_stop(tokens: list[int], stops: list[str], decode: Callable[[list[int]], str]) -> bool:

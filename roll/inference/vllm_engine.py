@@ -135,6 +135,9 @@ class VLLMEngine:
         engine_kwargs: passed to ``vllm.LLM`` (e.g. ``enable_sleep_mode``, ``max_num_seqs``).
     """
 
+    continuous = True
+    """``serve`` batches continuously (vLLM's own scheduler)."""
+
     def __init__(
         self,
         model_path: str,

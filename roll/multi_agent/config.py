@@ -124,8 +124,6 @@ class MultiAgentConfig:
     """Default LoRA shape for agents that do not set their own."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Default optimizer for agents that do not set their own."""
-    seed: int = 0
-    """Seed of adapter initialisation (each agent's init depends on seed and its name only)."""
     shared_adapter: bool = False
     """Parameter sharing: the team is its first agent alone, one adapter that plays every seat
     or role any configured agent is mapped to (the others are not built); compare with one
@@ -208,7 +206,7 @@ def _peft_cannot_hold(name: str) -> bool:
 
 @dataclass
 class TrainerConfig:
-    """How each agent's adapter is updated from its own rows (see worker.py)."""
+    """How each agent's adapter is updated from its own rows (see trainer.py)."""
 
     micro_batch_size: int = 8
     """Rows per forward/backward; gradients accumulate over an agent's micro-batches."""

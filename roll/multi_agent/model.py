@@ -23,7 +23,7 @@ import inspect
 import os
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.logprobs import response_window, sequence_logprobs
 from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.team_factors import layout_warning_ignored
 
 
 def adapter_init_seed(seed: int, agent_name: str) -> int:
@@ -127,18 +128,15 @@ class MultiAgentLoRAModel(nn.Module):
         self.peft_model = peft_model
         self.peft_model.eval()  # dropout (LoRA and base) off outside training_forward
         self.lora_layers: list[tuple[str, nn.Module]] = [
-            (path, module)
-            for path, module in peft_model.named_modules()
-            if isinstance(module, LoraLayer)
-        ]
+            (path, module) for path, module in peft_model.named_modules()
+            if isinstance(module, LoraLayer)]
         """(module path, PEFT LoRA layer) of every adapted projection, in module order."""
         self._dropout_generators: dict[str, dict[torch.device, torch.Generator]] = {}
         self._dropouts: dict[str, list[AgentDropout]] = {}
         for agent in [*agents, *critics]:
             self._install_dropout(agent.name, agent.lora.dropout)
-        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(
-            self.base_model.forward
-        ).parameters
+        self._takes_logits_to_keep = ("logits_to_keep"
+                                      in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
         self.set_active_agent(self.agent_names[0])
         self._all_trainable()  # PEFT's add_adapter left the later adapters frozen
@@ -283,7 +281,8 @@ class MultiAgentLoRAModel(nn.Module):
             for layer in self._dropouts[name]:
                 layer.active = True
         try:
-            yield
+            with nullcontext() if factors is None else layout_warning_ignored():
+                yield
         finally:
             for name in optimizer_steps:
                 for layer in self._dropouts[name]:
@@ -378,13 +377,13 @@ class MultiAgentLoRAModel(nn.Module):
     @torch.no_grad()
     def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,
                           agent_b: str, *, positions: Tensor, temperature: float = 1.0,
-                          micro_batch_size: int | None = None) -> float:
+                          forward_rows: int | None = None) -> float:
         """Mean over the ``positions`` tokens of KL(p_a || p_b) in nats: how far agent_b's
         next-token distribution (softmax of logits / temperature, full vocabulary) is from
-        agent_a's on the same rows."""
+        agent_a's on the same rows, in forwards of at most ``forward_rows`` rows (None: one)."""
         positions = positions.bool()
         rows = input_ids.shape[0]
-        step = micro_batch_size or rows
+        step = forward_rows or rows
         total, count = 0.0, 0
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
@@ -412,12 +411,12 @@ class MultiAgentLoRAModel(nn.Module):
         *,
         positions: Tensor | None = None,
         temperature: float = 1.0,
-        micro_batch_size: int | None = None,
+        forward_rows: int | None = None,
     ) -> Tensor:
         """Per-row log-probs (B, T), each row through its own agent's adapter, in mixed-agent
-        forwards of at most ``micro_batch_size`` rows (None: one forward)."""
+        forwards of at most ``forward_rows`` rows (None: one forward)."""
         return self._chunked(input_ids, attention_mask, agent_id, positions, temperature,
-                             micro_batch_size)
+                             forward_rows)
 
     @torch.no_grad()
     def reference_logprobs(
@@ -427,19 +426,20 @@ class MultiAgentLoRAModel(nn.Module):
         *,
         positions: Tensor | None = None,
         temperature: float = 1.0,
-        micro_batch_size: int | None = None,
+        forward_rows: int | None = None,
     ) -> Tensor:
-        """Log-probs (B, T) of the base model with every adapter disabled."""
+        """Log-probs (B, T) of the base model with every adapter disabled, in forwards of at
+        most ``forward_rows`` rows (None: one forward)."""
         return self._chunked(input_ids, attention_mask, None, positions, temperature,
-                             micro_batch_size)
+                             forward_rows)
 
     def _chunked(self, input_ids, attention_mask, agent_id, positions, temperature,
-                 micro_batch_size) -> Tensor:
-        """No-grad log-probs in forwards of at most ``micro_batch_size`` rows, sorted by
+                 forward_rows) -> Tensor:
+        """No-grad log-probs in forwards of at most ``forward_rows`` rows, sorted by
         agent so that each forward holds each agent's rows as one segment."""
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         count = input_ids.shape[0]
-        step = micro_batch_size or max(1, count)
+        step = forward_rows or max(1, count)
         order = (torch.arange(count, device=input_ids.device) if agent_id is None
                  else torch.sort(agent_id, stable=True).indices)
         for start in range(0, count, step):
@@ -456,10 +456,8 @@ class MultiAgentLoRAModel(nn.Module):
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:
         """One agent's adapter tensors with PEFT's on-disk key names (detached CPU copies)."""
-        return {
-            key: param.detach().to("cpu", copy=True)
-            for key, param in self.named_agent_tensors(name)
-        }
+        return {key: param.detach().to("cpu", copy=True)
+                for key, param in self.named_agent_tensors(name)}
 
     @torch.no_grad()
     def import_adapter(self, name: str, tensors: dict[str, Tensor]) -> None:
@@ -480,7 +478,7 @@ class MultiAgentLoRAModel(nn.Module):
                 )
             param.copy_(tensors[key].to(device=param.device, dtype=param.dtype))
 
-    def lora_config(self, name: str):
+    def peft_config(self, name: str):
         """The PEFT LoraConfig of one agent (or critic)."""
         self._check_adapter(name)
         return self.peft_model.peft_config[name]
@@ -490,7 +488,7 @@ class MultiAgentLoRAModel(nn.Module):
 
         Stock ``peft.PeftModel.from_pretrained(base, directory)`` and vLLM load it unchanged.
         """
-        return write_peft_folder(directory, self.export_adapter(name), self.lora_config(name))
+        return write_peft_folder(directory, self.export_adapter(name), self.peft_config(name))
 
     def load_agent(self, name: str, directory: str | os.PathLike) -> None:
         """Load a PEFT adapter folder into an existing agent (shapes must match)."""

@@ -25,15 +25,22 @@ optimizer's state per PEFT tensor (as an eager run saves it), ``native_state`` r
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
-# A leaf that is a strided view (one layer's factors across the agents' rows) gets its
-# gradient accumulated into a view of the same layout; torch warns that such a layout "may
-# impair performance" of DDP-style bucketing, which this path does not use.
-warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
+
+@contextmanager
+def layout_warning_ignored() -> Iterator[None]:
+    """Backwards inside are quiet about the stacks' leaves: a leaf that is a strided view (one
+    layer's factors across the agents' rows) gets its gradient accumulated into a view of the
+    same layout, and torch warns that such a layout "may impair performance" of DDP-style
+    bucketing, which this path does not use. Only inside: importing roll filters nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
+        yield
 
 
 class Stack:

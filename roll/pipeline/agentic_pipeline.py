@@ -8,7 +8,7 @@
         values                        (critic.mode: the critics' V, roll/multi_agent/critics.py)
         advantages                    (roll/algorithms: estimator, then per-agent normalisation)
         per-agent update              (roll/multi_agent/trainer.py; trainer.global_step += 1;
-                                       happo: one agent after another, sequential.py)
+                                       happo: one agent after another, happo_update.py)
         critics' update               (on the advantages' returns)
         [engine awake]  sync adapters → engine, validation rollouts  (every eval.eval_steps
                         and at the last step: evaluation sees the update it reports)
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
@@ -44,6 +43,7 @@ from roll.inference.base import SamplingParams
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.trainer import behaviour_logprobs
 from roll.pipeline.builders import (
     build_engine,
     build_env_host,
@@ -55,7 +55,12 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.env_setup import build_env_setup, run_seatings
-from roll.pipeline.evaluation import before_after, policy_divergences, summarize_episodes
+from roll.pipeline.evaluation import (
+    before_after,
+    policy_divergences,
+    summarize_episodes,
+    team_return,
+)
 from roll.pipeline.happo_update import happo_update
 from roll.pipeline.snapshot_pool import SnapshotPool
 from roll.utils.checkpoint import (
@@ -67,7 +72,7 @@ from roll.utils.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from roll.utils.tracking import Tracker, TrackingConfig, agent_metrics, split_agent_key
+from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
 
 EVAL_SEED_OFFSET = 7_919
 
@@ -189,7 +194,7 @@ class AgenticPipeline:
             engine=self.engine,
             tokenizer=self.tokenizer,
             sampling=params,
-            action=ActionConfig(**vars(cfg.env.action)),
+            action=cfg.env.action,
             config=rollout,
             snapshot_slot=self._snapshot_slot,
             expected_version=lambda agent: self.trainer.global_step,
@@ -207,7 +212,7 @@ class AgenticPipeline:
             self.engine.remove_adapter(old)  # unload first: vLLM holds at most max_loras
         if self.engine.adapter_version(slot) != step:
             self.engine.load_adapter(
-                slot, self.pool.snapshots[agent][step], self.model.lora_config(agent), step
+                slot, self.pool.snapshots[agent][step], self.model.peft_config(agent), step
             )
         return slot
 
@@ -215,8 +220,7 @@ class AgenticPipeline:
     def engine_awake(self) -> Iterator[None]:
         """Engines that can sleep (vLLM with sleep mode) hold their KV cache only while rolling
         out, so training gets the memory back between rollout phases."""
-        can_sleep = callable(getattr(self.engine, "wake_up", None))
-        if not (self.cfg.rollout.vllm.sleep_between_phases and can_sleep):
+        if not self.cfg.rollout.vllm.sleep_between_phases:  # others' sleep/wake_up do nothing
             yield
             return
         self.engine.wake_up()
@@ -284,15 +288,8 @@ class AgenticPipeline:
             self.pool.take(0)
         if self.run_id is None:
             self.run_id = uuid.uuid4().hex[:16]
-        tracking = TrackingConfig(
-            backends=list(cfg.tracking.backends),
-            project=cfg.tracking.project,
-            entity=cfg.tracking.entity,
-            run_name=cfg.tracking.run_name or self.output_dir.name,
-            log_dir=str(self.output_dir),
-            wandb_mode=cfg.tracking.wandb_mode,
-            run_id=self.run_id,
-        )
+        tracking = dataclasses.replace(
+            cfg.tracking, run_name=cfg.tracking.run_name or self.output_dir.name)
         train_schedulers = [self.scheduler(self.train_seatings, evaluation=False)]
         if cfg.env.swap_roles_every:  # the same seatings with the two seats' players swapped
             train_schedulers.append(self.scheduler(
@@ -301,7 +298,8 @@ class AgenticPipeline:
         last: dict[str, float] = {}
         first_eval: dict[str, float] = {}
         last_eval: dict[str, float] = {}
-        with Tracker(tracking, run_config=dataclasses.asdict(cfg)) as tracker:
+        with Tracker(tracking, str(self.output_dir), run_config=dataclasses.asdict(cfg),
+                     run_id=self.run_id) as tracker:
             if cfg.eval.eval_steps and self.step == 0:
                 first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)
@@ -340,12 +338,12 @@ class AgenticPipeline:
         metrics = dict(result.metrics)
         metrics["rollout/tokens_per_s"] = (metrics["rollout/generated_tokens"]
                                            / max(times["time/rollout"], 1e-9))
-        served = getattr(self.engine, "last_serve", None)
+        served = self.engine.last_serve
         if served:  # continuous batching: decode lanes, steps and CUDA graph captures so far
             for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
                 if name in served:  # vLLM reports no prefills or graph captures
                     metrics[f"rollout/{name}"] = float(served[name])
-        metrics.update(self._team_metrics(result))
+        metrics.update(team_return(result.episodes))
         batch = result.batch
         if batch is None:
             metrics.update(times)
@@ -353,33 +351,26 @@ class AgenticPipeline:
         batch = batch.to(cfg.model.device)
 
         start = time.perf_counter()
-        engine_logprobs = batch.old_logprobs
         mask = batch.response_mask
-        passes = dict(positions=mask.bool(), temperature=self.policy_temperature,
-                      micro_batch_size=cfg.trainer.forward_rows)
-        # Recompute the behaviour log-probs with the trainer's own forward, so PPO ratios start
-        # at exactly 1.
-        old = self.model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **passes)
+        batch = behaviour_logprobs(self.model, batch, self.policy_temperature,
+                                   cfg.trainer.forward_rows, reference=cfg.trainer.kl_coef > 0)
         if self.engine_logprobs_comparable:
             # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
             # gap is a check that the engine served the trainer's weights.
             metrics["rollout/engine_logprob_gap"] = float(
-                ((old - engine_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
-            )
-        batch = batch.with_fields(old_logprobs=old)
-        if cfg.trainer.kl_coef > 0:
-            ref = self.model.reference_logprobs(batch.input_ids, batch.attention_mask, **passes)
-            batch = batch.with_fields(ref_logprobs=ref)
+                ((batch.old_logprobs - batch.engine_logprobs).abs() * mask).sum()
+                / mask.sum().clamp(min=1))
+        if batch.ref_logprobs is not None:
             metrics["team/kl_ref"] = float(
-                (kl_per_token(old, ref, mask, "k3")).sum() / mask.sum().clamp(min=1)
-            )
+                kl_per_token(batch.old_logprobs, batch.ref_logprobs, mask, "k3").sum()
+                / mask.sum().clamp(min=1))
         times["time/reference"] = time.perf_counter() - start
 
         start = time.perf_counter()
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         batch = compute_advantages(batch, cfg.advantage)
-        if cfg.advantage.estimator == "happo":  # agents one after another (sequential.py)
+        if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(self.trainer, self.model, batch, cfg.seed, self.step,
                                      self.policy_temperature, cfg.trainer.forward_rows)
         else:
@@ -413,44 +404,18 @@ class AgenticPipeline:
             batch = None if result.batch is None else result.batch.to(self.cfg.model.device)
             metrics.update(policy_divergences(self.model, batch, self.agent_names,
                                               self.policy_temperature,
-                                              micro_batch_size=self.cfg.trainer.forward_rows))
+                                              forward_rows=self.cfg.trainer.forward_rows))
         for key, value in result.metrics.items():
             split = split_agent_key(key, self.agent_names)
             if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
                 metrics[f"eval/{key}"] = value
         if self.cfg.eval.exploitability:
-            metrics.update(self.exploitability())
+            from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
+
+            metrics.update(agent_exploitabilities(self.cfg, self.model, self.tokenizer,
+                                                  self.agent_names, self.render))
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
-
-    def exploitability(self) -> dict[str, float]:
-        """``eval/<agent>/exploitability`` of each agent playing every seat (exact, tabular;
-        roll/pipeline/exploitability.py)."""
-        from roll.agentic.env.renderers import render_prompt
-        from roll.pipeline.exploitability import exploitability, llm_policy
-
-        cfg = self.cfg
-        metrics = {}
-        for agent in self.agent_names:
-            policy = llm_policy(
-                cfg.env.game, dict(cfg.env.params), self.model, self.tokenizer,
-                lambda seat, agent=agent: agent, self.render or render_prompt,
-                cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking,
-                micro_batch_size=cfg.trainer.forward_rows,
-            )
-            metrics[f"eval/{agent}/exploitability"] = exploitability(
-                cfg.env.game, dict(cfg.env.params), policy)
-        return metrics
-
-    def _team_metrics(self, result: RolloutResult) -> dict[str, float]:
-        if not result.episodes:
-            return {}
-        returns = [
-            ep.returns[s]
-            for ep in result.episodes
-            for s, spec in enumerate(ep.seating.seats) if spec.is_trained
-        ]
-        return {"team/episode_return": sum(returns) / max(1, len(returns))}
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:

@@ -60,7 +60,7 @@ def build_engine(
         settings = cfg.rollout.vllm
         options = dict(
             max_loras=len(model.agent_names) + snapshot_slots,
-            max_lora_rank=max(model.lora_config(a).r for a in model.agent_names),
+            max_lora_rank=max(_agent_ranks(model)),
             seed=cfg.seed,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             max_model_len=settings.max_model_len,
@@ -82,9 +82,7 @@ def build_engine(
         from roll.inference.vllm_engine import VLLMEngine
 
         return VLLMEngine(str(path), tokenizer, **options)
-    from roll.inference.hf.engine import HFEngine
-
-    return HFEngine(
+    return hf_engine_for(
         model,
         tokenizer,
         device=cfg.model.device,
@@ -93,6 +91,22 @@ def build_engine(
         cuda_graphs=cfg.rollout.hf.cuda_graphs,
         **options,
     )
+
+
+def hf_engine_for(model: MultiAgentLoRAModel, tokenizer, **options):
+    """An ``HFEngine`` on the trainer's base (its weights shared, never copied): PEFT's LoRA
+    layers off while it runs (``model.reference``), fused stacks sized for the agents and their
+    largest rank. ``options``: the engine's other keyword arguments."""
+    from roll.inference.hf.engine import HFEngine
+
+    ranks = _agent_ranks(model)
+    return HFEngine(model.base_model, tokenizer, adapters_off=model.reference,
+                    **{"slot_capacity": len(ranks), "rank_capacity": max(ranks), **options})
+
+
+def _agent_ranks(model: MultiAgentLoRAModel) -> list[int]:
+    """The LoRA rank of each agent (critics excluded), in ``agent_names`` order."""
+    return [int(model.peft_config(name).r) for name in model.agent_names]
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from roll.errors import ConfigError
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.validation import advantage_error, validate_config
+from roll.pipeline.validation import validate_config
 
 # Short flags users know from launch scripts, and the config key each one sets.
 FLAG_KEYS = {
@@ -94,10 +95,13 @@ def load_config(
                 tuple(f"{prefix}." for prefix in FREE_FORM))
             OmegaConf.update(merged, key, override.value(), merge=key not in REPLACED,
                              force_add=mapping)
-        _check_advantage_fields(OmegaConf.to_container(merged.advantage, resolve=True))
+        # Composed configs that check themselves when built (AdvantageConfig, ActionConfig)
+        # raise ConfigError here, naming the key.
         cfg = OmegaConf.to_object(merged)
     except CLIError:
         raise
+    except ConfigError as error:
+        raise CLIError(str(error)) from None
     except OmegaConfBaseException as error:
         raise CLIError(f"config error: {_one_line(error)}") from None
     except Exception as error:  # Hydra compose errors (YAML syntax, missing defaults)
@@ -111,17 +115,6 @@ def load_config(
         raise CLIError(
             line if line.startswith("config error") else f"config error: {line}"
         ) from None
-
-
-def _check_advantage_fields(fields: dict) -> None:
-    """AdvantageConfig checks its fields when built (inside OmegaConf's to_object, whose error
-    would name ``AdvantageConfig``): build it first to name the key ``advantage.<field>``."""
-    from roll.algorithms.advantages import AdvantageConfig
-
-    try:
-        AdvantageConfig(**fields)
-    except ValueError as error:
-        raise CLIError(str(advantage_error(error, fields))) from None
 
 
 def run_cli(main, argv: list[str] | None, description: str) -> int:
@@ -144,8 +137,6 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
         return 0
-    from roll.errors import ConfigError
-
     try:
         main(cfg)
     except ConfigError as error:  # found once the cluster is up (e.g. too few GPUs in Ray)

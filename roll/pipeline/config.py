@@ -3,6 +3,9 @@
 Unknown keys and wrong types are rejected by OmegaConf (struct mode, typed fields); values and
 cross-field combinations by ``roll.pipeline.validation.validate_config``: any setting that
 cannot run is refused there, with one ``ConfigError`` naming the full key and the value.
+Nodes of this module are ``*Schema``; the library configs it composes keep their names
+(``MultiAgentConfig``, ``TrainerConfig``, ``AdvantageConfig``, ``CriticConfig``,
+``ActionConfig``, ``TrackingConfig``) and hold the one default of each of their knobs.
 """
 
 from __future__ import annotations
@@ -10,19 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll.agentic.env.actions import ActionConfig
 from roll.algorithms.advantages import AdvantageConfig
 from roll.multi_agent.config import (
     CriticConfig,
     MultiAgentConfig,
     TrainerConfig,
 )
+from roll.utils.tracking import TrackingConfig
 
 TINY_MODEL = "tiny"
 ENGINES = ("hf", "vllm")
 
 
 @dataclass
-class ModelConfig:
+class ModelSchema:
     """The shared base model."""
 
     path: str = TINY_MODEL
@@ -37,18 +42,6 @@ class ModelConfig:
     """Passed as ``enable_thinking`` to chat templates that take it (Qwen3). False: the model
     answers without a thinking block, which short answer budgets need; true lets it think
     (then give rollout.sampling.max_new_tokens room for it)."""
-
-
-@dataclass
-class ActionSchema:
-    """How answers become moves (see roll/agentic/env/actions.py)."""
-
-    answer_pattern: str = r"<answer>((?:(?!<answer>).)*?)</answer>"
-    """Regex whose one capture group is the answer; the last match counts."""
-    format_penalty: float = 1.0
-    """Subtracted from the turn reward of an unusable answer (>= 0)."""
-    fallback: str = "random"
-    """Move played instead of an unusable answer: 'random' or 'forfeit'."""
 
 
 @dataclass
@@ -74,7 +67,7 @@ class DataSchema:
 
 
 @dataclass
-class EnvConfig:
+class EnvSchema:
     """The game (any OpenSpiel game) or team task, and who sits where."""
 
     game: str = "tic_tac_toe"
@@ -97,8 +90,8 @@ class EnvConfig:
     'snapshot:<agent>@<step|latest>'.
     A list of such lists gives several seatings, used by groups in turn (e.g.
     [[agent_0, random], [random, agent_1]]). Empty: seat i is agent i."""
-    action: ActionSchema = field(default_factory=ActionSchema)
-    """Answer parsing and format penalty."""
+    action: ActionConfig = field(default_factory=ActionConfig)
+    """Answer parsing, format penalty and fallback (roll/agentic/env/actions.py)."""
     swap_roles_every: int = 0
     """Role exchange (CORY; any game or task of two seats): every this many training steps the
     two seats' players swap (steps 1..K as configured, K+1..2K swapped, and so on); 0: never.
@@ -214,22 +207,6 @@ class EvalSchema:
 
 
 @dataclass
-class TrackingSchema:
-    """Where metrics go."""
-
-    backends: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    """Any of console, jsonl, tensorboard, wandb."""
-    project: str = "roll"
-    """WandB project."""
-    entity: str | None = None
-    """WandB entity (team or user)."""
-    run_name: str | None = None
-    """Run name; default: the output folder's name."""
-    wandb_mode: str = "auto"
-    """'auto' (offline without WANDB_API_KEY), 'online', 'offline' or 'disabled'."""
-
-
-@dataclass
 class ClusterSchema:
     """Where the roles run (roll/distributed)."""
 
@@ -300,15 +277,15 @@ class EnvWorkersSchema:
 class PipelineConfig:
     """A whole training run."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSchema = field(default_factory=ModelSchema)
     team: MultiAgentConfig = field(default_factory=MultiAgentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: EnvSchema = field(default_factory=EnvSchema)
     rollout: RolloutSchema = field(default_factory=RolloutSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
-    tracking: TrackingSchema = field(default_factory=TrackingSchema)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterSchema = field(default_factory=ClusterSchema)
     actor_train: ActorTrainSchema = field(default_factory=ActorTrainSchema)
     actor_infer: ActorInferSchema = field(default_factory=ActorInferSchema)

@@ -89,10 +89,7 @@ def _task_setup(cfg: PipelineConfig) -> EnvSetup:
     from roll.agentic.tasks.registry import render_task, task_factory, task_spec
 
     env, data = cfg.env, cfg.env.data
-    try:
-        spec = task_spec(env.task)
-    except ValueError as error:
-        raise ConfigError("env.task", env.task, str(error).split(": ", 1)[1]) from None
+    spec = task_spec(env.task)  # ConfigError naming env.task
     if data.builtin_size < 1:
         raise ConfigError("env.data.builtin_size", data.builtin_size, "must be >= 1")
     splits, factories = {}, {}
@@ -111,8 +108,10 @@ def _task_setup(cfg: PipelineConfig) -> EnvSetup:
 
 
 def _config_error(cfg: PipelineConfig, error: ValueError, default: str) -> ConfigError:
-    """``error`` as a ConfigError on the key its message starts with (``env.params.x=1: ...``
-    or ``env.data.fields.y: ...``), else on ``default``."""
+    """``error`` itself when it is a ConfigError (the tasks name their keys), else a
+    ConfigError on the key its message starts with (``env.x=1: ...``) or on ``default``."""
+    if isinstance(error, ConfigError):
+        return error
     message = str(error)
     head, _, rest = message.partition(": ")
     key = head.split("=", 1)[0].strip()

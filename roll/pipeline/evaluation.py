@@ -116,7 +116,7 @@ def before_after(
 
 
 def policy_divergences(model, batch, agent_names: Sequence[str], temperature: float,
-                       max_rows: int = 16, micro_batch_size: int | None = None
+                       max_rows: int = 16, forward_rows: int | None = None
                        ) -> dict[str, float]:
     """How far apart the agents' policies are: for each pair a < b (config order), the mean
     KL(p_a || p_b) of their next-token distributions over the response tokens of the same
@@ -131,6 +131,16 @@ def policy_divergences(model, batch, agent_names: Sequence[str], temperature: fl
             metrics[f"eval/task/policy_kl/{agent_a}-{agent_b}"] = model.policy_divergence(
                 batch.input_ids[rows], batch.attention_mask[rows], agent_a, agent_b,
                 positions=batch.response_mask[rows], temperature=temperature,
-                micro_batch_size=micro_batch_size)
+                forward_rows=forward_rows)
     metrics["eval/task/policy_kl"] = sum(metrics.values()) / len(metrics)
     return metrics
+
+
+def team_return(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
+    """``team/episode_return``: the mean return of the trained agents' seats over
+    ``episodes`` (nothing when there are none)."""
+    if not episodes:
+        return {}
+    returns = [episode.returns[seat] for episode in episodes
+               for seat, spec in enumerate(episode.seating.seats) if spec.is_trained]
+    return {"team/episode_return": sum(returns) / max(1, len(returns))}

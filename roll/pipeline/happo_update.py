@@ -18,7 +18,7 @@ from roll.multi_agent.model import MultiAgentLoRAModel
 
 
 def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: TrajectoryBatch,
-                 seed: int, step: int, temperature: float, micro_batch_size: int
+                 seed: int, step: int, temperature: float, forward_rows: int
                  ) -> dict[str, dict[str, float]]:
     """Update every agent with rows, in HAPPO's order; per-agent metrics of each update plus
     ``happo_position`` (0 = first) and ``happo_factor`` (the mean M its rows were weighted by).
@@ -42,7 +42,7 @@ def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: Traject
         with torch.no_grad():
             new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
                                  positions=own.response_mask.bool(), temperature=temperature,
-                                 micro_batch_size=micro_batch_size)
+                                 forward_rows=forward_rows)
         log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
         updated[rows] = True
     return metrics

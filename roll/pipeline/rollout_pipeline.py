@@ -46,8 +46,7 @@ def run_evaluation(cfg: PipelineConfig) -> dict[str, float]:
     if checkpoint is not None:
         pipeline.load(checkpoint)
     pipeline.pool.take(pipeline.step)
-    tracking = TrackingConfig(backends=["console"], log_dir=cfg.output_dir)
-    with Tracker(tracking) as tracker:
+    with Tracker(TrackingConfig(backends=["console"]), cfg.output_dir) as tracker:
         metrics = pipeline.evaluate(pipeline.scheduler(pipeline.eval_seatings, True), tracker)
     pipeline.close_roles()  # cluster.backend=ray: evaluation is done, free every role's actors
     print(format_summary(metrics, pipeline.agent_names), flush=True)

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roll.algorithms.advantages import AdvantageConfig
 from roll.errors import ConfigError, require_int
 from roll.inference.hf.engine import LORA_KERNELS
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.pipeline.cluster_checks import check_cluster
 from roll.pipeline.config import (
     ENGINES,
-    ActionSchema,
-    ModelConfig,
+    ModelSchema,
     PipelineConfig,
     RolloutSchema,
 )
@@ -32,7 +29,7 @@ from roll.utils.checkpoint import (
     latest_checkpoint,
     verify_checkpoint,
 )
-from roll.utils.tracking import NAMESPACES, TrackingConfig
+from roll.utils.tracking import NAMESPACES
 
 if TYPE_CHECKING:
     from roll.agentic.env.seating import Seating
@@ -63,7 +60,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     _check_compile(cfg)
     _check_advantage(cfg)
     _check_critic(cfg, _module_names(cfg) if check_paths else None)
-    _check_action(cfg.env.action)
+    cfg.env.action.validate()
     setup = build_env_setup(cfg)
     agents = cfg.team.agent_names
     train, evaluation = run_seatings(cfg, setup, agents)
@@ -97,7 +94,7 @@ def _check_compile(cfg: PipelineConfig) -> None:
                               "agent's dropout masks come from its own generator, eager only")
 
 
-def _check_model(model: ModelConfig, check_paths: bool) -> None:
+def _check_model(model: ModelSchema, check_paths: bool) -> None:
     if model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("model.dtype", model.dtype, "must be float32, bfloat16 or float16")
     if not (model.device == "cpu" or model.device.startswith("cuda")):
@@ -152,11 +149,7 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
 
 
 def _check_tracking(cfg: PipelineConfig, check_paths: bool) -> None:
-    try:
-        TrackingConfig(backends=list(cfg.tracking.backends), wandb_mode=cfg.tracking.wandb_mode,
-                       log_dir=cfg.output_dir).validate()
-    except ValueError as error:
-        raise ValueError(str(error)) from None
+    cfg.tracking.validate()
     if not check_paths:
         return
     needs = {"tensorboard": "tensorboard"}
@@ -169,13 +162,9 @@ def _check_tracking(cfg: PipelineConfig, check_paths: bool) -> None:
 
 
 def _check_advantage(cfg: PipelineConfig) -> None:
-    """AdvantageConfig's own checks as errors naming ``advantage.<field>``, then what no
+    """AdvantageConfig's own checks (errors name ``advantage.<field>``), then what no
     estimator can do here."""
-    fields = vars(cfg.advantage)
-    try:
-        AdvantageConfig(**fields)
-    except ValueError as error:
-        raise advantage_error(error, fields) from None
+    cfg.advantage.validate()
     estimator = cfg.advantage.estimator
     sampling = cfg.rollout.sampling
     group_relative = estimator in ("grpo", "magrpo")
@@ -216,30 +205,6 @@ def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
         raise ConfigError("critic.mode", critic.mode,
                           "critics run with cluster.backend=local only so far (the Ray train "
                           f"ranks hold no critics); got cluster.backend={cfg.cluster.backend!r}")
-
-
-def advantage_error(error: ValueError, fields: dict[str, Any]) -> ConfigError:
-    """An ``AdvantageConfig.<field> ...`` ValueError as a ConfigError naming
-    ``advantage.<field>`` and its value."""
-    message = str(error)
-    match = re.match(r"AdvantageConfig\.(\w+)\s*(.*)", message)
-    if match is None or match.group(1) not in fields:
-        return ConfigError("advantage", fields, message)
-    name = match.group(1)
-    return ConfigError(f"advantage.{name}", fields[name], match.group(2))
-
-
-def _check_action(action: ActionSchema) -> None:
-    from roll.agentic.env.actions import ActionConfig
-
-    try:
-        ActionConfig(**vars(action))
-    except ValueError as error:
-        field_name = str(error).split(":", 1)[0]
-        if field_name in vars(action):
-            raise ConfigError(f"env.action.{field_name}", getattr(action, field_name),
-                              str(error).split(":", 1)[1].strip()) from None
-        raise ConfigError("env.action", vars(action), str(error)) from None
 
 
 def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: list[str]) -> None:
@@ -285,6 +250,8 @@ def _check_game_solvable(cfg: PipelineConfig, key: str, value: Any) -> None:
 
 
 def _check_output_dir(output_dir: str) -> None:
+    if not output_dir:
+        raise ConfigError("output_dir", output_dir, "must be a path")
     path = Path(os.path.expanduser(output_dir))
     for folder in (path, *path.parents):
         if folder.exists() and not folder.is_dir():

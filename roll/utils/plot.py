@@ -103,7 +103,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise FileNotFoundError(
-            f"{metrics_path}: not found; is {run_dir} a run folder (tracking.log_dir) with the "
+            f"{metrics_path}: not found; is {run_dir} a run folder (output_dir) with the "
             "'jsonl' tracking backend on?"
         )
     figures = group_series(read_metrics(metrics_path))

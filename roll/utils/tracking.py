@@ -34,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
+from roll.errors import ConfigError, require_int
+
 BACKENDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
@@ -55,9 +57,10 @@ CONSOLE_TEAM_SHOWN = 3
 
 @dataclass
 class TrackingConfig:
-    """Where the metrics of a run go."""
+    """Where the metrics of a run go (the run's ``tracking``). The run's folder and WandB run id
+    are the run's own, so ``Tracker`` takes them as arguments."""
 
-    backends: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    backends: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     """Any of 'console', 'tensorboard', 'wandb', 'jsonl'. Keep 'jsonl': the plot command reads
     ``<log_dir>/metrics.jsonl``."""
     project: str = "roll"
@@ -65,45 +68,30 @@ class TrackingConfig:
     entity: str | None = None
     """WandB entity (user or team); None takes the account's default."""
     run_name: str | None = None
-    """Name of the run in WandB; None lets WandB pick one."""
-    log_dir: str = "outputs/run"
-    """The run's output folder: metrics.jsonl, tensorboard/ and wandb/ go here."""
+    """Name of the run in WandB; None: a training run takes its output folder's name (a
+    ``Tracker`` used alone lets WandB pick one)."""
     wandb_mode: str = "auto"
     """'auto' (online if the WANDB_API_KEY env var is set, else offline), 'offline', 'online'
     or 'disabled'. Offline runs land in ``<log_dir>/wandb/offline-run-*``; upload them later
     with ``wandb sync <that folder>``."""
     tags: list[str] = field(default_factory=list)
     """WandB tags of the run."""
-    run_id: str | None = None
-    """WandB run id. Starting again with the same id continues that WandB run (``resume=
-    "allow"``: a resumed training run keeps one curve); None lets WandB pick a fresh id."""
     console_every: int = 1
     """Print the console line every this many steps (>= 1); steps with NaN/inf always print."""
 
-    def validate(self) -> None:
-        """Raise ValueError naming the ``tracking.<field>`` that is wrong."""
+    def validate(self) -> TrackingConfig:
+        """Raise ConfigError naming the ``tracking.<field>`` that is wrong."""
         if isinstance(self.backends, str) or not isinstance(self.backends, list | tuple):
-            raise ValueError(
-                f"config error: tracking.backends={self.backends!r}: must be a list of {BACKENDS}"
-            )
+            raise ConfigError("tracking.backends", self.backends, f"must be a list of {BACKENDS}")
         unknown = [name for name in self.backends if name not in BACKENDS]
         if unknown:
-            raise ValueError(
-                f"config error: tracking.backends={list(self.backends)!r}: unknown backend(s) "
-                f"{unknown}; choose from {BACKENDS}"
-            )
+            raise ConfigError("tracking.backends", list(self.backends),
+                              f"unknown backend(s) {unknown}; choose from {BACKENDS}")
         if self.wandb_mode not in WANDB_MODES:
-            raise ValueError(
-                f"config error: tracking.wandb_mode={self.wandb_mode!r}: must be one of "
-                f"{WANDB_MODES}"
-            )
-        every = self.console_every
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(
-                f"config error: tracking.console_every={every!r}: must be an integer >= 1"
-            )
-        if not self.log_dir:
-            raise ValueError(f"config error: tracking.log_dir={self.log_dir!r}: must be a path")
+            raise ConfigError("tracking.wandb_mode", self.wandb_mode,
+                              f"must be one of {WANDB_MODES}")
+        require_int("tracking.console_every", self.console_every)
+        return self
 
 
 def agent_metrics(per_agent: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -187,7 +175,8 @@ class TensorBoardBackend:
 class WandbBackend:
     """One WandB run; ``wandb`` is imported here, only when this backend is configured."""
 
-    def __init__(self, config: TrackingConfig, run_config: dict[str, Any] | None) -> None:
+    def __init__(self, config: TrackingConfig, log_dir: Path, run_id: str | None,
+                 run_config: dict[str, Any] | None) -> None:
         import wandb
 
         self.mode = resolve_wandb_mode(config.wandb_mode)
@@ -195,12 +184,12 @@ class WandbBackend:
             project=config.project,
             entity=config.entity,
             name=config.run_name,
-            dir=config.log_dir,
+            dir=str(log_dir),
             mode=self.mode,
             tags=list(config.tags),
             config=run_config or {},
-            id=config.run_id,
-            resume="allow" if config.run_id else None,
+            id=run_id,
+            resume="allow" if run_id else None,
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -327,21 +316,30 @@ class ProgressLine:
 class Tracker:
     """Sends each step's metrics to every configured backend.
 
-    Use as ``with Tracker(cfg, run_config) as tracker: tracker.log(metrics, step)``; leaving the
-    block calls ``finish`` (WandB marks the run failed when the block raised).
+    Use as ``with Tracker(cfg, log_dir, run_config=...) as tracker: tracker.log(metrics, step)``;
+    leaving the block calls ``finish`` (WandB marks the run failed when the block raised).
     """
 
     def __init__(
         self,
         config: TrackingConfig,
+        log_dir: str | Path,
         run_config: dict[str, Any] | None = None,
         stream: TextIO | None = None,
+        run_id: str | None = None,
     ) -> None:
-        """``run_config`` is the run's whole config as a plain dict (stored by WandB);
-        ``stream`` is where console lines go (default: sys.stdout at the time of printing)."""
+        """``log_dir`` is the run's output folder: metrics.jsonl, tensorboard/ and wandb/ go
+        there. ``run_config`` is the run's whole config as a plain dict (stored by WandB);
+        ``stream`` is where console lines go (default: sys.stdout at the time of printing).
+        ``run_id`` is the WandB run id: starting again with the same id continues that WandB
+        run (``resume="allow"``: a resumed training run keeps one curve); None lets WandB pick
+        a fresh id."""
         config.validate()
+        if not log_dir:
+            raise ValueError(f"Tracker log_dir={log_dir!r}: must be a path")
         self.config = config
-        self.log_dir = Path(config.log_dir)
+        self.run_id = run_id
+        self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._console = "console" in config.backends
         self._progress = ProgressLine(stream=stream)
@@ -362,7 +360,7 @@ class Tracker:
         if name == "tensorboard":
             return TensorBoardBackend(self.log_dir)
         if name == "wandb":
-            return WandbBackend(self.config, run_config)
+            return WandbBackend(self.config, self.log_dir, self.run_id, run_config)
         return ConsoleBackend(self.config.console_every, stream)
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -14,6 +14,7 @@ from roll.agentic.env.actions import (
     strip_thinking,
 )
 from roll.agentic.env.openspiel_env import OpenSpielEnv
+from roll.errors import ConfigError
 
 TTT = ["x(0,0)", "x(0,1)", "x(1,1)"]
 HANABI = ["(Play 0)", "(Play 1)", "(Reveal player +1 color R)"]
@@ -85,7 +86,7 @@ def test_custom_answer_pattern() -> None:
     ({"format_penalty": float("nan")}, "format_penalty"),
 ])
 def test_bad_action_config_names_the_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ConfigError, match=f"env.action.{field}="):
         ActionConfig(**kwargs)
 
 

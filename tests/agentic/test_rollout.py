@@ -13,17 +13,17 @@ from roll.agentic.env.openspiel_env import OpenSpielEnv
 from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout import RolloutConfig, RolloutScheduler
-from roll.inference.base import GenerationOutput, SamplingParams
-from roll.inference.hf.engine import HFEngine
+from roll.inference.base import GenerationOutput, RoundsEngine, SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig
+from roll.pipeline.builders import hf_engine_for
 
 from ..multi_agent.helpers import make_team
 
 AGENTS = ["alice", "bob"]
 
 
-class CountingEngine:
+class CountingEngine(RoundsEngine):
     """The real HFEngine, recording each generate call's adapters (to see the batching)."""
 
     def __init__(self, engine):
@@ -44,9 +44,9 @@ def team_engine(tiny_model_path):
             for param in team.agent_parameters(name):
                 param.add_(torch.randn(param.shape, generator=gen) * 0.3)
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFEngine(team, tokenizer)
+    engine = hf_engine_for(team, tokenizer)
     for name in AGENTS:
-        engine.load_adapter(name, team.export_adapter(name), team.lora_config(name), 1)
+        engine.load_adapter(name, team.export_adapter(name), team.peft_config(name), 1)
     return team, engine, tokenizer
 
 
@@ -62,9 +62,10 @@ def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, si
         tokenizer=tokenizer,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
         action=ActionConfig(format_penalty=penalty, fallback=fallback),
-        config=RolloutConfig(num_groups=groups, group_size=size, constrained_decoding=constrained,
+        config=RolloutConfig(num_groups=groups, group_size=size, max_turns=64,
+                             max_prompt_tokens=2048, constrained_decoding=constrained,
                              enable_thinking=options.pop("enable_thinking", False),
-                             critic_view=options.pop("critic_view", False)),
+                             continuous=True, critic_view=options.pop("critic_view", False)),
         **options,
     )
 
@@ -98,10 +99,10 @@ def test_selfplay_rollout_batches_all_agents_into_one_call(team_engine):
             assert sorted(turns) == list(range(len(turns)))
     # Groups: group_size envs share a seed.
     assert batch.group_id.unique().tolist() == [0, 1, 2]
-    # The engine's log-probs are the trainer's (same adapters): ready as old_logprobs.
+    # The engine's log-probs are the trainer's (same adapters).
     recomputed = team.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id)
     mask = batch.response_mask.bool()
-    torch.testing.assert_close(batch.old_logprobs[mask], recomputed[mask], atol=1e-4, rtol=0)
+    torch.testing.assert_close(batch.engine_logprobs[mask], recomputed[mask], atol=1e-4, rtol=0)
     # Response tokens are exactly the answer (and EOS); padding and prompt are masked out.
     row = 0
     response = batch.input_ids[row][mask[row]].tolist()
@@ -138,7 +139,7 @@ def test_same_seed_same_rollout(team_engine):
     assert [e.returns for e in first.episodes] == [e.returns for e in second.episodes]
 
 
-class GarbageEngine:
+class GarbageEngine(RoundsEngine):
     """Returns adversarial model outputs (what a broken or untrained model may say)."""
 
     def __init__(self, seed: int):
@@ -208,7 +209,7 @@ def test_garbage_outputs_never_crash_and_are_penalised(tiny_model_path, fallback
     assert turns >= 1000
 
 
-class StaleOutputEngine:
+class StaleOutputEngine(RoundsEngine):
     """The real HFEngine, but its outputs claim another adapter version (a broken sync)."""
 
     def __init__(self, engine):
@@ -242,7 +243,7 @@ def test_every_generate_call_checks_the_trainers_adapter_version(team_engine):
         lying.rollout(seed=0)
 
 
-class FixedEngine:
+class FixedEngine(RoundsEngine):
     """Answers every request with the same text and finish reason."""
 
     def __init__(self, text: str, finish_reason: str):
@@ -321,7 +322,7 @@ def test_cooperative_game_reports_the_team_score_not_win_rates(team_engine):
         sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
         action=ActionConfig(),
         config=RolloutConfig(num_groups=2, group_size=2, max_turns=6, max_prompt_tokens=4096,
-                             constrained_decoding=True),
+                             constrained_decoding=True, enable_thinking=False, continuous=True),
         cooperative=True,
     )
     result = scheduler.rollout(seed=0)
@@ -356,7 +357,7 @@ def test_continuous_rollout_plays_the_same_episodes_as_rounds(team_engine, game,
     as soon as it exists); an engine with only ``generate`` plays rounds. Per-turn seeds make
     the sampled tokens independent of batching, so both give the same trajectories."""
     _, engine, tokenizer = team_engine
-    counting = CountingEngine(engine)  # no serve(): rounds
+    counting = CountingEngine(engine)  # not continuous: rounds
     budget = 40 if game == "hanabi" else 16  # Hanabi's constrained answers are longer
     rounds = _scheduler(counting, tokenizer, game, seatings, constrained, groups=4, size=2,
                         max_new_tokens=budget).rollout(seed=5)
@@ -367,7 +368,7 @@ def test_continuous_rollout_plays_the_same_episodes_as_rounds(team_engine, game,
     assert engine.forward_calls > before and counting.calls
     for field in ("input_ids", "response_mask", "agent_id", "rewards", "env_id", "seat", "turn"):
         assert torch.equal(getattr(continuous.batch, field), getattr(rounds.batch, field)), field
-    torch.testing.assert_close(continuous.batch.old_logprobs, rounds.batch.old_logprobs,
+    torch.testing.assert_close(continuous.batch.engine_logprobs, rounds.batch.engine_logprobs,
                                rtol=0, atol=1e-5)
     assert [e.returns for e in continuous.episodes] == [e.returns for e in rounds.episodes]
     for agent in AGENTS:  # the same per-agent turn counts, and only legal games (no errors)

@@ -22,15 +22,15 @@ from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
 from roll.pipeline.config import (
-    EnvConfig,
+    EnvSchema,
     EvalSchema,
-    ModelConfig,
+    ModelSchema,
     PipelineConfig,
     RolloutSchema,
     SamplingSchema,
-    TrackingSchema,
 )
 from roll.pipeline.validation import validate_config
+from roll.utils.tracking import TrackingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOFSPIEL_PARAMS = [
@@ -166,7 +166,7 @@ def test_the_goofspiel_prompt_explains_simultaneous_bids_and_lists_them() -> Non
 
 def game_config(game: str, params: dict) -> PipelineConfig:
     return PipelineConfig(team=MultiAgentConfig(num_agents=2),
-                          env=EnvConfig(game=game, params=params))
+                          env=EnvSchema(game=game, params=params))
 
 
 @pytest.mark.parametrize(("game", "params", "field", "needle"), [
@@ -222,15 +222,15 @@ def test_the_wrapper_can_be_named_from_the_command_line(game_override: str) -> N
 def test_two_agents_train_on_goofspiel_end_to_end(tmp_path, tiny_model_path) -> None:
     out = tmp_path / "run"
     cfg = PipelineConfig(
-        model=ModelConfig(path=str(tiny_model_path)),
+        model=ModelSchema(path=str(tiny_model_path)),
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=4, alpha=8),
                               optim=OptimConfig(lr=1e-2)),
-        env=EnvConfig(game="goofspiel", params={"num_cards": 3},
+        env=EnvSchema(game="goofspiel", params={"num_cards": 3},
                       seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=2, group_size=2, constrained_decoding=True,
                               sampling=SamplingSchema(max_new_tokens=16)),
         eval=EvalSchema(eval_steps=0),
-        tracking=TrackingSchema(backends=["jsonl"]),
+        tracking=TrackingConfig(backends=["jsonl"]),
         output_dir=str(out),
         max_steps=2,
         save_steps=0,

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from roll.agentic.tasks.datasets import ItemSampler, load_items
+from roll.errors import ConfigError
 
 ROWS = [{"problem": f"What is {i} + 1?", "solution": str(i + 1), "level": i % 3}
         for i in range(10)]
@@ -40,14 +41,14 @@ def test_parquet_folder(tmp_path):
 
 
 def test_errors_name_the_field_or_source(jsonl, tmp_path):
-    with pytest.raises(ValueError, match=r"env.data.fields.answer: the task needs field "
+    with pytest.raises(ConfigError, match=r"env.data.fields.answer='gold': the task needs field "
                                          r"'answer', read from column 'gold'"):
         load_items(str(jsonl), "train", {"question": "problem", "answer": "gold"},
                    ("question", "answer"))
-    with pytest.raises(ValueError, match=r"env.data.fields: the task needs field 'question'"):
+    with pytest.raises(ConfigError, match=r"env.data.fields={}: the task needs field 'question'"):
         load_items(str(jsonl), "train", {}, ("question",))
     missing = tmp_path / "nope.jsonl"
-    with pytest.raises(ValueError, match=rf"env.data.source='{missing}': no such file"):
+    with pytest.raises(ConfigError, match=rf"env.data.source='{missing}': no such file"):
         load_items(str(missing), "train", {}, ())
     with pytest.raises(ValueError, match=r"split 'test'"):
         load_items(str(jsonl), "test", {}, ())

@@ -10,6 +10,7 @@ from roll.agentic.tasks.base import Transcript
 from roll.agentic.tasks.math_team import MathTeam, parse_verdict
 from roll.agentic.tasks.registry import render_task, task_factory
 from roll.agentic.tasks.writing_team import WritingTeam, joint_scores
+from roll.errors import ConfigError
 
 ITEMS = [{"question": "Ada has 3 apples and gets 4 more. How many?", "answer": "7",
           "choices": ["6", "7", "8"]},
@@ -141,15 +142,15 @@ def test_math_summary_precision_and_recall_of_flagging_wrong_solutions():
 
 
 def test_bad_task_parameters_and_datasets_are_named():
-    with pytest.raises(ValueError, match=r"env.params.max_rounds=-1"):
+    with pytest.raises(ConfigError, match=r"env.params.max_rounds=-1"):
         math_factory(max_rounds=-1)
-    with pytest.raises(ValueError, match=r"env.params.rounds: math_team takes no such"):
+    with pytest.raises(ConfigError, match=r"env.params.rounds=2: math_team takes no such"):
         math_factory(rounds=2)
     with pytest.raises(ValueError, match=r"item 0 has no field 'choices'"):
         task_factory("math_team", {"closed_answers": True}, [{"question": "q", "answer": "1"}])
     with pytest.raises(ValueError, match=r"math-verify cannot parse the answer '@@'"):
         task_factory("math_team", {}, [{"question": "q", "answer": "@@"}])
-    with pytest.raises(ValueError, match=r"env.task='chess_team': unknown task"):
+    with pytest.raises(ConfigError, match=r"env.task='chess_team': unknown task"):
         task_factory("chess_team", {}, ITEMS)
 
 
@@ -277,7 +278,7 @@ def test_majority_vote_is_one_round_and_a_tie_goes_to_the_first_answer():
         "task/accuracy_last_round": 0.75, "task/debate_gain": 0.0, "task/agreement": 0.75})
     with pytest.raises(ValueError, match=r"env.params.voters=1: must be an integer >= 2"):
         task_factory("majority_vote", {"voters": 1}, ITEMS)
-    with pytest.raises(ValueError, match=r"env.params.rounds: majority_vote takes no such"):
+    with pytest.raises(ValueError, match=r"env.params.rounds=2: majority_vote takes no such"):
         task_factory("majority_vote", {"rounds": 2}, ITEMS)
 
 

@@ -21,6 +21,7 @@ from roll.algorithms import (
     vdn,
 )
 from roll.batch import TrajectoryBatch
+from roll.errors import ConfigError
 
 NAN = float("nan")
 
@@ -435,7 +436,7 @@ def test_compute_advantages_isolates_agents_end_to_end():
     ],
 )
 def test_config_errors_name_field_and_value(field, value):
-    with pytest.raises(ValueError, match=f"AdvantageConfig.{field} .*{value}"):
+    with pytest.raises(ConfigError, match=rf"advantage\.{field}=.*{value}"):
         AdvantageConfig(**{field: value})
 
 
@@ -443,7 +444,7 @@ def test_unknown_estimator_lists_known_names():
     known = r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'reinforce', 'vdn'"
     with pytest.raises(ValueError, match=known):
         get_advantage_estimator("ppo")
-    with pytest.raises(ValueError, match=r"AdvantageConfig.estimator .*'gae', 'grpo'"):
+    with pytest.raises(ConfigError, match=r"advantage\.estimator=.*'gae', 'grpo'"):
         AdvantageConfig(estimator="ppo")
 
 

@@ -18,10 +18,10 @@ from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout import RolloutConfig, RolloutScheduler
 from roll.errors import ConfigError, RoleFailed
 from roll.inference.base import SamplingParams
-from roll.inference.hf.engine import HFEngine
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.builders import hf_engine_for
 from roll.pipeline.cli import CLIError
 from roll.pipeline.cluster_checks import check_ray_resources
 from roll.utils.checkpoint import latest_checkpoint
@@ -43,7 +43,10 @@ def _scheduler(engine, tokenizer, game: str, seatings, episodes=None) -> Rollout
         # Unconstrained: the tiny model's garbage exercises format errors, penalties and the
         # random fallback (drawn from the episode's own random stream, wherever it lives).
         action=ActionConfig(format_penalty=0.5, fallback="random"),
-        config=RolloutConfig(num_groups=3, group_size=2), episodes=episodes)
+        config=RolloutConfig(num_groups=3, group_size=2, max_turns=64, max_prompt_tokens=2048,
+                             constrained_decoding=False, enable_thinking=False,
+                             continuous=True),
+        episodes=episodes)
 
 
 def _turns(result):
@@ -62,9 +65,9 @@ def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
             if param.requires_grad:
                 param.add_(torch.randn(param.shape, generator=gen) * 0.3)
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFEngine(team, tokenizer)
+    engine = hf_engine_for(team, tokenizer)
     for name in AGENTS:
-        engine.load_adapter(name, team.export_adapter(name), team.lora_config(name), 1)
+        engine.load_adapter(name, team.export_adapter(name), team.peft_config(name), 1)
     host = RayEpisodes(num_workers=2, cpus_per_worker=0.5)
     try:
         for game, seatings in (

@@ -10,10 +10,11 @@ import torch
 from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 from roll.distributed.roles import TrainSpec, push_adapters
 from roll.errors import RoleFailed
-from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference import GenerationRequest, SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.builders import hf_engine_for
 from roll.pipeline.cli import CLIError, load_config
 from roll.utils.checkpoint import latest_checkpoint
 from tests.multi_agent.helpers import make_team
@@ -49,7 +50,7 @@ def requests(tiny_model_path, n=5):
 def test_engines_as_actors_generate_what_the_local_engine_does(
         tiny_model_path, team_and_group):
     model, group = team_and_group
-    local = HFEngine(model, load_tokenizer(tiny_model_path), max_batch_size=8)
+    local = hf_engine_for(model, load_tokenizer(tiny_model_path), max_batch_size=8)
     push_adapters(local, model, version=3)
     push_adapters(group, model, version=3)
     assert group.adapter_version("a") == 3 and group.slots == ["a", "b"]
@@ -135,7 +136,7 @@ def test_vllm_engine_actors_serve_what_the_in_process_hf_engine_serves(ray_clust
     group = RayInferGroup(spec, 2, EngineSpec("vllm", options, forwarded_env()),
                           cpus_per_engine=1)
     try:
-        hf = HFEngine(team, load_tokenizer(tiny_model_path))
+        hf = hf_engine_for(team, load_tokenizer(tiny_model_path))
         for engine in (group, hf):
             push_adapters(engine, team, version=3)
         prompts = chat_prompts(tiny_model_path)

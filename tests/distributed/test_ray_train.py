@@ -192,7 +192,7 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
         import torch
 
         from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
-        from roll.distributed.deepspeed_strategy import DeepSpeedTrainer
+        from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
         from roll.errors import NonFiniteLossError
         from roll.models import load_model
         from roll.multi_agent.model import MultiAgentLoRAModel
@@ -200,8 +200,8 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
         torch.set_num_threads(1)
         init_ranks(0, 1, f"127.0.0.1:{free_port()}", "cpu")
         model = MultiAgentLoRAModel(load_model(spec.model_path), list(spec.agents), seed=0)
-        trainer = DeepSpeedTrainer(model, list(spec.agents), spec.trainer, 1.0,
-                                   TorchDistributedSync(), stage)
+        trainer = MultiAgentTrainer(model, list(spec.agents), spec.trainer, 1.0,
+                                    strategy=DeepSpeedStrategy(stage, TorchDistributedSync()))
         trainer.train_step(good)  # every agent has moments and masters to lose
         before = (trainer.export_adapters(model.agent_names), trainer.state_dict())
         refused = ""

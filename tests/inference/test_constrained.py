@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from roll.distributed.roles import push_adapters
-from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference import GenerationRequest, SamplingParams
 from roll.inference.constrained import CompletionTrie, ConstraintState
 from roll.models import load_tokenizer
+from roll.pipeline.builders import hf_engine_for
 
 from .helpers import chat_prompts, perturbed_team
 
@@ -49,7 +50,7 @@ def test_constraint_mask_keeps_only_allowed_tokens_of_live_rows():
 def test_every_constrained_output_is_one_allowed_completion(tiny_model_path):
     team = perturbed_team(tiny_model_path, 2)
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFEngine(team, tokenizer)
+    engine = hf_engine_for(team, tokenizer)
     push_adapters(engine, team, version=1)
     allowed = _answer_completions(tokenizer)
     prompts = chat_prompts(tiny_model_path)
@@ -80,7 +81,7 @@ def test_every_constrained_output_is_one_allowed_completion(tiny_model_path):
 def test_constrained_greedy_and_completions_without_eos(tiny_model_path):
     team = perturbed_team(tiny_model_path, 2)
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFEngine(team, tokenizer)
+    engine = hf_engine_for(team, tokenizer)
     push_adapters(engine, team, version=1)
     allowed = _answer_completions(tokenizer, with_eos=False)
     prompts = chat_prompts(tiny_model_path)

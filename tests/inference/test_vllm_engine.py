@@ -18,13 +18,13 @@ pytest.importorskip("vllm")
 from roll.distributed.roles import push_adapters
 from roll.inference import (
     GenerationRequest,
-    HFEngine,
     InferenceEngine,
     SamplingParams,
     load_adapter_folder,
 )
 from roll.inference.vllm_engine import ALLOWED_RANKS, VLLMEngine, round_lora_rank  # noqa: E402
 from roll.models import load_tokenizer  # noqa: E402
+from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
 from .helpers import chat_prompts, perturb, perturbed_team, sequence_logprobs  # noqa: E402
 
@@ -50,7 +50,7 @@ def engine(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def hf_engine(tiny_model_path, team):
-    return HFEngine(team, load_tokenizer(tiny_model_path))
+    return hf_engine_for(team, load_tokenizer(tiny_model_path))
 
 
 def _sync_both(team, engines, agents=None) -> int:
@@ -128,7 +128,7 @@ def test_training_update_is_served_on_the_next_generate(tiny_model_path, team, e
     assert [o.token_ids for o in snapshot] == [o.token_ids for o in before]
     engine.remove_adapter("bob@snapshot")
     with pytest.raises(ValueError, match="older version"):
-        engine.load_adapter("bob", team.export_adapter("bob"), team.lora_config("bob"), 0)
+        engine.load_adapter("bob", team.export_adapter("bob"), team.peft_config("bob"), 0)
 
 
 def test_reloading_a_slot_many_times_leaks_no_lora_ids_or_folders(tiny_model_path, team, engine,
@@ -137,7 +137,7 @@ def test_reloading_a_slot_many_times_leaks_no_lora_ids_or_folders(tiny_model_pat
     old_paths = set()
     for _ in range(12):
         old_paths.add(engine._slots["alice"].request.lora_path)
-        engine.load_adapter("alice", team.export_adapter("alice"), team.lora_config("alice"),
+        engine.load_adapter("alice", team.export_adapter("alice"), team.peft_config("alice"),
                             next(VERSIONS))
     assert engine.loaded_lora_ids() == {slot.lora_id for slot in engine._slots.values()}
     assert len(engine.loaded_lora_ids()) == len(engine.slots) == 4
@@ -150,7 +150,7 @@ def test_reloading_a_slot_many_times_leaks_no_lora_ids_or_folders(tiny_model_pat
 
 def test_max_loras_exceeded_is_a_clear_error(tiny_model_path, team, engine):
     extra = [f"alice@step{i}" for i in range(MAX_LORAS - len(engine.slots))]
-    tensors, config = team.export_adapter("alice"), team.lora_config("alice")
+    tensors, config = team.export_adapter("alice"), team.peft_config("alice")
     for slot in extra:
         engine.load_adapter(slot, tensors, config, 1)
     with pytest.raises(ValueError, match=f"max_loras={MAX_LORAS}"):
@@ -181,7 +181,7 @@ def test_max_lora_rank_is_rounded_up_to_a_rank_vllm_accepts(tiny_model_path, eng
     with pytest.raises(ValueError, match="max_lora_rank"):
         round_lora_rank(ALLOWED_RANKS[-1] + 1)
     wide = perturbed_team(tiny_model_path, 1)
-    config = wide.lora_config("alice")
+    config = wide.peft_config("alice")
     config.r = 16
     with pytest.raises(ValueError, match="max_lora_rank=8"):
         engine.load_adapter("wide", wide.export_adapter("alice"), config, 1)

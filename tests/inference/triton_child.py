@@ -11,9 +11,10 @@ import sys
 import torch
 
 from roll.distributed.roles import push_adapters
-from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference import GenerationRequest, SamplingParams
 from roll.inference.hf import lora_kernels
 from roll.models import load_tokenizer
+from roll.pipeline.builders import hf_engine_for
 
 from .helpers import chat_prompts, perturbed_team
 
@@ -65,7 +66,7 @@ def engine_gaps(path: str) -> dict:
     tokenizer = load_tokenizer(path)
     engines = {}
     for variant in ("torch", "triton"):
-        engines[variant] = HFEngine(team, tokenizer, lora_kernels=variant)
+        engines[variant] = hf_engine_for(team, tokenizer, lora_kernels=variant)
         push_adapters(engines[variant], team, version=1)
     calls = {"tiled": 0}
     for name in calls:

@@ -19,6 +19,7 @@ from roll.models import apply_chat_template, load_model, load_tokenizer
 from roll.models.smollm2 import ALIAS, build_smollm2, gguf_path
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.builders import hf_engine_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def team(smollm2_path):
 
 
 def _engine(team, tokenizer) -> HFEngine:
-    engine = HFEngine(team, tokenizer)
+    engine = hf_engine_for(team, tokenizer)
     push_adapters(engine, team, version=0)
     return engine
 

@@ -16,7 +16,6 @@ def make_team(path, agents: list[AgentConfig], seed: int = 0, optim: OptimConfig
         agents=agents,
         lora=LoRAConfig(rank=4, alpha=8),
         optim=optim or OptimConfig(lr=1e-2),
-        seed=seed,
     ).validate()
     resolved = config.resolved_agents()
     return MultiAgentLoRAModel(load_model(path), resolved, seed=seed), resolved

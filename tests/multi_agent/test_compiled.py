@@ -17,7 +17,7 @@ import torch
 
 from roll.multi_agent.compiled import compile_count, decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.trainer import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer, behaviour_logprobs
 
 from .helpers import make_rows, make_team
 
@@ -47,10 +47,11 @@ def _passes(model, trainer, batch):
     """No-grad log-probs (policy, reference) and one round's gradients of every agent."""
     positions = batch.response_mask.bool()
     policy = model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id,
-                            positions=positions, micro_batch_size=4)
+                            positions=positions, forward_rows=4)
     reference = model.reference_logprobs(batch.input_ids, batch.attention_mask,
-                                         positions=positions, micro_batch_size=4)
-    batch = trainer._with_behaviour_logprobs(batch)
+                                         positions=positions, forward_rows=4)
+    batch = behaviour_logprobs(model, batch, trainer.temperature,
+                               trainer.config.forward_rows, trainer.config.kl_coef > 0)
     minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
              for i, name in enumerate(model.agent_names)}
     sums = {name: dict.fromkeys(("loss", "policy_loss", "kl_ref", "entropy", "clip_frac",

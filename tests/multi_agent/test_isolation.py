@@ -12,7 +12,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.trainer import MultiAgentTrainer
+from roll.multi_agent.trainer import MultiAgentTrainer, behaviour_logprobs
 
 from .helpers import make_rows, make_team
 
@@ -192,7 +192,8 @@ def _round_gradients(path, fused, batch):
                 param.add_(torch.randn(param.shape, generator=gen) * 0.1)
     config = TrainerConfig(micro_batch_size=2, kl_coef=0.05, entropy_coef=0.01, fused=fused)
     trainer = MultiAgentTrainer(model, resolved, config)
-    batch = trainer._with_behaviour_logprobs(batch)
+    batch = behaviour_logprobs(model, batch, trainer.temperature, config.forward_rows,
+                               reference=config.kl_coef > 0)
     minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
              for i, name in enumerate(model.agent_names)}
     trainer._backward(batch, minis, {name: dict.fromkeys(("loss", "policy_loss", "kl_ref",

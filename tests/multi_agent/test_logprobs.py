@@ -80,7 +80,7 @@ def test_only_the_response_window_reaches_the_lm_head(tiny_model_path):
     torch.testing.assert_close(windowed, full * mask, rtol=0, atol=1e-6)
 
 
-def test_log_prob_passes_honour_the_micro_batch_size(tiny_model_path):
+def test_log_prob_passes_honour_forward_rows(tiny_model_path):
     team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
     rows = make_rows([0, 1, 0, 0, 1, 0, 0], seed=2)
     seen = []
@@ -89,10 +89,10 @@ def test_log_prob_passes_honour_the_micro_batch_size(tiny_model_path):
     )
     try:
         chunked = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
-                                micro_batch_size=2)
+                                forward_rows=2)
         seen_policy = list(seen)
         seen.clear()
-        team.reference_logprobs(rows.input_ids, rows.attention_mask, micro_batch_size=3)
+        team.reference_logprobs(rows.input_ids, rows.attention_mask, forward_rows=3)
     finally:
         handle.remove()
     assert seen_policy == [2, 2, 2, 1]  # 7 rows (sorted by agent) in forwards of 2
@@ -138,7 +138,7 @@ def test_log_prob_passes_sort_rows_into_agent_segments_and_equal_peft_routing(
         lambda module, args, out: seen.append(args[0].shape[0]))
     try:
         segmented = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
-                                  positions=rows.response_mask.bool(), micro_batch_size=3)
+                                  positions=rows.response_mask.bool(), forward_rows=3)
     finally:
         handle.remove()
     assert seen == [3, 3, 2]  # sorted rows alice x4, bob x2, carol x2 in forwards of 3
@@ -249,7 +249,7 @@ def test_policy_divergence_is_the_kl_of_each_agents_own_peft_forward(tiny_model_
             tensor.add_(0.3 * torch.randn(tensor.shape, generator=gen))
     temperature = 0.7
     ours = team.policy_divergence(rows.input_ids, rows.attention_mask, "alice", "bob",
-                                  positions=mask, temperature=temperature, micro_batch_size=2)
+                                  positions=mask, temperature=temperature, forward_rows=2)
     # The same by hand: each agent's stock PEFT forward (set_adapter), full log_softmax, KL at
     # every scored token (the logits of position t - 1 predict token t).
     logp = {}

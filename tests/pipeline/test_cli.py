@@ -77,6 +77,11 @@ BAD = [
     (["team.agents=[{name:bob},{name:rollout}]", "env.seat_to_agent=[bob,rollout]"],
      "team.agents[1].name='rollout'"),
     (["env.action.fallback=pass"], "env.action.fallback='pass'"),
+    (["env.action.answer_pattern='(a)(b)'"], ("env.action.answer_pattern", "capture group")),
+    (["team.seed=3"], "team.seed"),  # read by nothing: an unknown key, not a silent no-op
+    (["env.task=math_team", "env.params.max_rounds=-1"], "env.params.max_rounds=-1"),
+    (["env.task=math_team", "env.params.rounds=2"], ("env.params.rounds", "no such parameter")),
+    (["env.task=chess_team"], ("env.task='chess_team'", "unknown task")),
     (["resume=/no/such/checkpoint"], ("resume='/no/such/checkpoint'", "no such folder")),
     (["model.device=cuda:99"], "model.device='cuda:99'"),
     (["rollout.hf.lora_kernels=cuda"], ("rollout.hf.lora_kernels='cuda'", "'triton'")),

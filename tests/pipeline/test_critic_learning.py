@@ -27,14 +27,14 @@ from roll.multi_agent.config import (
 from roll.multi_agent.critics import critic_values
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.config import (
-    EnvConfig,
+    EnvSchema,
     EvalSchema,
     PipelineConfig,
     RolloutSchema,
     SamplingSchema,
-    TrackingSchema,
 )
 from roll.pipeline.validation import validate_config
+from roll.utils.tracking import TrackingConfig
 
 from .test_learning import PROMPT, PickSideEnv, _p_left
 
@@ -61,11 +61,11 @@ def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
         critic=CriticConfig(mode=mode, lora=LoRAConfig(rank=8, alpha=16),
                             optim=OptimConfig(lr=1e-2), micro_batch_size=16,
                             input=critic_input),
-        env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
+        env=EnvSchema(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=4, group_size=4, constrained_decoding=True,
                               sampling=SamplingSchema(max_new_tokens=12)),
         eval=EvalSchema(eval_steps=0),
-        tracking=TrackingSchema(backends=["jsonl"]),
+        tracking=TrackingConfig(backends=["jsonl"]),
         output_dir=str(tmp_path / "run"),
         max_steps=max_steps,
         save_steps=0,

@@ -19,15 +19,15 @@ from roll.multi_agent.config import (
 )
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.config import (
-    EnvConfig,
+    EnvSchema,
     EvalSchema,
     PipelineConfig,
     RolloutSchema,
     SamplingSchema,
-    TrackingSchema,
 )
 from roll.pipeline.validation import validate_config
 from roll.utils.checkpoint import critic_dir, load_trainer_state, step_dir_name
+from roll.utils.tracking import TrackingConfig
 
 from .test_learning import PROMPT, PickSideEnv
 
@@ -40,11 +40,11 @@ def _config(out, mode="per_agent", estimator="ippo", **overrides) -> PipelineCon
         advantage=AdvantageConfig(estimator=estimator),
         critic=CriticConfig(mode=mode, lora=LoRAConfig(rank=4, alpha=8, dropout=0.1),
                             optim=OptimConfig(lr=1e-2), micro_batch_size=4),
-        env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
+        env=EnvSchema(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=2, group_size=3,
                               sampling=SamplingSchema(max_new_tokens=6)),
         eval=EvalSchema(eval_steps=0),
-        tracking=TrackingSchema(backends=["jsonl"]),
+        tracking=TrackingConfig(backends=["jsonl"]),
         output_dir=str(out),
         max_steps=3,
         save_steps=1,

@@ -16,14 +16,14 @@ from roll.models import apply_chat_template
 from roll.multi_agent.config import LoRAConfig, MultiAgentConfig, OptimConfig, TrainerConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.config import (
-    EnvConfig,
+    EnvSchema,
     EvalSchema,
     PipelineConfig,
     RolloutSchema,
     SamplingSchema,
-    TrackingSchema,
 )
 from roll.pipeline.validation import validate_config
+from roll.utils.tracking import TrackingConfig
 
 PAID = {0: "left", 1: "right"}
 PROMPT = "Pick a side. Legal moves: left, right. Answer inside <answer>...</answer>."
@@ -88,11 +88,11 @@ def test_each_agent_learns_its_own_behaviour(tmp_path):
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=8, alpha=16),
                               optim=OptimConfig(lr=2e-2)),
         trainer=TrainerConfig(micro_batch_size=32),
-        env=EnvConfig(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
+        env=EnvSchema(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=4, group_size=4, constrained_decoding=True,
                               sampling=SamplingSchema(max_new_tokens=12)),
         eval=EvalSchema(eval_steps=0),
-        tracking=TrackingSchema(backends=["jsonl"]),
+        tracking=TrackingConfig(backends=["jsonl"]),
         output_dir=str(tmp_path / "run"),
         max_steps=50,
         save_steps=0,

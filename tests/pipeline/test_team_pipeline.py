@@ -84,9 +84,9 @@ def test_roles_reach_their_agents_adapters_in_one_mixed_batch(tmp_path):
                                        positions=mask, temperature=1.0)
 
     own = logprobs(batch.agent_id)
-    assert torch.allclose(own[mask], batch.old_logprobs[mask], atol=1e-4)
+    assert torch.allclose(own[mask], batch.engine_logprobs[mask], atol=1e-4)
     crossed = logprobs(1 - batch.agent_id)
-    assert (crossed[mask] - batch.old_logprobs[mask]).abs().max() > 1e-2
+    assert (crossed[mask] - batch.engine_logprobs[mask]).abs().max() > 1e-2
 
 
 def test_shared_adapter_trains_one_adapter_from_every_roles_rows(tmp_path):

@@ -9,6 +9,7 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from roll.errors import ConfigError
 from roll.utils.tracking import (
     ProgressLine,
     Tracker,
@@ -55,11 +56,11 @@ def test_all_backends_write_the_same_values(tmp_path, wandb_env, capsys):
         backends=["console", "tensorboard", "wandb", "jsonl"],
         project="roll-test",
         run_name="unit",
-        log_dir=str(run_dir),
         wandb_mode="offline",
         tags=["test"],
     )
-    with Tracker(config, run_config={"lr": 1e-4, "agents": ["alice", "bob"]}) as tracker:
+    with Tracker(config, str(run_dir),
+                 run_config={"lr": 1e-4, "agents": ["alice", "bob"]}) as tracker:
         for step in STEPS:
             tracker.log(_step_metrics(step), step=step)
 
@@ -91,10 +92,9 @@ def test_all_backends_write_the_same_values(tmp_path, wandb_env, capsys):
 
 def test_wandb_run_id_continues_one_run_across_trackers(tmp_path, wandb_env):
     """A resumed training run passes its saved run id: WandB files of both parts carry it."""
-    config = TrackingConfig(backends=["wandb"], log_dir=str(tmp_path / "run"),
-                            wandb_mode="offline", run_id="rollrun01")
+    config = TrackingConfig(backends=["wandb"], wandb_mode="offline")
     for step in (1, 2):  # the first part, then the resumed one
-        with Tracker(config) as tracker:
+        with Tracker(config, str(tmp_path / "run"), run_id="rollrun01") as tracker:
             tracker.log({"team/x": float(step)}, step=step)
     runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
     # Two parts in one second share a folder name, and WandB adds "-1": read the id from the
@@ -104,10 +104,10 @@ def test_wandb_run_id_continues_one_run_across_trackers(tmp_path, wandb_env):
 
 
 def test_jsonl_appends_across_trackers(tmp_path):
-    config = TrackingConfig(backends=["jsonl"], log_dir=str(tmp_path))
-    with Tracker(config) as tracker:
+    config = TrackingConfig(backends=["jsonl"])
+    with Tracker(config, str(tmp_path)) as tracker:
         tracker.log({"team/x": 1}, step=1)
-    with Tracker(config) as tracker:  # a resumed run writes into the same file
+    with Tracker(config, str(tmp_path)) as tracker:  # a resumed run writes into the same file
         tracker.log({"team/x": 2}, step=2)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["team/x"] for line in lines] == [1.0, 2.0]
@@ -123,9 +123,9 @@ def test_jsonl_appends_across_trackers(tmp_path):
     ],
 )
 def test_bad_config_names_the_field(tmp_path, field, value, needle):
-    config = TrackingConfig(log_dir=str(tmp_path / "never"), **{field: value})
-    with pytest.raises(ValueError, match=needle) as error:
-        Tracker(config)
+    config = TrackingConfig(**{field: value})
+    with pytest.raises(ConfigError, match=needle) as error:
+        Tracker(config, str(tmp_path / "never"))
     assert repr(value) in str(error.value) or str(value) in str(error.value)
     assert not (tmp_path / "never").exists()  # failed before touching the disk
 
@@ -153,8 +153,8 @@ def test_agent_metric_names_are_prefixed_by_the_agent_name():
 
 def test_console_every_still_prints_non_finite_steps(tmp_path):
     stream = io.StringIO()
-    config = TrackingConfig(backends=["console"], log_dir=str(tmp_path), console_every=2)
-    with Tracker(config, stream=stream) as tracker:
+    config = TrackingConfig(backends=["console"], console_every=2)
+    with Tracker(config, str(tmp_path), stream=stream) as tracker:
         for step in range(5):
             tracker.log({"team/x": math.inf if step == 3 else 1.0}, step)
     printed = [line.split(" | ")[0] for line in stream.getvalue().splitlines()]
@@ -201,7 +201,7 @@ def test_progress_line_redraws_in_place_on_a_terminal():
 
 
 def test_log_rejects_reserved_keys_and_use_after_finish(tmp_path):
-    tracker = Tracker(TrackingConfig(backends=["jsonl"], log_dir=str(tmp_path)))
+    tracker = Tracker(TrackingConfig(backends=["jsonl"]), str(tmp_path))
     with pytest.raises(ValueError, match="'step'"):
         tracker.log({"step": 1.0}, step=1)
     tracker.finish()

@@ -29,6 +29,7 @@ fallbacks per agent for the metrics.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from enum import StrEnum
 import numpy as np
 
 from roll.agentic.env.base import MultiAgentEnv, StepResult
+from roll.errors import ConfigError
 
 DEFAULT_ANSWER_PATTERN = r"<answer>((?:(?!<answer>).)*?)</answer>"
 FALLBACK_POLICIES = ("random", "forfeit")
@@ -58,33 +60,48 @@ class FormatError(StrEnum):
 
 @dataclass
 class ActionConfig:
-    """How answers are parsed and what an unusable answer costs."""
+    """How answers are parsed and what an unusable answer costs (the run's ``env.action``).
+    Checked on construction; errors name the key ``env.action.<field>``."""
 
     answer_pattern: str = DEFAULT_ANSWER_PATTERN
     """Regex finding the answer; its single capture group (or the whole match if it has no
     group) is the answer. Compiled with IGNORECASE and DOTALL; the last match counts."""
     format_penalty: float = 1.0
-    """Non-negative amount the caller subtracts from the turn reward of a seat whose answer had
-    a format error."""
+    """Non-negative amount subtracted from the turn reward of a seat whose answer had a format
+    error."""
     fallback: str = "random"
     """Move played for an unusable answer: "random" (uniform legal move) or "forfeit"."""
-    answer_regex: re.Pattern[str] = field(init=False, repr=False)
-    """``answer_pattern`` compiled."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> ActionConfig:
         try:
-            self.answer_regex = re.compile(self.answer_pattern, re.IGNORECASE | re.DOTALL)
+            regex = _compile_answer_pattern(self.answer_pattern)
         except re.error as error:
-            raise ValueError(f"answer_pattern: invalid regex {self.answer_pattern!r}: "
-                             f"{error}") from error
-        if self.answer_regex.groups > 1:
-            raise ValueError(f"answer_pattern: needs at most one capture group, got "
-                             f"{self.answer_regex.groups} in {self.answer_pattern!r}")
+            raise ConfigError("env.action.answer_pattern", self.answer_pattern,
+                              f"invalid regex: {error}") from None
+        if regex.groups > 1:
+            raise ConfigError("env.action.answer_pattern", self.answer_pattern,
+                              f"needs at most one capture group, got {regex.groups}")
         if self.fallback not in FALLBACK_POLICIES:
-            raise ValueError(f"fallback: must be one of {FALLBACK_POLICIES}, got {self.fallback!r}")
+            raise ConfigError("env.action.fallback", self.fallback,
+                              f"must be one of {FALLBACK_POLICIES}")
         if not self.format_penalty >= 0:
-            raise ValueError(f"format_penalty: must be >= 0 (it is subtracted), "
-                             f"got {self.format_penalty!r}")
+            raise ConfigError("env.action.format_penalty", self.format_penalty,
+                              "must be >= 0 (it is subtracted)")
+        return self
+
+    @property
+    def answer_regex(self) -> re.Pattern[str]:
+        """``answer_pattern`` compiled (once per pattern: not a field, so the class stays a
+        plain OmegaConf schema node)."""
+        return _compile_answer_pattern(self.answer_pattern)
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_answer_pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE | re.DOTALL)
 
 
 @dataclass

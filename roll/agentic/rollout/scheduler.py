@@ -41,32 +41,35 @@ from roll.agentic.rollout.episode import (
 )
 from roll.agentic.rollout.results import EpisodeResult, RolloutResult, Turn
 from roll.batch import TrajectoryBatch
+from roll.errors import require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams, serve
 from roll.models.loading import apply_chat_template
 
 __all__ = ["EnvFactory", "Renderer", "RolloutConfig", "RolloutScheduler"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutConfig:
-    """How one batch of episodes is played."""
+    """How one batch of episodes is played. The knobs the run's schema owns (``rollout.*``,
+    ``model.enable_thinking``) have no default here: the schema's is the one default, and the
+    pipeline passes every one of them."""
 
-    num_groups: int = 4
+    num_groups: int
     """Distinct seeds per rollout (GRPO groups)."""
-    group_size: int = 2
+    group_size: int
     """Episodes per group; they share the seed (same deal, same chance outcomes)."""
-    max_turns: int = 64
+    max_turns: int
     """LLM turns per episode before it is cut off (counted as truncated, not as an error)."""
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int
     """Longest prompt (after the chat template); a longer one is an error naming the game."""
-    constrained_decoding: bool = False
+    constrained_decoding: bool
     """Let the model emit only '<answer>LEGAL MOVE</answer>' + EOS for one of the legal moves."""
     system_prompt: str | None = None
     """Optional system message before every prompt."""
-    enable_thinking: bool = False
+    enable_thinking: bool
     """Passed to chat templates that take it (Qwen3): False asks for an answer without a
     thinking block."""
-    continuous: bool = True
+    continuous: bool
     """Serve turns continuously where the engine can (``roll.inference.serve``); False plays
     lock-step rounds of ``generate`` calls."""
     critic_view: bool = False
@@ -75,9 +78,7 @@ class RolloutConfig:
 
     def validate(self) -> RolloutConfig:
         for name in ("num_groups", "group_size", "max_turns", "max_prompt_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"rollout.{name}={value!r}: must be an integer >= 1")
+            require_int(f"rollout.{name}", getattr(self, name))
         return self
 
 
@@ -327,8 +328,8 @@ class RolloutScheduler:
             return None
         input_ids, attention_mask, response_mask = self._pad_rows(
             [t.prompt_ids for t in rows], [t.response_ids for t in rows])
-        old_logprobs = torch.zeros(response_mask.shape)
-        old_logprobs[response_mask.bool()] = torch.tensor(
+        engine_logprobs = torch.zeros(response_mask.shape)
+        engine_logprobs[response_mask.bool()] = torch.tensor(
             [logprob for t in rows for logprob in t.logprobs], dtype=torch.float32)
 
         def column(values):
@@ -350,7 +351,7 @@ class RolloutScheduler:
             seat=column([t.seat for t in rows]),
             group_id=column([specs[t.env_index].group for t in rows]),
             turn=column([t.turn_index for t in rows]),
-            old_logprobs=old_logprobs,
+            engine_logprobs=engine_logprobs,
             **critic,
         )
 

@@ -20,7 +20,8 @@ a role (``roles[seat]``), exactly one role acts at a time, ``step`` takes its an
 
 What each role sees is the task's choice and is documented in its module; ``Transcript`` renders
 the common one: the item's question, then every earlier turn in order, each under its role's
-name, then the acting role's instruction.
+name, then the acting role's instruction. ``TranscriptTask`` holds what the tasks share (the
+acting seat, the global view, forfeit).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from roll.agentic.env.base import StepResult
+from roll.errors import ConfigError
 
 
 @dataclass
@@ -68,6 +72,44 @@ class Transcript:
         return None
 
 
+class TranscriptTask:
+    """What the team tasks share: one role acts at a time (``seat``; None once the episode is
+    over), the global view is the whole shared ``transcript``, each role sees it under its own
+    instruction (``instructions``: role -> text), and a forfeit ends the episode with no
+    further reward. A task sets ``roles`` and ``num_seats``, and overrides what it renders
+    otherwise."""
+
+    parses_answers = True
+    roles: tuple[str, ...]
+    num_seats: int
+    instructions: dict[str, str]
+    seat: int | None
+    transcript: Transcript
+    rewards: list[float]
+
+    @property
+    def done(self) -> bool:
+        return self.seat is None
+
+    def current_seat(self) -> int | None:
+        return self.seat
+
+    def global_observation(self) -> str:
+        """The whole history, every role's turn (what a centralised critic reads)."""
+        return self.transcript.render(None)
+
+    def observation(self, seat: int) -> str:
+        return self.transcript.render(self.instructions[self.roles[seat]])
+
+    def forfeit(self, seat: int) -> StepResult:
+        """Ends the episode with no further reward (the rollout never forfeits a task)."""
+        self.seat = None
+        return StepResult([0.0] * self.num_seats, True)
+
+    def returns(self) -> list[float]:
+        return list(self.rewards)
+
+
 class TeamTask(Protocol):
     """What the rollout and the pipeline use of a task beyond ``MultiAgentEnv``."""
 
@@ -106,7 +148,7 @@ def check_flags(**flags: object) -> None:
     """Each flag is true or false (ValueError naming ``env.params.<flag>`` otherwise)."""
     for key, value in flags.items():
         if not isinstance(value, bool):
-            raise ValueError(f"env.params.{key}={value!r}: must be true or false")
+            raise ConfigError(f"env.params.{key}", value, "must be true or false")
 
 
 def check_items(items: Sequence[dict[str, Any]], required: Sequence[str], where: str) -> None:

@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean
+from roll.agentic.tasks.base import (
+    Transcript,
+    TranscriptTask,
+    check_flags,
+    check_items,
+    choose_item,
+    mean,
+)
 from roll.agentic.tasks.math_check import check_gold_answers, check_math_answer
 
 ROLES = ("pioneer", "observer")
@@ -39,13 +46,13 @@ INSTRUCTIONS = {
 }
 
 
-class Cory:
+class Cory(TranscriptTask):
     """Pioneer then observer on one problem (module docstring)."""
 
     name = "cory"
     roles = ROLES
+    instructions = INSTRUCTIONS
     num_seats = len(ROLES)
-    parses_answers = True
     required_fields = ("question", "answer")
 
     def __init__(self, items: Sequence[dict[str, Any]], collective: bool = True,
@@ -71,23 +78,9 @@ class Cory:
     def reset(self, seed: int, item: int | None = None) -> None:
         self.item = choose_item(self.items, seed, item)
         self.transcript = Transcript(f"Problem: {self.item['question']}")
-        self.seat: int | None = PIONEER
+        self.seat = PIONEER
         self.correct = [False, False]
         self.rewards = [0.0, 0.0]
-
-    @property
-    def done(self) -> bool:
-        return self.seat is None
-
-    def current_seat(self) -> int | None:
-        return self.seat
-
-    def global_observation(self) -> str:
-        """The whole history, every role's turn (what a centralised critic reads)."""
-        return self.transcript.render(None)
-
-    def observation(self, seat: int) -> str:
-        return self.transcript.render(INSTRUCTIONS[ROLES[seat]])
 
     def legal_actions(self, seat: int) -> list[str]:
         return [str(c) for c in self.item["choices"]] if self.closed_answers else []
@@ -108,14 +101,6 @@ class Cory:
             rewards = [float(sum(self.correct))] * 2
         self.rewards = [a + b for a, b in zip(self.rewards, rewards, strict=True)]
         return StepResult(rewards, self.done, format_error=format_error)
-
-    def forfeit(self, seat: int) -> StepResult:
-        """Ends the episode with no further reward (the rollout never forfeits a task)."""
-        self.seat = None
-        return StepResult([0.0, 0.0], True)
-
-    def returns(self) -> list[float]:
-        return list(self.rewards)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:

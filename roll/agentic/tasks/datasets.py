@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from roll.errors import ConfigError
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_SOURCES = ("arithmetic", "writing")
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -50,13 +52,14 @@ def load_items(source: str, split: str, fields: Mapping[str, str] | None = None,
     else:
         rows, columns = _from_datasets(source, split)
     if not rows:
-        raise ValueError(f"env.data.source={source!r}: split {split!r} has no items")
+        raise ConfigError("env.data.source", source, f"split {split!r} has no items")
     for name in required:
         column = fields.get(name, name)
         if column not in columns:
             key = f"env.data.fields.{name}" if name in fields else "env.data.fields"
-            raise ValueError(f"{key}: the task needs field {name!r}, read from column "
-                             f"{column!r}, but {source!r} has columns {sorted(columns)}")
+            raise ConfigError(key, fields.get(name) if name in fields else dict(fields),
+                              f"the task needs field {name!r}, read from column {column!r}, "
+                              f"but {source!r} has columns {sorted(columns)}")
     wanted = {name: fields.get(name, name) for name in set(required) | set(fields)}
     extra = [c for c in columns if c not in wanted.values()]
     return [{**{c: row[c] for c in extra}, **{name: row[col] for name, col in wanted.items()}}
@@ -75,8 +78,8 @@ def _builtin(source: str, split: str, size: int) -> list[dict[str, Any]]:
         from roll.agentic.tasks.writing_prompts import writing_prompts
 
         return [{"prompt": prompt} for prompt in writing_prompts(size, seed=seed)]
-    raise ValueError(f"env.data.source={source!r}: unknown built-in set; expected one of "
-                     f"{[BUILTIN_PREFIX + n for n in BUILTIN_SOURCES]}")
+    raise ConfigError("env.data.source", source, f"unknown built-in set; expected one of "
+                      f"{[BUILTIN_PREFIX + n for n in BUILTIN_SOURCES]}")
 
 
 def _from_datasets(source: str, split: str) -> tuple[Any, set[str]]:
@@ -84,12 +87,12 @@ def _from_datasets(source: str, split: str) -> tuple[Any, set[str]]:
     path = Path(source).expanduser()
     looks_local = path.suffix in FILE_FORMATS or source.startswith((".", "/", "~"))
     if looks_local and not path.exists():
-        raise ValueError(f"env.data.source={source!r}: no such file or folder")
+        raise ConfigError("env.data.source", source, "no such file or folder")
     try:
         import datasets
     except ImportError as error:
-        raise ValueError(f"env.data.source={source!r}: reading a dataset needs the 'datasets' "
-                         "package (pip install -e '.[data]')") from error
+        raise ConfigError("env.data.source", source, "reading a dataset needs the 'datasets' "
+                          "package (pip install -e '.[data]')") from error
     try:
         if path.exists():
             files = [path] if path.is_file() else sorted(
@@ -103,10 +106,10 @@ def _from_datasets(source: str, split: str) -> tuple[Any, set[str]]:
         else:
             table = datasets.load_dataset(source, split=split)
     except ValueError as error:
-        raise ValueError(f"env.data.source={source!r} (split {split!r}): {error}") from None
+        raise ConfigError("env.data.source", source, f"(split {split!r}) {error}") from None
     except Exception as error:  # datasets raises many kinds (missing hub id, bad file, ...)
-        raise ValueError(f"env.data.source={source!r} (split {split!r}): cannot load it: "
-                         f"{type(error).__name__}: {error}") from None
+        raise ConfigError("env.data.source", source, f"(split {split!r}) cannot load it: "
+                          f"{type(error).__name__}: {error}") from None
     return table, set(table.column_names)
 
 

@@ -26,12 +26,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean
+from roll.agentic.tasks.base import (
+    Transcript,
+    TranscriptTask,
+    check_flags,
+    check_items,
+    choose_item,
+    mean,
+)
 from roll.agentic.tasks.math_check import (
     check_gold_answers,
     check_math_answer,
     equivalent,
 )
+from roll.errors import ConfigError
 
 INSTRUCTION_FIRST = ("You are {role}. Solve the problem step by step, then give only the final "
                      "answer as <answer>ANSWER</answer>.")
@@ -59,11 +67,10 @@ def majority(answers: Sequence[str | None]) -> str | None:
     return next(first for first, votes in clusters if votes == best)
 
 
-class Debate:
+class Debate(TranscriptTask):
     """Debate (or majority vote) as an env of the game protocol (roll/agentic/tasks/base.py)."""
 
     cooperative = False
-    parses_answers = True
     required_fields = ("question", "answer")
 
     def __init__(self, items: Sequence[dict[str, Any]], debaters: int = 3, rounds: int = 2,
@@ -73,10 +80,10 @@ class Debate:
                  role: str = "debater") -> None:
         for key, value, low in (("debaters", debaters, 2), ("rounds", rounds, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"env.params.{key}={value!r}: must be an integer >= {low}")
+                raise ConfigError(f"env.params.{key}", value, f"must be an integer >= {low}")
         for key, value in (("team_weight", team_weight), ("own_weight", own_weight)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"env.params.{key}={value!r}: must be a number >= 0")
+                raise ConfigError(f"env.params.{key}", value, "must be a number >= 0")
         check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
         if not items:
             raise ValueError(f"{name}: the dataset has no items")
@@ -100,7 +107,7 @@ class Debate:
     def reset(self, seed: int, item: int | None = None) -> None:
         self.item = choose_item(self.items, seed, item)
         self.round = 0
-        self.seat: int | None = 0
+        self.seat = 0
         self.texts: list[list[str]] = [[] for _ in range(self.rounds)]
         """Each round's answers, in seat order."""
         self.answers: list[list[str | None]] = [[] for _ in range(self.rounds)]
@@ -108,13 +115,6 @@ class Debate:
         self.rewards = [0.0] * self.num_seats
         self.team_answer: str | None = None
         self.team_correct = False
-
-    @property
-    def done(self) -> bool:
-        return self.seat is None
-
-    def current_seat(self) -> int | None:
-        return self.seat
 
     def global_observation(self) -> str:
         """The problem and every answer of every round so far (what a centralised critic
@@ -165,14 +165,6 @@ class Debate:
         return StepResult(rewards, self.done,
                           format_error=None if check.answer is not None else "no_answer")
 
-    def forfeit(self, seat: int) -> StepResult:
-        """Ends the episode with no further reward (the rollout never forfeits a task)."""
-        self.seat = None
-        return StepResult([0.0] * self.num_seats, True)
-
-    def returns(self) -> list[float]:
-        return list(self.rewards)
-
     def metrics(self) -> dict[str, float]:
         last = self.answers[-1]
         agree = [answer is not None and self.team_answer is not None
@@ -202,7 +194,7 @@ def majority_vote(items: Sequence[dict[str, Any]], voters: int = 3, team_weight:
                   lenient_answers: bool = False) -> Debate:
     """Independent voters, the team answer by majority: a debate of one round."""
     if not isinstance(voters, int) or isinstance(voters, bool) or voters < 2:
-        raise ValueError(f"env.params.voters={voters!r}: must be an integer >= 2")
+        raise ConfigError("env.params.voters", voters, "must be an integer >= 2")
     return Debate(items, debaters=voters, rounds=1, team_weight=team_weight,
                   own_weight=own_weight, closed_answers=closed_answers,
                   lenient_answers=lenient_answers, name="majority_vote", role="voter")

@@ -36,8 +36,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean, ratio
+from roll.agentic.tasks.base import (
+    Transcript,
+    TranscriptTask,
+    check_flags,
+    check_items,
+    choose_item,
+    mean,
+    ratio,
+)
 from roll.agentic.tasks.math_check import check_gold_answers, check_math_answer
+from roll.errors import ConfigError
 
 ROLES = ("generator", "critic", "refiner")
 GENERATOR, CRITIC, REFINER = range(3)
@@ -66,20 +75,20 @@ def parse_verdict(text: str, lenient: bool = False) -> str | None:
     return word if word in ("correct", "incorrect") else None
 
 
-class MathTeam:
+class MathTeam(TranscriptTask):
     """The math team as an env of the game protocol (roll/agentic/tasks/base.py)."""
 
     name = "math_team"
     roles = ROLES
+    instructions = INSTRUCTIONS
     num_seats = len(ROLES)
     cooperative = False
-    parses_answers = True
     required_fields = ("question", "answer")
 
     def __init__(self, items: Sequence[dict[str, Any]], max_rounds: int = 2,
                  closed_answers: bool = False, lenient_answers: bool = False) -> None:
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 0:
-            raise ValueError(f"env.params.max_rounds={max_rounds!r}: must be an integer >= 0")
+            raise ConfigError("env.params.max_rounds", max_rounds, "must be an integer >= 0")
         check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
         if not items:
             raise ValueError("math_team: the dataset has no items")
@@ -100,26 +109,12 @@ class MathTeam:
     def reset(self, seed: int, item: int | None = None) -> None:
         self.item = choose_item(self.items, seed, item)
         self.transcript = Transcript(f"Problem: {self.item['question']}")
-        self.seat: int | None = GENERATOR
+        self.seat = GENERATOR
         self.rewards = [0.0] * self.num_seats
         self.solutions: list[bool] = []
         """Whether each solution (initial, then each refinement) was correct."""
         self.judged: list[tuple[str | None, bool]] = []
         """(verdict, the judged solution was correct) per critic turn."""
-
-    @property
-    def done(self) -> bool:
-        return self.seat is None
-
-    def current_seat(self) -> int | None:
-        return self.seat
-
-    def global_observation(self) -> str:
-        """The whole history, every role's turn (what a centralised critic reads)."""
-        return self.transcript.render(None)
-
-    def observation(self, seat: int) -> str:
-        return self.transcript.render(INSTRUCTIONS[ROLES[seat]])
 
     def legal_actions(self, seat: int) -> list[str]:
         if not self.closed_answers:
@@ -150,14 +145,6 @@ class MathTeam:
         rewards[seat] = reward
         self.rewards[seat] += reward
         return StepResult(rewards, self.done, format_error=format_error)
-
-    def forfeit(self, seat: int) -> StepResult:
-        """Ends the episode with no further reward (the rollout never forfeits a task)."""
-        self.seat = None
-        return StepResult([0.0] * self.num_seats, True)
-
-    def returns(self) -> list[float]:
-        return list(self.rewards)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:

@@ -12,6 +12,7 @@ from roll.agentic.tasks.cory import Cory
 from roll.agentic.tasks.debate import Debate, majority_vote
 from roll.agentic.tasks.math_team import MathTeam
 from roll.agentic.tasks.writing_team import WritingTeam
+from roll.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ TASKS: dict[str, TaskSpec] = {
 
 def task_spec(name: str) -> TaskSpec:
     if name not in TASKS:
-        raise ValueError(f"env.task={name!r}: unknown task; expected one of {sorted(TASKS)}")
+        raise ConfigError("env.task", name, f"unknown task; expected one of {sorted(TASKS)}")
     return TASKS[name]
 
 
@@ -52,8 +53,8 @@ def task_factory(name: str, params: dict[str, Any], items: Sequence[dict[str, An
     accepted = task_parameters(name)
     for key in params:
         if key not in accepted:
-            raise ValueError(f"env.params.{key}: {name} takes no such parameter; it takes "
-                             f"{accepted}")
+            raise ConfigError(f"env.params.{key}", params[key],
+                              f"{name} takes no such parameter; it takes {accepted}")
     params = dict(params)
     prototype = make(items, **params)
     check = getattr(prototype, "check_dataset", None)

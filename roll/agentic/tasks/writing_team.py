@@ -29,7 +29,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from roll.agentic.env.base import StepResult
-from roll.agentic.tasks.base import Transcript, check_flags, check_items, choose_item, mean
+from roll.agentic.tasks.base import (
+    Transcript,
+    TranscriptTask,
+    check_flags,
+    check_items,
+    choose_item,
+    mean,
+)
+from roll.errors import ConfigError
 
 PARTS = ("background", "method")
 INSTRUCTIONS = {
@@ -72,12 +80,11 @@ def joint_scores(parts: Sequence[str], target_words: int | Sequence[int],
     return values
 
 
-class WritingTeam:
+class WritingTeam(TranscriptTask):
     """The writing team as an env of the game protocol (roll/agentic/tasks/base.py)."""
 
     name = "writing_team"
     cooperative = True
-    parses_answers = True
     required_fields = ("prompt",)
 
     def __init__(self, items: Sequence[dict[str, Any]], target_words: int | Sequence[int] = 60,
@@ -87,13 +94,14 @@ class WritingTeam:
         parts = tuple(parts) if not isinstance(parts, str) else (parts,)
         if len(parts) < 2 or len(set(parts)) != len(parts) or not all(
                 isinstance(part, str) and part.strip() for part in parts):
-            raise ValueError(f"env.params.parts={list(parts)!r}: must name two or more "
-                             "distinct parts")
+            raise ConfigError("env.params.parts", list(parts),
+                              "must name two or more distinct parts")
         targets = [target_words] if isinstance(target_words, int) else list(target_words)
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in targets) \
                 or len(targets) not in (1, len(parts)):
-            raise ValueError(f"env.params.target_words={target_words!r}: must be an integer "
-                             f">= 1, or a list of one per part ({len(parts)})")
+            raise ConfigError("env.params.target_words", target_words,
+                              f"must be an integer >= 1, or a list of one per part "
+                              f"({len(parts)})")
         scores = [scores] if isinstance(scores, str) else list(scores)
         if not scores or not set(scores) <= set(SCORES):
             raise ValueError(f"env.params.scores={scores!r}: must name one or more of "
@@ -112,19 +120,8 @@ class WritingTeam:
     def reset(self, seed: int, item: int | None = None) -> None:
         self.item = choose_item(self.items, seed, item)
         self.transcript = Transcript(str(self.item["prompt"]))
-        self.seat: int | None = 0
+        self.seat = 0
         self.scores: dict[str, float] = {}
-
-    @property
-    def done(self) -> bool:
-        return self.seat is None
-
-    def current_seat(self) -> int | None:
-        return self.seat
-
-    def global_observation(self) -> str:
-        """The whole history, every role's turn (what a centralised critic reads)."""
-        return self.transcript.render(None)
 
     def observation(self, seat: int) -> str:
         part = self.roles[seat]
@@ -151,11 +148,6 @@ class WritingTeam:
                             for part, text in zip(self.roles, texts, strict=True)})
         return StepResult([self.scores["joint"]] * self.num_seats, True,
                           format_error=format_error)
-
-    def forfeit(self, seat: int) -> StepResult:
-        """Ends the episode with joint reward 0 (the rollout never forfeits a task)."""
-        self.seat = None
-        return StepResult([0.0] * self.num_seats, True)
 
     def returns(self) -> list[float]:
         return [self.scores.get("joint", 0.0)] * self.num_seats

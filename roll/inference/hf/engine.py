@@ -1,10 +1,11 @@
 """The embedded generation engine: plain PyTorch + transformers, fused multi-LoRA.
 
-One decoding step is ONE forward of the shared base model for the whole mixed batch: the PEFT
-model runs with its own adapters disabled and ``FusedLoRA`` adds every row's adapter delta from
-stacked factors (see fused_lora.py). The engine never copies the base weights; it keeps its own
-copy of each slot's LoRA factors, so the trainer can go on training while the engine serves a
-given version, and frozen snapshots ("alice@step10") can be served beside live agents.
+One decoding step is ONE forward of the shared base model for the whole mixed batch: the model
+runs with its own adapters off (``adapters_off``: the trainer's base carries PEFT's LoRA layers)
+and ``FusedLoRA`` adds every row's adapter delta from stacked factors (see fused_lora.py). The
+engine never copies the base weights; it keeps its own copy of each slot's LoRA factors, so the
+trainer can go on training while the engine serves a given version, and frozen snapshots
+("alice@step10") can be served beside live agents.
 
 Loop: left-pad the prompts, prefill once into a KV cache, then decode token by token. Rows that
 finish (EOS, stop string, allowed completion done, max_new_tokens) stop contributing tokens but
@@ -24,8 +25,8 @@ import importlib.util
 import inspect
 import os
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -59,9 +60,13 @@ class HFEngine:
     """Mixed-adapter generation on the trainer's own base model.
 
     Args:
-        model: a ``MultiAgentLoRAModel`` (its base weights are shared, never copied) or a plain
-            transformers causal LM (serves the base model and slots loaded later).
+        model: a transformers causal LM: the trainer's base (its weights are shared, never
+            copied; PEFT's LoRA layers may be injected in it) or a plain model. It serves the
+            base model and the slots loaded into the engine.
         tokenizer: its tokenizer (EOS ids, padding, decoding of ``text``).
+        adapters_off: a context-manager factory under which the model's own LoRA layers add
+            nothing (the trainer's ``reference``), entered around every generation; default:
+            nothing to turn off.
         device: where generation runs; must be the model's device (None: the model's).
         max_batch_size: larger calls are split into batches of at most this many rows.
         seed: seeds requests that bring none (reproducible per engine and call order).
@@ -69,18 +74,22 @@ class HFEngine:
         compile: ``torch.compile`` the decoding step with CUDA graphs (implies static_cache).
         cuda_graphs: on CUDA, ``serve`` (continuous batching) replays its decode step as one
             captured CUDA graph (continuous.py).
-        slot_capacity, rank_capacity: initial fused-stack sizes (default: the model's agents
-            and their largest rank); both grow when a larger slot is loaded.
+        slot_capacity, rank_capacity: initial fused-stack sizes (e.g. the trainer's agents and
+            their largest rank; default 1); both grow when a larger slot is loaded.
         lora_dtype: dtype of the stacked LoRA factors and products (default: base weights').
         lora_kernels: how the fused LoRA deltas run (``FusedLoRA``): ``"torch"`` (stacked
             products), ``"triton"`` (tiled kernels, CUDA), or ``"auto"``: triton on CUDA when
             it is importable, torch otherwise.
     """
 
+    continuous = True
+    """``serve`` batches continuously (continuous.py)."""
+
     def __init__(
         self,
         model: nn.Module,
         tokenizer,
+        adapters_off: Callable[[], AbstractContextManager] = nullcontext,
         device: str | torch.device | None = None,
         max_batch_size: int = 256,
         seed: int = 0,
@@ -94,17 +103,16 @@ class HFEngine:
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
-        if hasattr(model, "peft_config"):
+        if _is_peft_wrapper(model):
             raise TypeError(
-                "HFEngine takes a MultiAgentLoRAModel or a plain transformers model, not a "
-                "PeftModel (its active adapter would add to every row)"
+                "HFEngine takes a transformers model (the trainer's base, with adapters_off), "
+                "not a PeftModel (its active adapter would add to every row)"
             )
-        self._peft = getattr(model, "peft_model", None)
-        self._adapters_off = model.reference if self._peft is not None else nullcontext
-        """The model's own adapters-off context (the MultiAgentLoRAModel's, which leaves every
+        self._adapters_off = adapters_off
+        """Turns the model's own LoRA layers off (the trainer's context, which leaves every
         agent trainable afterwards; PEFT's own would leave only the active one trainable)."""
-        self.model: nn.Module = model.base_model if self._peft is not None else model
-        """The transformers model that runs (for a MultiAgentLoRAModel: its PEFT-injected base)."""
+        self.model: nn.Module = model
+        """The transformers model that runs (the trainer's PEFT-injected base, or a plain one)."""
         weight = self.model.get_input_embeddings().weight
         asked = torch.device(device) if device is not None else weight.device
         # 'cuda' names the current CUDA device: it matches a model on 'cuda:0' (when current).
@@ -128,10 +136,6 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
             min(self.eos_ids))
         self._rng = random.Random(seed)
-        if self._peft is not None:
-            configs = [model.lora_config(name) for name in model.agent_names]
-            slot_capacity = slot_capacity or len(configs)
-            rank_capacity = rank_capacity or max(int(c.r) for c in configs)
         self.fused = FusedLoRA(
             self.model,
             dtype=lora_dtype or weight.dtype,
@@ -283,6 +287,12 @@ class HFEngine:
                            "graph_captures": decoder.captures, "grows": decoder.grows,
                            "graph_failures": decoder.capture_failures}
         return served
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine holds the trainer's own base weights."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (see ``sleep``)."""
 
     def check_request(self, request: GenerationRequest, where: str) -> None:
         """Refuse what this engine cannot serve, naming ``where`` (e.g. 'requests[3]')."""
@@ -441,6 +451,15 @@ def _resolve_kernels(choice: str, device: torch.device) -> str:
             raise ValueError(f"lora_kernels='triton' runs on CUDA, not {device.type} (on CPU "
                              f"only under TRITON_INTERPRET=1, for tests)")
     return choice
+
+
+def _is_peft_wrapper(model: nn.Module) -> bool:
+    """A ``PeftModel`` or PEFT tuner (``LoraModel``) around a model, rather than a transformers
+    model (which may carry PEFT's LoRA layers, and then a ``peft_config`` of its own)."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTuner
+
+    return isinstance(model, PeftModel | BaseTuner)
 
 
 def _row_bucket(n: int) -> int:

@@ -17,8 +17,8 @@ factor once per step instead of once per row, and every shape is static (CUDA-gr
 it spends S× the FLOPs of one adapter on the (tiny) LoRA products.
 
 The delta is added by forward hooks on the base ``nn.Linear`` of each target layer, registered
-only for the duration of a generation (``FusedLoRA.active``); the caller runs the PEFT model with
-its own adapters disabled. The engine's copy of the factors lives only in these stacks.
+only for the duration of a generation (``FusedLoRA.active``); the caller runs the model with
+its own (PEFT) adapters off. The engine's copy of the factors lives only in these stacks.
 """
 
 from __future__ import annotations

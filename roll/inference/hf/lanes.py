@@ -44,7 +44,7 @@ class Lane:
                       decode: Callable[[list[int]], str]) -> FinishReason | None:
         """Why the request ends at ``token``, the last of ``tokens`` (None: it goes on); moves
         the trie along. Priority: EOS, stop string, completed allowed sequence,
-        max_new_tokens (as the lock-step path, decoding.py)."""
+        max_new_tokens (as the lock-step path, finish.py)."""
         sampling = self.request.sampling
         if token in eos_ids and not sampling.ignore_eos:
             return "eos"

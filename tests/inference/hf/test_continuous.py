@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from roll.distributed.roles import push_adapters
-from roll.inference import GenerationRequest, HFEngine, SamplingParams, serve
+from roll.inference import GenerationRequest, SamplingParams, serve
+from roll.inference.base import RoundsEngine
 from roll.models import load_tokenizer
+from roll.pipeline.builders import hf_engine_for
 
 from ..helpers import chat_prompts, perturbed_team
 
@@ -20,7 +22,7 @@ def team(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path, team):
-    engine = HFEngine(team, load_tokenizer(tiny_model_path), max_batch_size=3)
+    engine = hf_engine_for(team, load_tokenizer(tiny_model_path), max_batch_size=3)
     push_adapters(engine, team, version=1)
     return engine
 
@@ -111,11 +113,11 @@ def test_a_finished_row_leaves_at_once_and_the_next_joins(tiny_model_path, team,
 
 
 def test_serve_in_rounds_numbers_requests_like_the_engine(tiny_model_path, team, engine):
-    """An engine without its own serve (vLLM today) plays rounds; keys and results match."""
+    """An engine that is not continuous plays rounds; keys and results match."""
     tokenizer = load_tokenizer(tiny_model_path)
     requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)[:8]
 
-    class RoundsOnly:
+    class RoundsOnly(RoundsEngine):
         def generate(self, batch):
             return engine.generate(batch)
 
@@ -137,7 +139,7 @@ def test_a_request_longer_than_the_cache_is_refused(tiny_model_path, team, engin
 def test_the_ring_grows_under_rows_in_flight(tiny_model_path, team):
     """Two short requests size the ring; a long one arrives while the other row is mid-answer:
     the ring is unrolled into a larger one and both rows go on exactly as in lock-step."""
-    engine = HFEngine(team, load_tokenizer(tiny_model_path))
+    engine = hf_engine_for(team, load_tokenizer(tiny_model_path))
     push_adapters(engine, team, version=1)
     prompt = chat_prompts(tiny_model_path)[2]
     def request(max_new, seed):
@@ -178,7 +180,7 @@ def test_compiled_continuous_step_equals_the_eager_one(tiny_model_path, team, mo
     # raises it for its calls (here 1 would run the grown ring's step uncompiled)
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     tokenizer = load_tokenizer(tiny_model_path)
-    engines = {mode: HFEngine(team, tokenizer, max_batch_size=3, compile=mode == "compiled")
+    engines = {mode: hf_engine_for(team, tokenizer, max_batch_size=3, compile=mode == "compiled")
                for mode in ("eager", "compiled")}
     requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)
     long = GenerationRequest(requests[0].prompt_ids, team.agent_names[1],

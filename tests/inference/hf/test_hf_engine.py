@@ -14,6 +14,7 @@ from roll.inference import (
     load_adapter_folder,
 )
 from roll.models import load_model, load_tokenizer
+from roll.pipeline.builders import hf_engine_for
 
 from ..helpers import (
     chat_prompts,
@@ -28,7 +29,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
 def _engine(path, team, version: int = 1, **kwargs) -> HFEngine:
-    engine = HFEngine(team, load_tokenizer(path), **kwargs)
+    engine = hf_engine_for(team, load_tokenizer(path), **kwargs)
     push_adapters(engine, team, version=version)
     return engine
 
@@ -85,7 +86,7 @@ def test_engine_is_an_inference_engine_and_shares_the_base_weights(tiny_model_pa
     base_bytes = sum(p.nbytes for p in base.values())
     assert 0 < engine.fused.nbytes < base_bytes / 4
     with pytest.raises(ValueError, match="never copies"):
-        HFEngine(team, load_tokenizer(tiny_model_path), device="meta")
+        hf_engine_for(team, load_tokenizer(tiny_model_path), device="meta")
     with pytest.raises(TypeError, match="PeftModel"):
         HFEngine(team.peft_model, load_tokenizer(tiny_model_path))
 
@@ -158,14 +159,14 @@ def test_frozen_snapshots_serve_beside_live_agents_and_slots_grow(tiny_model_pat
     engine = _engine(tiny_model_path, team)
     prompts = chat_prompts(tiny_model_path)
     old = engine.generate([GenerationRequest(p, "alice", GREEDY) for p in prompts[:2]])
-    engine.load_adapter("alice@step0", team.export_adapter("alice"), team.lora_config("alice"), 0)
+    engine.load_adapter("alice@step0", team.export_adapter("alice"), team.peft_config("alice"), 0)
     team.save_agent("bob", tmp_path / "bob")
     perturb(team, "alice", seed=9)
     push_adapters(engine, team, version=2)
     # More slots than the engine was sized for, one of a larger rank: the stacks grow.
     load_adapter_folder(engine, "bob@disk", tmp_path / "bob", version=5)
     wide = perturbed_team(tiny_model_path, 3)  # carol: rank 8 > the team's largest rank 4
-    engine.load_adapter("carol", wide.export_adapter("carol"), wide.lora_config("carol"), 3)
+    engine.load_adapter("carol", wide.export_adapter("carol"), wide.peft_config("carol"), 3)
     assert engine.fused.slot_capacity >= 5 and engine.fused.rank_capacity == 8
 
     requests = [GenerationRequest(p, slot, GREEDY) for p in prompts[:2]
@@ -243,7 +244,7 @@ def test_compiled_step_follows_adapter_syncs_and_layout_changes(tiny_model_path,
 
     def load(slot, agent, version):
         for engine in (plain, compiled):
-            engine.load_adapter(slot, team.export_adapter(agent), team.lora_config(agent), version)
+            engine.load_adapter(slot, team.export_adapter(agent), team.peft_config(agent), version)
 
     load("bob", "bob", 1)  # q_proj, up_proj
     assert_same(["bob", None])
@@ -351,7 +352,7 @@ def test_requests_and_sampling_params_are_validated_with_the_field_named(tiny_mo
         engine.generate([GenerationRequest([engine.vocab_size])])
     with pytest.raises(ValueError, match="lora_A"):
         tensors = team.export_adapter("alice")
-        engine.load_adapter("x", tensors, team.lora_config("bob"), 0)  # rank 2 config, rank 4
+        engine.load_adapter("x", tensors, team.peft_config("bob"), 0)  # rank 2 config, rank 4
     assert "x" not in engine.slots
 
 
