@@ -78,7 +78,8 @@ def _deck_order(num_ranks: int) -> str:
 
 
 def render_generic(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
-    """Any game: its long name, the seat's observation and the moves.
+    """Any game: its long name, the seat's view (its information state in a game of imperfect
+    information, else its observation) and the moves.
 
     Moves are numbered unless some move is itself an integer (the number would be ambiguous).
     """
@@ -88,7 +89,11 @@ def render_generic(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
              f"({env.num_seats} players).")
     if env.simultaneous_moves:
         rules += f" {SIMULTANEOUS}"
-    return _prompt(rules, f"Your view of the game:\n{env.observation(seat)}", legal, numbered)
+    # Imperfect information: the seat's whole information state (its perfect-recall view,
+    # e.g. every betting round), where OpenSpiel's observation may keep only the present.
+    perfect = env.game.get_type().information == env.game.get_type().Information.PERFECT_INFORMATION
+    view = (None if perfect else env.information_state(seat)) or env.observation(seat)
+    return _prompt(rules, f"Your view of the game:\n{view}", legal, numbered)
 
 
 @register_renderer("goofspiel")
@@ -165,12 +170,19 @@ def render_leduc_poker(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
             return "none yet"
         return _card_name(int(value) // ranks_per_card, num_ranks)
 
-    round_key = f"Round{fields.get('Round', '1')}"
-    bets = ", ".join({"0": "Fold", "1": "Call", "2": "Raise"}.get(code, code)
-                     for code in fields.get(round_key, "").split()) or "none"
+    # Both rounds' betting: the round-1 history is part of the information state in round 2
+    # (a call-raise-call round 1 and a raise-call one lead to different beliefs).
+    bets = {}
+    for number in (1, 2):
+        codes = fields.get(f"Round{number}", "").split()
+        bets[number] = ", ".join({"0": "Fold", "1": "Call", "2": "Raise"}.get(code, code)
+                                 for code in codes) or "none"
+    betting = f"Bets in round 1: {bets[1]}."
+    if fields.get("Round", "1") != "1":
+        betting += f" Bets in round 2: {bets[2]}."
     state = (f"You are player {seat}. Your card: {card('Private')}. Public card: "
              f"{card('Public')}. Round {fields.get('Round', '?')}. Pot: {fields.get('Pot', '?')}."
-             f" Chips left per player: {fields.get('Money', '?')}. Bets this round: {bets}.")
+             f" Chips left per player: {fields.get('Money', '?')}. {betting}")
     return _prompt(rules, state, env.legal_actions(seat), True)
 
 
