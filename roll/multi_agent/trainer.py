@@ -254,7 +254,9 @@ class MultiAgentTrainer:
                 logprobs, entropy = self.model(
                     micro.input_ids, micro.attention_mask, micro.agent_id,
                     positions=micro.response_mask.bool(), temperature=self.temperature,
-                    with_entropy=cfg.entropy_coef > 0,
+                    # always measured (<agent>/entropy); it adds to the gradient only
+                    # through the loss, when entropy_coef > 0
+                    with_entropy=True,
                 )
                 total = torch.zeros((), device=mask.device)
                 start = 0

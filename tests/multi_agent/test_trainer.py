@@ -211,3 +211,24 @@ def test_every_agent_trains_after_peft_switched_adapters(tiny_model_path, fused)
         assert metrics[agent.name]["grad_norm"] > 0, agent.name
         after = model.export_adapter(agent.name)
         assert any(not torch.equal(after[k], v) for k, v in before[agent.name].items()), agent.name
+
+
+def test_entropy_is_measured_without_an_entropy_bonus(tiny_model_path):
+    """``<agent>/entropy`` is the policy's token-mean entropy at the sampling temperature even
+    when entropy_coef = 0 (it read 0.0 before, which a dashboard shows as collapse); computed
+    here by hand from the full logits. LoRA B starts at 0, so the policy is the base model."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice")])
+    batch = make_rows([0, 0, 0], seed=4)
+    temperature = 0.7
+    with torch.no_grad(), model.reference():
+        logits = model.base_model(input_ids=batch.input_ids,
+                                  attention_mask=batch.attention_mask).logits.float()
+    logp = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)  # predicts tokens 1..T-1
+    entropy = -(logp.exp() * logp).sum(-1)  # (B, T-1)
+    mask = batch.response_mask[:, 1:]
+    by_hand = float((entropy * mask).sum() / mask.sum())
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=2), temperature)
+    assert trainer.config.entropy_coef == 0
+    metrics = trainer.train_step(batch)["alice"]
+    assert by_hand > 1.0  # far from 0: the check below can fail
+    assert metrics["entropy"] == pytest.approx(by_hand, rel=1e-5)
