@@ -8,6 +8,7 @@ whole batch, then normalises per agent (normalize.py); losses.py turns advantage
 from roll.algorithms.advantages import (
     AdvantageConfig,
     AdvantageFn,
+    RunningBaselines,
     compute_advantages,
     gae,
     get_advantage_estimator,
@@ -16,6 +17,7 @@ from roll.algorithms.advantages import (
     ippo,
     magrpo,
     mappo,
+    rae,
     register_advantage,
     reinforce,
     vdn,
@@ -36,6 +38,7 @@ from roll.algorithms.normalize import normalization_keys, normalize_advantages
 __all__ = [
     "AdvantageConfig",
     "AdvantageFn",
+    "RunningBaselines",
     "aggregate",
     "compute_advantages",
     "entropy_from_logits",
@@ -49,6 +52,7 @@ __all__ = [
     "happo_order",
     "ippo",
     "magrpo",
+    "rae",
     "mappo",
     "kl_loss",
     "kl_penalized_rewards",

@@ -3,7 +3,9 @@
 Every estimator has the same signature, ``fn(batch, cfg) -> (advantages, returns)``, both (B, T)
 and zero outside ``batch.response_mask``, and is found by name in a registry
 (``get_advantage_estimator``). ``compute_advantages`` runs the configured estimator and then the
-optional per-agent normalisation of ``roll.algorithms.normalize``.
+optional per-agent normalisation of ``roll.algorithms.normalize``. One estimator keeps state
+between steps: ``rae`` reads and updates ``RunningBaselines`` (the run saves them in its
+checkpoints), so ``compute_advantages`` takes them as an argument.
 
 A trajectory is the rows that share ``env_id`` and ``seat`` (one seat's turns in one episode),
 taken in ``turn`` order; the rows of the batch may come in any order.
@@ -12,7 +14,7 @@ taken in ``turn`` order; the rows of the batch may come in any order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -23,6 +25,14 @@ from roll.algorithms.normalize import (
     group_index,
     normalization_keys,
     normalize_advantages,
+)
+from roll.algorithms.trajectories import (
+    on_response,
+    pack,
+    per_unit,
+    reverse_discounted_cumsum,
+    trajectories,
+    trajectory_returns,
 )
 from roll.batch import TrajectoryBatch
 from roll.errors import ConfigError
@@ -53,6 +63,9 @@ class AdvantageConfig:
     """Statistics groups of the normalisation: "agent", "agent_seat" or "agent_group"."""
     eps: float = 1e-6
     """Added to a std before dividing by it (GRPO and whitening); > 0."""
+    rae_decay: float = 0.95
+    """RAE: weight of the old baseline in its update, b <- decay * b + (1 - decay) * (mean
+    return of the agent's trajectories in that seat this step); in [0, 1)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -62,6 +75,8 @@ class AdvantageConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"advantage.{name}", value, "must be in [0, 1]")
+        if not 0.0 <= self.rae_decay < 1.0:
+            raise ConfigError("advantage.rae_decay", self.rae_decay, "must be in [0, 1)")
         if not self.eps > 0.0:
             raise ConfigError("advantage.eps", self.eps, "must be > 0")
         if self.norm not in NORM_MODES:
@@ -93,70 +108,24 @@ def get_advantage_estimator(name: str) -> AdvantageFn:
     return _ESTIMATORS[name]
 
 
-def compute_advantages(batch: TrajectoryBatch, cfg: AdvantageConfig) -> TrajectoryBatch:
+def compute_advantages(batch: TrajectoryBatch, cfg: AdvantageConfig,
+                       baselines: RunningBaselines | None = None) -> TrajectoryBatch:
     """Run ``cfg.estimator`` then ``cfg.norm``; a copy of ``batch`` with advantages and returns.
 
-    Returns are the estimator's, never normalised (they are value targets).
+    Returns are the estimator's, never normalised (they are value targets). ``baselines``: the
+    run's running baselines, read and updated by the ``rae`` estimator (required by it).
     """
-    advantages, returns = get_advantage_estimator(cfg.estimator)(batch, cfg)
+    if cfg.estimator == "rae":
+        if baselines is None:
+            raise ValueError("advantage.estimator=rae keeps running baselines between steps: "
+                             "pass compute_advantages(..., baselines=RunningBaselines(...))")
+        advantages, returns = rae(batch, cfg, baselines)
+    else:
+        advantages, returns = get_advantage_estimator(cfg.estimator)(batch, cfg)
     if cfg.norm != "none":
         keys = normalization_keys(batch, cfg.norm_by)
         advantages = normalize_advantages(advantages, batch.response_mask, keys, cfg.norm, cfg.eps)
     return batch.with_fields(advantages=advantages, returns=returns)
-
-
-# --- trajectory plumbing: rows -> (trajectory, position) ----------------------------------------
-
-
-def _trajectories(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int]:
-    """Trajectory index (B,), turn rank (B,) within the trajectory, number of trajectories.
-
-    Rank is the row's position among its trajectory's rows sorted by ``turn`` (0, 1, ...).
-    """
-    batch.require("env_id", "seat", "turn")
-    traj = group_index(batch.env_id, batch.seat)  # (B,)
-    n_traj = int(traj.max()) + 1 if len(batch) else 0
-    by_turn = torch.sort(batch.turn, stable=True).indices
-    order = by_turn[torch.sort(traj[by_turn], stable=True).indices]  # by (trajectory, turn)
-    sorted_traj, sorted_turn = traj[order], batch.turn[order]
-    repeated = (sorted_traj[1:] == sorted_traj[:-1]) & (sorted_turn[1:] == sorted_turn[:-1])
-    if repeated.any():
-        row = int(order[1:][repeated][0])
-        raise ValueError(
-            f"two rows share env_id={int(batch.env_id[row])}, seat={int(batch.seat[row])}, "
-            f"turn={int(batch.turn[row])}"
-        )
-    count = torch.bincount(traj, minlength=n_traj)  # (N,)
-    start = torch.cumsum(count, 0) - count  # first sorted position of each trajectory
-    rank = torch.empty_like(traj)
-    rank[order] = torch.arange(len(batch), device=traj.device) - start[sorted_traj]
-    return traj, rank, n_traj
-
-
-def _pack(x: Tensor, traj: Tensor, pos: Tensor, n_traj: int) -> Tensor:
-    """Scatter entries x (M,) to a zero-padded (N, L) matrix at (traj, pos)."""
-    length = int(pos.max()) + 1 if pos.numel() else 0
-    packed = torch.zeros(n_traj, length, dtype=x.dtype, device=x.device)
-    packed[traj, pos] = x
-    return packed
-
-
-def _reverse_discounted_cumsum(x: Tensor, discount: float) -> Tensor:
-    """y[:, t] = x[:, t] + discount * y[:, t + 1] for x (N, L), with y[:, L] = 0.
-
-    Rows are packed from the left and zero-padded, so padding contributes nothing.
-    """
-    out = torch.zeros_like(x)
-    running = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)  # (N,)
-    for t in reversed(range(x.shape[1])):  # a loop over time, vectorised over trajectories
-        running = x[:, t] + discount * running
-        out[:, t] = running
-    return out
-
-
-def _on_response(per_row: Tensor, response_mask: Tensor) -> Tensor:
-    """Broadcast (B,) to (B, T), zero outside the response."""
-    return torch.where(response_mask.bool(), per_row.unsqueeze(1), 0.0)
 
 
 # --- estimators -------------------------------------------------------------------------------
@@ -171,19 +140,11 @@ def reinforce(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Ten
     use ``cfg.norm = "mean"`` or ``"whiten"`` for one. Advantages and returns are both G_t, (B, T).
     """
     batch.require("rewards")
-    traj, rank, n_traj = _trajectories(batch)
-    rewards = _pack(batch.rewards, traj, rank, n_traj)  # (N, turns)
-    reward_to_go = _reverse_discounted_cumsum(rewards, cfg.gamma)[traj, rank]  # (B,)
-    returns = _on_response(reward_to_go, batch.response_mask)
+    traj, rank, n_traj = trajectories(batch)
+    rewards = pack(batch.rewards, traj, rank, n_traj)  # (N, turns)
+    reward_to_go = reverse_discounted_cumsum(rewards, cfg.gamma)[traj, rank]  # (B,)
+    returns = on_response(reward_to_go, batch.response_mask)
     return returns, returns.clone()
-
-
-def _trajectory_returns(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int]:
-    """Trajectory index (B,), each trajectory's undiscounted return (N,), N."""
-    traj, _, n_traj = _trajectories(batch)
-    episode_return = torch.zeros(n_traj, dtype=batch.rewards.dtype, device=batch.rewards.device)
-    episode_return.index_add_(0, traj, batch.rewards)  # (N,)
-    return traj, episode_return, n_traj
 
 
 def _group_relative(values: Tensor, group: Tensor, cfg: AdvantageConfig) -> Tensor:
@@ -204,16 +165,6 @@ def _group_relative(values: Tensor, group: Tensor, cfg: AdvantageConfig) -> Tens
     return centred
 
 
-def _per_unit(unit: Tensor, row_key: Tensor, n_units: int, name: str) -> Tensor:
-    """The value of ``row_key`` (B,) for each unit (N,) of rows ``unit`` (B,); a unit whose
-    rows disagree is a ValueError naming ``name``."""
-    per_unit = torch.zeros(n_units, dtype=torch.long, device=unit.device)
-    per_unit[unit] = row_key
-    if (per_unit[unit] != row_key).any():
-        raise ValueError(f"rows of one {name} carry different group_id values")
-    return per_unit
-
-
 @register_advantage("grpo")
 def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, sec. 4.1.2), per seat.
@@ -226,12 +177,12 @@ def grpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     Returns (B, T) are R on the response tokens.
     """
     batch.require("rewards", "group_id")
-    traj, episode_return, n_traj = _trajectory_returns(batch)
-    group = _per_unit(traj, group_index(batch.group_id, batch.seat), n_traj,
+    traj, episode_return, n_traj = trajectory_returns(batch)
+    group = per_unit(traj, group_index(batch.group_id, batch.seat), n_traj,
                       "trajectory (env_id, seat)")
     centred = _group_relative(episode_return, group, cfg)
-    advantages = _on_response(centred[traj], batch.response_mask)
-    returns = _on_response(episode_return[traj], batch.response_mask)
+    advantages = on_response(centred[traj], batch.response_mask)
+    returns = on_response(episode_return[traj], batch.response_mask)
     return advantages, returns
 
 
@@ -239,10 +190,10 @@ def _joint_returns(batch: TrajectoryBatch) -> tuple[Tensor, Tensor, int, Tensor,
     """The team's joint return per episode: trajectory index (B,), number of trajectories N,
     episode index (B,), the episode of each trajectory (N,), and the joint return J (E,) = the
     MEAN of the episode's trajectories' undiscounted returns (the seats in the batch)."""
-    traj, trajectory_return, n_traj = _trajectory_returns(batch)
+    traj, trajectory_return, n_traj = trajectory_returns(batch)
     episode = group_index(batch.env_id)  # (B,)
     n_episodes = int(episode.max()) + 1 if len(batch) else 0
-    episode_of_traj = _per_unit(traj, episode, n_traj, "trajectory")  # (N,)
+    episode_of_traj = per_unit(traj, episode, n_traj, "trajectory")  # (N,)
     seats = torch.bincount(episode_of_traj, minlength=n_episodes).to(trajectory_return.dtype)
     joint = torch.zeros_like(seats).index_add_(0, episode_of_traj, trajectory_return) / seats
     return traj, n_traj, episode, episode_of_traj, joint
@@ -263,10 +214,10 @@ def magrpo(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor
     """
     batch.require("rewards", "group_id")
     _, _, episode, _, joint = _joint_returns(batch)
-    group = _per_unit(episode, group_index(batch.group_id), len(joint), "episode (env_id)")
+    group = per_unit(episode, group_index(batch.group_id), len(joint), "episode (env_id)")
     centred = _group_relative(joint, group, cfg)  # (E,)
-    advantages = _on_response(centred[episode], batch.response_mask)
-    returns = _on_response(joint[episode], batch.response_mask)
+    advantages = on_response(centred[episode], batch.response_mask)
+    returns = on_response(joint[episode], batch.response_mask)
     return advantages, returns
 
 
@@ -284,25 +235,25 @@ def gae(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     ``gamma`` here discounts per response token. Every row needs >= 1 response token.
     """
     batch.require("rewards", "values")
-    traj, rank, n_traj = _trajectories(batch)
+    traj, rank, n_traj = trajectories(batch)
     keep = batch.response_mask.bool()  # (B, T)
     row_tokens = keep.sum(dim=1)  # (B,)
     if (row_tokens == 0).any():
         row = int(torch.nonzero(row_tokens == 0)[0])
         raise ValueError(f"GAE: row {row} has no response tokens to carry its turn reward")
     # Offset of each row in its trajectory's token sequence: tokens of the earlier turns.
-    tokens_by_turn = _pack(row_tokens, traj, rank, n_traj)  # (N, turns)
+    tokens_by_turn = pack(row_tokens, traj, rank, n_traj)  # (N, turns)
     offset = (torch.cumsum(tokens_by_turn, dim=1) - tokens_by_turn)[traj, rank]  # (B,)
     rank_in_row = torch.cumsum(keep.long(), dim=1) - 1  # (B, T)
     rows, cols = keep.nonzero(as_tuple=True)  # (M,) each, all response tokens
     seq_traj, seq_pos = traj[rows], offset[rows] + rank_in_row[rows, cols]
     is_last = rank_in_row[rows, cols] == row_tokens[rows] - 1
     values = batch.values.detach().to(batch.rewards.dtype)  # targets carry no gradient
-    v = _pack(values[rows, cols], seq_traj, seq_pos, n_traj)  # (N, L), zero-padded
-    r = _pack(torch.where(is_last, batch.rewards[rows], 0.0), seq_traj, seq_pos, n_traj)
+    v = pack(values[rows, cols], seq_traj, seq_pos, n_traj)  # (N, L), zero-padded
+    r = pack(torch.where(is_last, batch.rewards[rows], 0.0), seq_traj, seq_pos, n_traj)
     next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)  # 0 after the end
     delta = r + cfg.gamma * next_v - v  # (N, L); 0 on the zero padding after a sequence
-    seq_adv = _reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam)  # (N, L)
+    seq_adv = reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam)  # (N, L)
     advantages = torch.zeros_like(values)
     advantages[rows, cols] = seq_adv[seq_traj, seq_pos]
     returns = torch.where(keep, advantages + values, 0.0)
@@ -370,7 +321,7 @@ def vdn(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """
     batch.require("rewards", "values")
     traj, n_traj, _, episode_of_traj, joint = _joint_returns(batch)
-    _, rank, _ = _trajectories(batch)
+    _, rank, _ = trajectories(batch)
     response = batch.response_mask.bool()  # (B, T)
     first_token = torch.argmax(response.long(), dim=1)  # (B,) first response position
     row_value = batch.values.detach().to(joint.dtype)[torch.arange(len(batch)), first_token]
@@ -383,3 +334,60 @@ def vdn(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     last_turn = rank == turns[traj] - 1  # (B,)
     rewards = torch.where(last_turn, credit[traj], 0.0)
     return gae(batch.with_fields(rewards=rewards.to(batch.rewards.dtype)), cfg)
+
+
+# --- role-conditioned advantage: a baseline that lives across steps ----------------------------
+
+
+@dataclass
+class RunningBaselines:
+    """RAE's state: per (agent, seat) a running baseline of trajectory returns (a seat is a
+    role: a zero-sum game's seats need baselines of their own, or one seat's wins would be
+    centred against the other's losses)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    """``"<agent id>:<seat>"`` -> baseline; absent: 0 (no return seen yet)."""
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(self.values)
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.values = {str(key): float(value) for key, value in state.items()}
+
+
+def rae(batch: TrajectoryBatch, cfg: AdvantageConfig,
+        baselines: RunningBaselines) -> tuple[Tensor, Tensor]:
+    """Role-conditioned advantage estimation (SPIRAL, Liu et al. 2025, eq. 5), per seat.
+
+    A trajectory of agent k in seat s with undiscounted return R gets A = R - b_{k,s}, on every
+    response token of every turn; b is READ BEFORE it is updated with this step's returns:
+    b_{k,s} <- decay * b_{k,s} + (1 - decay) * mean(R over the step's trajectories of k in s).
+    Simplification, stated: SPIRAL updates b after each trajectory; here once per step with the
+    step's mean, so the result does not depend on the order of the rows. Returns (B, T) are R.
+    """
+    batch.require("rewards", "seat")
+    traj, episode_return, n_traj = trajectory_returns(batch)
+    agent = torch.zeros(n_traj, dtype=torch.long, device=traj.device)
+    agent[traj] = batch.agent_id  # (N,): one seat of one episode is one agent
+    seat = torch.zeros_like(agent)
+    seat[traj] = batch.seat  # (N,)
+    keys = [f"{a}:{s}" for a, s in zip(agent.tolist(), seat.tolist(), strict=True)]
+    old = torch.tensor([baselines.values.get(key, 0.0) for key in keys],
+                       dtype=episode_return.dtype, device=episode_return.device)
+    advantages = on_response((episode_return - old)[traj], batch.response_mask)
+    returns = on_response(episode_return[traj], batch.response_mask)
+    sums: dict[str, list[float]] = {}
+    for key, value in zip(keys, episode_return.tolist(), strict=True):
+        sums.setdefault(key, []).append(value)
+    for key, values in sums.items():
+        mean = sum(values) / len(values)
+        baselines.values[key] = (cfg.rae_decay * baselines.values.get(key, 0.0)
+                                 + (1.0 - cfg.rae_decay) * mean)
+    return advantages, returns
+
+
+@register_advantage("rae")
+def _rae_needs_baselines(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """``rae`` keeps state: run it through ``compute_advantages(..., baselines=...)``."""
+    raise ValueError("advantage.estimator=rae keeps running baselines between steps: call "
+                     "compute_advantages(batch, cfg, baselines=RunningBaselines())")

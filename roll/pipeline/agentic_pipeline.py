@@ -35,7 +35,7 @@ from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.agentic.tasks.datasets import ItemSampler
-from roll.algorithms.advantages import compute_advantages
+from roll.algorithms.advantages import RunningBaselines, compute_advantages
 from roll.algorithms.losses import kl_per_token
 from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
 from roll.errors import RoleFailed
@@ -104,6 +104,8 @@ class AgenticPipeline:
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
         """Value models (adapters on the same base) when critic.mode asks for them."""
+        self.baselines = RunningBaselines() if cfg.advantage.estimator == "rae" else None
+        """advantage.estimator=rae: each (agent, seat)'s running baseline, kept in checkpoints."""
         # Sampling temperature is part of the policy: every log-prob is taken at it (greedy
         # rollouts have none; their log-probs are taken at 1).
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
@@ -369,7 +371,7 @@ class AgenticPipeline:
         start = time.perf_counter()
         if self.critics is not None:
             batch = self.critics.with_values(batch)
-        batch = compute_advantages(batch, cfg.advantage)
+        batch = compute_advantages(batch, cfg.advantage, self.baselines)
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(self.trainer, self.model, batch, cfg.seed, self.step,
                                      self.policy_temperature, cfg.trainer.forward_rows)
@@ -429,6 +431,7 @@ class AgenticPipeline:
             "tracking_run_id": self.run_id,
             "data": None if self.items is None else self.items.state_dict(),
             "critics": None if self.critics is None else self.critics.state_dict(),
+            "baselines": None if self.baselines is None else self.baselines.state_dict(),
         }
 
     def save(self) -> Path:
@@ -469,6 +472,8 @@ class AgenticPipeline:
         self.trainer.load_state_dict(state["trainer"])
         if self.critics is not None:
             self.critics.load(path, state.get("critics"))
+        if self.baselines is not None and state.get("baselines") is not None:
+            self.baselines.load_state_dict(state["baselines"])
         self.pool.load_state_dict(state["pool"])
         if self.items is not None and state.get("data") is not None:
             self.items.load_state_dict(state["data"])

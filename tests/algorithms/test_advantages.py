@@ -9,6 +9,7 @@ import torch
 
 from roll.algorithms import (
     AdvantageConfig,
+    RunningBaselines,
     compute_advantages,
     gae,
     get_advantage_estimator,
@@ -441,7 +442,7 @@ def test_config_errors_name_field_and_value(field, value):
 
 
 def test_unknown_estimator_lists_known_names():
-    known = r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'reinforce', 'vdn'"
+    known = r"'gae', 'grpo', 'happo', 'ippo', 'magrpo', 'mappo', 'rae', 'reinforce', 'vdn'"
     with pytest.raises(ValueError, match=known):
         get_advantage_estimator("ppo")
     with pytest.raises(ConfigError, match=r"advantage\.estimator=.*'gae', 'grpo'"):
@@ -453,3 +454,49 @@ def test_registry_refuses_a_second_estimator_under_a_taken_name():
     with pytest.raises(ValueError, match="'grpo' is already registered"):
         register_advantage("grpo")(reinforce)
     assert get_advantage_estimator("grpo") is grpo
+
+
+# --- RAE ----------------------------------------------------------------------------------------
+
+
+def rae_batch(returns: dict[tuple[int, int, int], float]) -> TrajectoryBatch:
+    """One one-turn trajectory per (env, agent, seat) with the given return."""
+    rows = [dict(prompt=1, response=2, reward=value, env=env, agent=agent, seat=seat)
+            for (env, agent, seat), value in returns.items()]
+    return make_batch(rows, length=3)
+
+
+def test_rae_baseline_per_agent_and_seat_read_before_its_update():
+    # Agent 0 plays seat 0 in env 0 and seat 1 in env 1 (a shared adapter playing both seats
+    # of a zero-sum game): its two seats keep separate baselines, so its win in seat 0 is not
+    # centred against its loss in seat 1.
+    baselines = RunningBaselines()
+    cfg = AdvantageConfig(estimator="rae", rae_decay=0.5)
+    step1 = rae_batch({(0, 0, 0): 1.0, (0, 1, 1): -1.0, (1, 0, 1): -1.0, (1, 1, 0): 1.0,
+                       (2, 0, 0): 3.0})
+    out = compute_advantages(step1, cfg, baselines)
+    # every baseline starts at 0: A = R
+    assert_rows(response_values(out.advantages, step1), [[1, 1], [-1, -1], [-1, -1], [1, 1],
+                                                         [3, 3]])
+    # b = 0.5 * 0 + 0.5 * mean: agent 0 seat 0: mean(1, 3) = 2 -> 1; agent 0 seat 1: -1 -> -0.5;
+    # agent 1 seat 1: -1 -> -0.5; agent 1 seat 0: 1 -> 0.5
+    assert baselines.values == {"0:0": 1.0, "0:1": -0.5, "1:1": -0.5, "1:0": 0.5}
+    step2 = rae_batch({(0, 0, 0): 0.0, (0, 1, 1): 2.0})
+    out = compute_advantages(step2, cfg, baselines)
+    # read before the update: A = 0 - 1 = -1 (agent 0 seat 0), 2 - (-0.5) = 2.5 (agent 1 seat 1)
+    assert_rows(response_values(out.advantages, step2), [[-1, -1], [2.5, 2.5]])
+    assert_rows(response_values(out.returns, step2), [[0, 0], [2, 2]])
+    assert_zero_off_response(out.advantages, step2)
+    # then b = 0.5 * 1 + 0.5 * 0 = 0.5 and 0.5 * -0.5 + 0.5 * 2 = 0.75; untouched keys stay
+    assert baselines.values == {"0:0": 0.5, "0:1": -0.5, "1:1": 0.75, "1:0": 0.5}
+    restored = RunningBaselines()
+    restored.load_state_dict(baselines.state_dict())
+    assert restored == baselines
+
+
+def test_rae_needs_its_baselines_and_a_decay_below_one():
+    batch = rae_batch({(0, 0, 0): 1.0})
+    with pytest.raises(ValueError, match="running baselines"):
+        compute_advantages(batch, AdvantageConfig(estimator="rae"))
+    with pytest.raises(ConfigError, match=r"advantage.rae_decay=1.0"):
+        AdvantageConfig(estimator="rae", rae_decay=1.0)

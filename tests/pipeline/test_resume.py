@@ -122,3 +122,31 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monke
     assert again.step == 2
     leftovers = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
     assert leftovers == ["step_00000002"]
+
+
+def test_rae_baselines_survive_a_checkpoint_bit_exactly(tmp_path):
+    """advantage.estimator=rae: the running baselines are part of the run's state. A run
+    resumed from step 2 holds exactly the baselines it saved and continues exactly as the run
+    that never stopped (baselines and adapters at step 3, bit for bit)."""
+    config_path = str(ROOT / "examples" / "kuhn_poker")
+    overrides = ["advantage.estimator=rae", "advantage.rae_decay=0.5", "rollout.num_groups=4",
+                 "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=2",
+                 "keep_last=5"]
+
+    def run(out: Path, steps: int, *extra: str) -> AgenticPipeline:
+        cfg = load_config(config_path, "quickstart_cpu",
+                          overrides + [f"output_dir={out}", f"max_steps={steps}", *extra])
+        pipeline = AgenticPipeline(cfg)
+        pipeline.run()
+        return pipeline
+
+    straight = run(tmp_path / "straight", 3)
+    first = run(tmp_path / "stopped", 2)
+    saved = load_trainer_state(latest_checkpoint(tmp_path / "stopped"))["baselines"]
+    assert saved == first.baselines.values and len(saved) == 2  # agent_0 seat 0, agent_1 seat 1
+    assert any(value != 0 for value in saved.values())
+    resumed = run(tmp_path / "stopped", 3, "resume=latest")
+    assert resumed.baselines.values == straight.baselines.values
+    for name in straight.agent_names:
+        ours, theirs = resumed.model.export_adapter(name), straight.model.export_adapter(name)
+        assert all(torch.equal(ours[key], theirs[key]) for key in ours)
