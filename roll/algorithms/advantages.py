@@ -63,6 +63,9 @@ class AdvantageConfig:
     """Statistics groups of the normalisation: "agent", "agent_seat" or "agent_group"."""
     eps: float = 1e-6
     """Added to a std before dividing by it (GRPO and whitening); > 0."""
+    happo_factor_clip: float | None = 2.0
+    """HAPPO: the factor M of the agents updated before one is clipped to [1/c, c] for this c
+    (> 1); null: unbounded, as in the paper (roll/algorithms/happo_ratios.py says why not)."""
     rae_decay: float = 0.95
     """RAE: weight of the old baseline in its update, b <- decay * b + (1 - decay) * (mean
     return of the agent's trajectories in that seat this step); in [0, 1)."""
@@ -75,6 +78,9 @@ class AdvantageConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"advantage.{name}", value, "must be in [0, 1]")
+        if self.happo_factor_clip is not None and not self.happo_factor_clip > 1.0:
+            raise ConfigError("advantage.happo_factor_clip", self.happo_factor_clip,
+                              "must be > 1 (M is kept in [1/c, c]) or null (unbounded)")
         if not 0.0 <= self.rae_decay < 1.0:
             raise ConfigError("advantage.rae_decay", self.rae_decay, "must be in [0, 1)")
         if not self.eps > 0.0:

@@ -13,13 +13,19 @@ Simplification, stated — turn-based episodes. In the paper every agent acts at
 so the ratios multiply per timestep. Here agents take turns, so the joint action whose ratio
 the factor carries is an EPISODE's: an earlier agent's ratio is the product over all of its
 response tokens in that episode (every turn it took), and every row of a later agent in that
-episode gets the same factor. The factor is not clipped (the paper does not clip it; each
-agent's own PPO clip bounds how far its ratios move).
+episode gets the same factor.
+
+Departure, stated — a bounded factor. The paper's M is unbounded (each agent's own PPO clip
+bounds its per-token ratios, not their product). A product over every response token of an
+episode is not: 40 tokens at ratio 1.2 each give 1.5e3, and Hanabi runs logged a mean M of
+5.7e6 (benchmarks/README.md). So M is clipped to [1/c, c] (``advantage.happo_factor_clip``
+= c, default 2; null: the paper's unbounded factor), in log space before the exponential.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -43,11 +49,16 @@ def episode_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor, response_mask:
     return ((new_logprobs - old_logprobs) * mask).sum(dim=-1)
 
 
-def happo_factors(log_ratio: Tensor, updated: Tensor, episode: Tensor) -> Tensor:
+def happo_factors(log_ratio: Tensor, updated: Tensor, episode: Tensor,
+                  clip: float | None = None) -> Tensor:
     """M per row (B,): exp of the summed ``log_ratio`` (B,) of the rows already ``updated``
-    (B,) bool in the row's ``episode`` (B,) (1 where none is); detached."""
+    (B,) bool in the row's ``episode`` (B,) (1 where none is); detached. ``clip`` = c > 1
+    bounds M to [1/c, c] (None: unbounded, as in the paper)."""
     index = group_index(episode)  # (B,) dense episode index
     per_episode = torch.zeros(int(index.max()) + 1 if len(index) else 0,
                               dtype=log_ratio.dtype, device=log_ratio.device)
     per_episode.index_add_(0, index, torch.where(updated, log_ratio, 0.0).detach())
+    if clip is not None:
+        bound = math.log(clip)
+        per_episode = per_episode.clamp(-bound, bound)
     return torch.exp(per_episode[index])

@@ -374,7 +374,8 @@ class AgenticPipeline:
         batch = compute_advantages(batch, cfg.advantage, self.baselines)
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(self.trainer, self.model, batch, cfg.seed, self.step,
-                                     self.policy_temperature, cfg.trainer.forward_rows)
+                                     self.policy_temperature, cfg.trainer.forward_rows,
+                                     cfg.advantage.happo_factor_clip)
         else:
             per_agent = self.trainer.train_step(batch)
         times["time/train"] = time.perf_counter() - start

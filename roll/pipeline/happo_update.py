@@ -18,11 +18,12 @@ from roll.multi_agent.model import MultiAgentLoRAModel
 
 
 def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: TrajectoryBatch,
-                 seed: int, step: int, temperature: float, forward_rows: int
-                 ) -> dict[str, dict[str, float]]:
+                 seed: int, step: int, temperature: float, forward_rows: int,
+                 factor_clip: float | None = None) -> dict[str, dict[str, float]]:
     """Update every agent with rows, in HAPPO's order; per-agent metrics of each update plus
-    ``happo_position`` (0 = first) and ``happo_factor`` (the mean M its rows were weighted by).
-    ``batch`` carries old log-probs and advantages."""
+    ``happo_position`` (0 = first) and ``happo_factor`` / ``happo_factor_min`` /
+    ``happo_factor_max`` (the mean, least and largest M its rows were weighted by, M bounded to
+    [1/factor_clip, factor_clip]). ``batch`` carries old log-probs and advantages."""
     batch.require("old_logprobs", "advantages", "env_id")
     names = list(model.agent_names)
     updated = torch.zeros(len(batch), dtype=torch.bool, device=batch.agent_id.device)
@@ -32,13 +33,15 @@ def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: Traject
         rows = (batch.agent_id == names.index(name)).nonzero().squeeze(-1)
         if not rows.numel():
             continue
-        factor = happo_factors(log_ratio, updated, batch.env_id)[rows]  # (b,)
+        factor = happo_factors(log_ratio, updated, batch.env_id, factor_clip)[rows]  # (b,)
         own = batch.select(rows)
         own = own.with_fields(advantages=own.advantages * factor.unsqueeze(-1).to(
             own.advantages.dtype))
         metrics[name] = dict(trainer.train_step(own)[name])
         metrics[name]["happo_position"] = float(position)
         metrics[name]["happo_factor"] = float(factor.mean())
+        metrics[name]["happo_factor_min"] = float(factor.min())
+        metrics[name]["happo_factor_max"] = float(factor.max())
         with torch.no_grad():
             new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
                                  positions=own.response_mask.bool(), temperature=temperature,

@@ -44,3 +44,23 @@ def test_order_is_a_seeded_permutation_that_changes_between_steps():
     assert orders == [happo_order(names, seed=5, step=step) for step in range(1, 13)]
     assert len({tuple(order) for order in orders}) >= 4  # 12 draws of 24 permutations
     assert orders != [happo_order(names, seed=6, step=step) for step in range(1, 13)]
+
+
+def test_long_episodes_keep_the_factor_within_its_bound():
+    # Episode 0: the earlier agent took 20 turns of 10 response tokens at log-ratio 0.05 each:
+    # summed log-ratio 20 * 10 * 0.05 = 10, an unbounded factor exp(10) = 22026 > 1e3.
+    # Episode 1: the same, negative: exp(-10). Episode 2: exp(0.3) = 1.3498588, inside [1/2, 2].
+    new = torch.full((41, 12), 0.05)
+    new[20:40] = -0.05
+    new[40] = 0.03
+    old = torch.zeros(41, 12)
+    mask = torch.zeros(41, 12)
+    mask[:, 1:11] = 1  # 10 response tokens per turn
+    log_ratio = episode_log_ratio(new, old, mask)
+    episode = torch.tensor([0] * 20 + [1] * 20 + [2])
+    updated = torch.ones(41, dtype=torch.bool)
+    later_rows = torch.tensor([0, 20, 40])  # the next agent's rows sit in the same episodes
+    unbounded = happo_factors(log_ratio, updated, episode)[later_rows]
+    assert unbounded[0] > 1e3 and unbounded[1] < 1e-3
+    bounded = happo_factors(log_ratio, updated, episode, clip=2.0)[later_rows]
+    assert torch.allclose(bounded, torch.tensor([2.0, 0.5, math.exp(0.3)]), atol=1e-5)

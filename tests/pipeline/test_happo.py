@@ -69,3 +69,17 @@ def test_happo_update_equals_the_sequential_algorithm_by_hand(tiny_model_path):
         got, want = model.export_adapter(name), ref_model.export_adapter(name)
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
+
+
+def test_happo_update_logs_a_factor_within_its_bound(tiny_model_path):
+    """With a bound just above 1, the second agent's factors (which the first update moved by
+    more than 1e-3, as above) are clipped, and the logged least and largest M respect it."""
+    order = happo_order(["alice", "bob"], SEED, STEP)
+    model, trainer = _team(tiny_model_path)
+    bound = 1.0001
+    metrics = happo_update(trainer, model, _batch(model), SEED, STEP, 1.0, 4, factor_clip=bound)
+    second = metrics[order[1]]
+    low, mean, high = (second[f"happo_factor{k}"] for k in ("_min", "", "_max"))
+    assert 1 / bound - 1e-6 <= low <= mean + 1e-6 and mean <= high + 1e-6 <= bound + 2e-6
+    assert min(abs(high - bound), abs(low - 1 / bound)) < 1e-6  # the clip bound
+    assert metrics[order[0]]["happo_factor_max"] == 1.0
