@@ -66,6 +66,11 @@ class AdvantageConfig:
     happo_factor_clip: float | None = 2.0
     """HAPPO: the factor M of the agents updated before one is clipped to [1/c, c] for this c
     (> 1); null: unbounded, as in the paper (roll/algorithms/happo_ratios.py says why not)."""
+    drop_zero_advantage: bool = False
+    """Rows whose advantage is 0 on every response token (e.g. a GRPO group of equal returns)
+    leave the policy update, as in DAPO's dynamic sampling (without its resampling): they
+    would only dilute the token-mean and add KL/entropy terms. ``<agent>/zero_adv_fraction``
+    still counts them; ``<agent>/dropped_rows`` says how many left. Critics keep every row."""
     rae_decay: float = 0.95
     """RAE: weight of the old baseline in its update, b <- decay * b + (1 - decay) * (mean
     return of the agent's trajectories in that seat this step); in [0, 1)."""
@@ -132,6 +137,28 @@ def compute_advantages(batch: TrajectoryBatch, cfg: AdvantageConfig,
         keys = normalization_keys(batch, cfg.norm_by)
         advantages = normalize_advantages(advantages, batch.response_mask, keys, cfg.norm, cfg.eps)
     return batch.with_fields(advantages=advantages, returns=returns)
+
+
+def zero_advantage_rows(batch: TrajectoryBatch) -> Tensor:
+    """(B,) bool: the rows whose every response token has advantage exactly 0 (nothing to
+    learn from them: a group-relative baseline over equal returns, say)."""
+    batch.require("advantages")
+    return ((batch.advantages * batch.response_mask) != 0).sum(dim=-1) == 0
+
+
+def zero_advantage_shares(batch: TrajectoryBatch, agent_names: list[str]
+                          ) -> dict[str, dict[str, float]]:
+    """Per agent with rows: ``zero_adv_fraction``, the share of its rows with advantage 0 on
+    every response token, and ``zero_adv_rows``, how many."""
+    zero = zero_advantage_rows(batch)
+    shares = {}
+    for index, name in enumerate(agent_names):
+        own = batch.agent_id == index
+        if own.any():
+            count = int((zero & own).sum())
+            shares[name] = {"zero_adv_fraction": count / int(own.sum()),
+                            "zero_adv_rows": float(count)}
+    return shares
 
 
 # --- estimators -------------------------------------------------------------------------------

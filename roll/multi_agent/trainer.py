@@ -366,8 +366,8 @@ class MultiAgentTrainer:
         """Per agent: loss parts averaged over its optimizer steps, plus row statistics; every
         agent's figures come to the host in one copy."""
         keys = [key for key in METRIC_PARTS if key != "kl_ref" or self.config.kl_coef > 0]
-        stats = ["num_tokens", "advantage_mean", "zero_adv_fraction"] + (
-            ["reward_mean"] if batch.rewards is not None else [])
+        stats = ["num_tokens", "advantage_mean"] + (["reward_mean"] if batch.rewards is not None
+                                                    else [])
         device = batch.advantages.device
         columns = []
         for name, rows in own.items():
@@ -376,12 +376,7 @@ class MultiAgentTrainer:
             tokens = mask.sum()
             figures = [torch.as_tensor(sums[name][key], dtype=torch.float32, device=device)
                        / optimizer_steps[name] for key in keys]
-            advantages = part.advantages * mask
-            # rows with nothing to learn: every response token's advantage is exactly 0 (e.g. a
-            # group-relative baseline over a group whose returns are all equal)
-            zero_rows = (advantages != 0).sum(dim=-1) == 0
-            figures += [tokens, advantages.sum() / tokens.clamp(min=1.0),
-                        zero_rows.float().mean()]
+            figures += [tokens, (part.advantages * mask).sum() / tokens.clamp(min=1.0)]
             if batch.rewards is not None:
                 figures.append(part.rewards.float().mean())
             columns.append(torch.stack([figure.float().reshape(()) for figure in figures]))

@@ -35,7 +35,12 @@ from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.agentic.tasks.datasets import ItemSampler
-from roll.algorithms.advantages import RunningBaselines, compute_advantages
+from roll.algorithms.advantages import (
+    RunningBaselines,
+    compute_advantages,
+    zero_advantage_rows,
+    zero_advantage_shares,
+)
 from roll.algorithms.losses import kl_per_token
 from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
 from roll.errors import RoleFailed
@@ -372,13 +377,20 @@ class AgenticPipeline:
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         batch = compute_advantages(batch, cfg.advantage, self.baselines)
+        zero = zero_advantage_shares(batch, self.agent_names)  # before any row leaves
+        policy_batch = (batch.select(~zero_advantage_rows(batch))
+                        if cfg.advantage.drop_zero_advantage else batch)
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
-            per_agent = happo_update(self.trainer, self.model, batch, cfg.seed, self.step,
+            per_agent = happo_update(self.trainer, self.model, policy_batch, cfg.seed, self.step,
                                      self.policy_temperature, cfg.trainer.forward_rows,
                                      cfg.advantage.happo_factor_clip)
         else:
-            per_agent = self.trainer.train_step(batch)
+            per_agent = self.trainer.train_step(policy_batch)
         times["time/train"] = time.perf_counter() - start
+        for name, shares in zero.items():
+            per_agent.setdefault(name, {})["zero_adv_fraction"] = shares["zero_adv_fraction"]
+            if cfg.advantage.drop_zero_advantage:
+                per_agent[name]["dropped_rows"] = shares["zero_adv_rows"]
         metrics.update(agent_metrics(per_agent))
         if self.critics is not None:
             start = time.perf_counter()

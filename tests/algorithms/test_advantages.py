@@ -21,6 +21,7 @@ from roll.algorithms import (
     reinforce,
     vdn,
 )
+from roll.algorithms.advantages import zero_advantage_rows, zero_advantage_shares
 from roll.batch import TrajectoryBatch
 from roll.errors import ConfigError
 
@@ -500,3 +501,24 @@ def test_rae_needs_its_baselines_and_a_decay_below_one():
         compute_advantages(batch, AdvantageConfig(estimator="rae"))
     with pytest.raises(ConfigError, match=r"advantage.rae_decay=1.0"):
         AdvantageConfig(estimator="rae", rae_decay=1.0)
+
+
+def test_zero_advantage_share_is_counted_per_agent():
+    """``<agent>/zero_adv_fraction``: the share of the agent's rows whose every response token
+    has advantage exactly 0 (nothing to learn from them)."""
+    rows = [dict(prompt=1, response=2, agent=agent, env=i) for i, agent in
+            enumerate([0, 1, 0, 1, 0, 1, 0])]
+    batch = make_batch(rows, length=4)
+    advantages = torch.tensor([[0, 0, 0, 0],    # agent 0: zero
+                               [0, 0, 0, 0],    # agent 1: zero
+                               [0, 1, 0, 0],    # agent 0
+                               [5, 0, 0, 0],    # agent 1: a value on the prompt token only
+                               [0, 0, 0, 0],    # agent 0: zero
+                               [0, 0, -2, 0],   # agent 1
+                               [0, 0, 0, 3.0]]) * 1  # agent 0: a value on padding only
+    batch = batch.with_fields(advantages=advantages)
+    assert zero_advantage_rows(batch).tolist() == [True, True, False, True, True, False, True]
+    assert zero_advantage_shares(batch, ["a", "b"]) == {
+        "a": {"zero_adv_fraction": 3 / 4, "zero_adv_rows": 3.0},
+        "b": {"zero_adv_fraction": 2 / 3, "zero_adv_rows": 2.0}}
+    assert zero_advantage_shares(batch.select(batch.agent_id == 1), ["a", "b"]).keys() == {"b"}

@@ -232,19 +232,3 @@ def test_entropy_is_measured_without_an_entropy_bonus(tiny_model_path):
     metrics = trainer.train_step(batch)["alice"]
     assert by_hand > 1.0  # far from 0: the check below can fail
     assert metrics["entropy"] == pytest.approx(by_hand, rel=1e-5)
-
-
-def test_zero_advantage_share_is_counted_per_agent(tiny_model_path):
-    """``<agent>/zero_adv_fraction``: the share of the agent's rows whose every response token
-    has advantage exactly 0 (nothing to learn from them)."""
-    model, resolved = make_team(tiny_model_path, AGENTS[:2])
-    batch = make_rows([0, 1, 0, 1, 0, 1, 0], seed=5)
-    advantages = batch.advantages.clone()
-    advantages[[0, 4]] = 0.0  # two of alice's four rows
-    advantages[1, :] = 0.0  # one of bob's three rows ...
-    advantages[3] = advantages[3] * (batch.response_mask[3] == 0)  # ... and one more: 0 on
-    advantages[3, 0] = 5.0  # every response token, a value only on a prompt token
-    metrics = MultiAgentTrainer(model, resolved, TRAINER).train_step(
-        batch.with_fields(advantages=advantages))
-    assert metrics["alice"]["zero_adv_fraction"] == pytest.approx(2 / 4)
-    assert metrics["bob"]["zero_adv_fraction"] == pytest.approx(2 / 3)
