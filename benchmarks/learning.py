@@ -41,6 +41,12 @@ RECIPES = {
         "[agent_0,snapshot:agent_1@latest],[snapshot:agent_1@latest,agent_0],"
         "[agent_1,snapshot:agent_0@latest],[snapshot:agent_0@latest,agent_1]]"]),
     "leduc": ("examples/leduc_poker", "multi_agent_leduc_poker", []),
+    # Role-conditioned advantages (SPIRAL): each agent's return in a seat minus its running
+    # baseline in that seat, instead of GRPO's group mean (zero once a group's returns agree).
+    "kuhn_rae": ("examples/kuhn_poker", "multi_agent_kuhn_poker", [
+        "rollout.max_turns=4", "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
+    "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
+        "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
     # each agent in both seats.
     "tictactoe": ("examples/tictactoe", "multi_agent_tictactoe", [
@@ -77,7 +83,7 @@ def run_recipe(args, name: str) -> dict:
     out = (Path(os.environ["OUT"], f"run_{name}") if os.environ.get("OUT")
            else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
-    overrides = COMMON + extra + [
+    overrides = COMMON + extra + list(args.override) + [
         f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
         "model.dtype=float32", f"max_steps={args.steps}", f"eval.eval_steps={args.eval_every}",
         f"output_dir={out}",
@@ -189,6 +195,8 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES),
                         choices=RECIPES)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--override", nargs="*", default=[],
+                        help="extra Hydra overrides for every recipe (key=value)")
     parser.add_argument("--eval_every", type=int, default=20)
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
