@@ -146,19 +146,18 @@ def zero_advantage_rows(batch: TrajectoryBatch) -> Tensor:
     return ((batch.advantages * batch.response_mask) != 0).sum(dim=-1) == 0
 
 
-def zero_advantage_shares(batch: TrajectoryBatch, agent_names: list[str]
+def zero_advantage_shares(zero: Tensor, agent_id: Tensor, agent_names: list[str]
                           ) -> dict[str, dict[str, float]]:
-    """Per agent with rows: ``zero_adv_fraction``, the share of its rows with advantage 0 on
-    every response token, and ``zero_adv_rows``, how many."""
-    zero = zero_advantage_rows(batch)
-    shares = {}
-    for index, name in enumerate(agent_names):
-        own = batch.agent_id == index
-        if own.any():
-            count = int((zero & own).sum())
-            shares[name] = {"zero_adv_fraction": count / int(own.sum()),
-                            "zero_adv_rows": float(count)}
-    return shares
+    """Per agent with rows, from ``zero`` (B,) = ``zero_advantage_rows(batch)`` and the rows'
+    ``agent_id`` (B,): ``zero_adv_fraction``, the share of its rows with advantage 0 on every
+    response token, and ``zero_adv_rows``, how many (one device->host copy)."""
+    agents = len(agent_names)
+    rows = torch.bincount(agent_id, minlength=agents)
+    zeros = torch.bincount(agent_id[zero], minlength=agents)
+    counts = torch.stack([rows, zeros]).tolist()
+    return {name: {"zero_adv_fraction": counts[1][index] / counts[0][index],
+                   "zero_adv_rows": float(counts[1][index])}
+            for index, name in enumerate(agent_names) if counts[0][index]}
 
 
 # --- estimators -------------------------------------------------------------------------------

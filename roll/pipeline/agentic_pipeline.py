@@ -377,9 +377,9 @@ class AgenticPipeline:
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         batch = compute_advantages(batch, cfg.advantage, self.baselines)
-        zero = zero_advantage_shares(batch, self.agent_names)  # before any row leaves
-        policy_batch = (batch.select(~zero_advantage_rows(batch))
-                        if cfg.advantage.drop_zero_advantage else batch)
+        zero_rows = zero_advantage_rows(batch)
+        zero = zero_advantage_shares(zero_rows, batch.agent_id, self.agent_names)  # all rows
+        policy_batch = batch.select(~zero_rows) if cfg.advantage.drop_zero_advantage else batch
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(self.trainer, self.model, policy_batch, cfg.seed, self.step,
                                      self.policy_temperature, cfg.trainer.forward_rows,

@@ -518,7 +518,9 @@ def test_zero_advantage_share_is_counted_per_agent():
                                [0, 0, 0, 3.0]]) * 1  # agent 0: a value on padding only
     batch = batch.with_fields(advantages=advantages)
     assert zero_advantage_rows(batch).tolist() == [True, True, False, True, True, False, True]
-    assert zero_advantage_shares(batch, ["a", "b"]) == {
+    zero = zero_advantage_rows(batch)
+    assert zero_advantage_shares(zero, batch.agent_id, ["a", "b"]) == {
         "a": {"zero_adv_fraction": 3 / 4, "zero_adv_rows": 3.0},
         "b": {"zero_adv_fraction": 2 / 3, "zero_adv_rows": 2.0}}
-    assert zero_advantage_shares(batch.select(batch.agent_id == 1), ["a", "b"]).keys() == {"b"}
+    bob = batch.agent_id == 1
+    assert zero_advantage_shares(zero[bob], batch.agent_id[bob], ["a", "b"]).keys() == {"b"}
