@@ -145,7 +145,7 @@ def choose_item(items: Sequence[dict[str, Any]], seed: int, item: int | None) ->
 
 
 def check_flags(**flags: object) -> None:
-    """Each flag is true or false (ValueError naming ``env.params.<flag>`` otherwise)."""
+    """Each flag is true or false (ConfigError naming ``env.params.<flag>`` otherwise)."""
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise ConfigError(f"env.params.{key}", value, "must be true or false")

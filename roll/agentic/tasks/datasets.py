@@ -10,7 +10,7 @@ Sources (``env.data.source``):
 - anything else is a hub id for ``datasets.load_dataset`` (needs the network or the HF cache).
 ``env.data.fields`` maps the task's field names to the dataset's columns (``{question:
 problem}``); unmapped fields are read under their own name. A missing file, split or column is a
-ValueError naming the source and what is missing (the pipeline's validation raises it before any
+ConfigError naming the source and what is missing (the pipeline's validation raises it before any
 model loads).
 
 Which item a group plays: ``ItemSampler`` deals the training items epoch by epoch, each epoch in

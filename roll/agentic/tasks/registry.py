@@ -48,7 +48,7 @@ def task_parameters(name: str) -> list[str]:
 def task_factory(name: str, params: dict[str, Any], items: Sequence[dict[str, Any]]
                  ) -> Callable[[], Any]:
     """A factory of fresh episodes of task ``name`` on ``items``; checks ``params`` and the
-    items once, here (ValueError naming ``env.params.<key>`` or the item)."""
+    items once, here (ConfigError naming ``env.params.<key>``, ValueError naming the item)."""
     make = task_spec(name).make
     accepted = task_parameters(name)
     for key in params:
