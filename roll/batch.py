@@ -65,6 +65,18 @@ class TrajectoryBatch:
     critic_response_mask: Tensor | None = None
     """(B, T') float. 1 on the response tokens of ``critic_input_ids`` (as many per row as
     ``response_mask`` has)."""
+    choice_tokens: Tensor | None = None
+    """(B, T, C) long. Constrained rows: at each response position ``t`` where decoding chose
+    among two or more legal tokens (a branching point of the legal answers' prefix tree), those
+    tokens (``input_ids[:, t]`` is one of them); -1 elsewhere and as padding. The policy over
+    legal moves is the product of the renormalised next-token distributions at these points
+    (``roll.algorithms.choices``)."""
+    choice_leaves: Tensor | None = None
+    """(B, T, C) float. How many legal answers lie below each of ``choice_tokens`` (0 on
+    padding): the uniform policy over legal moves, as next-token distributions."""
+    magnet_logprobs: Tensor | None = None
+    """(B, T, C) float. The magnet policy's log-probs of ``choice_tokens`` (renormalised over
+    each point's legal tokens; written by the pipeline when ``trainer.magnet_coef`` > 0)."""
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:

@@ -74,6 +74,30 @@ class CompletionTrie:
         """Whether an allowed sequence ends at this node (nothing may follow it)."""
         return self.is_end[node]
 
+    def leaves(self, node: int) -> int:
+        """How many allowed sequences pass through this node."""
+        if self.is_end[node]:
+            return 1
+        return sum(self.leaves(child) for child in self.children[node].values())
+
+    def branch_points(self, path: list[int]) -> list[tuple[int, list[int], list[int]]]:
+        """The choices made along an allowed sequence: for each offset ``t`` of ``path`` whose
+        node has two or more children, ``(t, child tokens, allowed sequences below each
+        child)``. Where a node has one child, constrained decoding has no choice (its
+        renormalised probability is 1), so the distribution over the allowed sequences is the
+        product of the choices' renormalised next-token distributions. A ``path`` that leaves
+        the tree (an engine that drops the final EOS) yields the choices up to there."""
+        points, node = [], 0
+        for t, token in enumerate(path):
+            if token not in self.children[node]:
+                break
+            if len(self.children[node]) > 1:
+                tokens = list(self.children[node])
+                points.append((t, tokens,
+                               [self.leaves(self.children[node][c]) for c in tokens]))
+            node = self.children[node][token]
+        return points
+
 
 class ConstraintState:
     """Trie positions of the constrained rows of one batch.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from roll.errors import ConfigError
+from roll.errors import ConfigError, require_int
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
@@ -243,7 +243,18 @@ class TrainerConfig:
     """Estimator of KL(policy || reference) per token used as the loss: 'k3' ((r - 1) - log r,
     GRPO's) or 'k2' (0.5 (log r)^2). 'k1' is refused: as a loss its expected gradient is 0."""
     entropy_coef: float = 0.0
-    """Weight of the entropy bonus (subtracted from the loss)."""
+    """Weight of the token-level entropy bonus (subtracted from the loss)."""
+    action_entropy_coef: float = 0.0
+    """Weight of the entropy bonus on the distribution over LEGAL MOVES (constrained decoding
+    only; roll/algorithms/choices.py): subtracted from the loss, per decision (row)."""
+    magnet_coef: float = 0.0
+    """Weight of KL(policy || magnet) over legal moves (constrained decoding only), per
+    decision: magnetic mirror descent's pull toward ``magnet``."""
+    magnet: str = "uniform"
+    """'uniform' (every legal move alike) or 'snapshot' (the agent itself as it was at the
+    last refresh, every ``magnet_refresh`` steps)."""
+    magnet_refresh: int = 50
+    """Train steps between refreshes of a 'snapshot' magnet (>= 1)."""
     loss_agg_mode: str = "token-mean"
     """'token-mean' (over all of the agent's response tokens in the step) or
     'seq-mean-token-mean' (mean per row, then over rows)."""
@@ -284,6 +295,13 @@ class TrainerConfig:
             raise ConfigError("trainer.kl_estimator", self.kl_estimator, "must be 'k3' or 'k2'")
         if self.entropy_coef < 0:
             raise ConfigError("trainer.entropy_coef", self.entropy_coef, "must be >= 0")
+        for name in ("action_entropy_coef", "magnet_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigError(f"trainer.{name}", value, "must be a number >= 0")
+        if self.magnet not in ("uniform", "snapshot"):
+            raise ConfigError("trainer.magnet", self.magnet, "must be 'uniform' or 'snapshot'")
+        require_int("trainer.magnet_refresh", self.magnet_refresh)
         if self.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
             raise ConfigError(
                 "trainer.loss_agg_mode",

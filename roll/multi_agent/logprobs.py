@@ -133,4 +133,17 @@ def sequence_logprobs(
     return scatter(logprob), scatter(entropy)
 
 
-__all__ = ["CHUNK_BYTES", "TokenLogProb", "response_window", "sequence_logprobs"]
+def choice_logits(window_logits: Tensor, choice_tokens: Tensor, window: tuple[int, int],
+                  temperature: float) -> Tensor:
+    """(B, T, C) fp32: z / T of each legal token at each branching point of constrained
+    decoding (``TrajectoryBatch.choice_tokens``, -1 padded; 0 there and outside the window),
+    gathered from the window's logits with their gradient (roll/algorithms/choices.py)."""
+    first, stop = window
+    tokens = choice_tokens[:, first:stop]  # (B, stop - first, C)
+    gathered = window_logits.gather(-1, tokens.clamp(min=0)).float() / temperature
+    gathered = torch.where(tokens >= 0, gathered, torch.zeros_like(gathered))
+    return F.pad(gathered, (0, 0, first, choice_tokens.shape[1] - stop))
+
+
+__all__ = ["CHUNK_BYTES", "TokenLogProb", "choice_logits", "response_window",
+           "sequence_logprobs"]

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
-from roll.multi_agent.logprobs import response_window, sequence_logprobs
+from roll.multi_agent.dropout import AgentDropout
+from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
 from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.multi_agent.team_factors import layout_warning_ignored
 
@@ -62,29 +63,6 @@ def _peft_lora_config(lora: LoRAConfig, base_name_or_path: str | None):
         task_type=TaskType.CAUSAL_LM,
         base_model_name_or_path=base_name_or_path,
     )
-
-
-class AgentDropout(nn.Module):
-    """Inverted dropout on a LoRA input, drawing masks from its agent's own generator.
-
-    Active only while ``active`` is set (by ``MultiAgentLoRAModel.training_forward``);
-    ``nn.Module.train()`` does not switch it on.
-    """
-
-    def __init__(self, p: float, generators: dict[torch.device, torch.Generator]) -> None:
-        super().__init__()
-        self.p = float(p)
-        self.generators = generators  # shared by all of one agent's dropout layers
-        self.active = False
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.active or self.p == 0.0:
-            return x
-        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generators[x.device])
-        return x * keep / (1.0 - self.p)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
 
 
 class MultiAgentLoRAModel(nn.Module):
@@ -299,8 +277,10 @@ class MultiAgentLoRAModel(nn.Module):
         positions: Tensor | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
-    ) -> tuple[Tensor, Tensor]:
-        """Token log-probs and entropies (B, T), each row through its own agent's adapter.
+        choices: Tensor | None = None,
+    ) -> tuple[Tensor, ...]:
+        """Token log-probs and entropies (B, T), each row through its own agent's adapter;
+        given ``choices`` (``TrajectoryBatch.choice_tokens``), also their logits / T (B, T, C).
 
         ``agent_id`` (B,) indexes ``agent_names``; None runs the reference (adapters off). One
         forward serves any mix of agents: each run of rows of one agent gets that agent's LoRA
@@ -321,9 +301,14 @@ class MultiAgentLoRAModel(nn.Module):
         window = response_window(positions)
         if window is None:
             zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-            return zeros, zeros.clone()
+            none = () if choices is None else (torch.zeros(choices.shape, device=zeros.device),)
+            return zeros, zeros.clone(), *none
         logits = self._window_logits(input_ids, attention_mask, agent_id, window)
-        return sequence_logprobs(logits, input_ids, positions, window, temperature, with_entropy)
+        scored = sequence_logprobs(logits, input_ids, positions, window, temperature,
+                                   with_entropy)
+        if choices is None:
+            return scored
+        return *scored, choice_logits(logits, choices, window, temperature)
 
     def _window_logits(self, input_ids: Tensor, attention_mask: Tensor,
                        agent_id: Tensor | None, window: tuple[int, int]) -> Tensor:

@@ -39,6 +39,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from roll.algorithms.choices import (
+    choice_entropy,
+    choice_kl,
+    choice_logprobs,
+    points,
+    uniform_logprobs,
+)
 from roll.algorithms.losses import aggregate, kl_loss, ppo_policy_loss
 from roll.batch import TrajectoryBatch
 from roll.errors import NonFiniteLossError
@@ -46,7 +53,8 @@ from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel, agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
 
-METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "clip_frac", "approx_kl", "grad_norm")
+METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
+                "clip_frac", "approx_kl", "grad_norm")
 _SUMMED_PARTS = METRIC_PARTS[:-1]  # summed over ranks; grad_norm is taken after the sum
 
 
@@ -131,6 +139,8 @@ class MultiAgentTrainer:
         batch.require("advantages")
         batch = behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
                                    reference=self.config.kl_coef > 0)
+        if self.config.magnet_coef > 0:
+            batch = self._with_magnet(batch)
         own: dict[str, Tensor] = {}  # agent -> its rows (indices into batch)
         ids = batch.agent_id.tolist()  # one device->host copy, not one per agent
         for index, name in enumerate(self.agent_names):
@@ -229,7 +239,7 @@ class MultiAgentTrainer:
         """
         cfg = self.config
         mask = batch.response_mask.float()
-        normalisers = {}
+        normalisers, decisions = {}, {}
         self.strategy.zero_grad(list(minis))
         for name, rows in minis.items():
             # Normalise by the whole mini-batch, not each micro-batch, so gradient accumulation
@@ -238,6 +248,9 @@ class MultiAgentTrainer:
                 normalisers[name] = mask[rows].sum().clamp(min=1.0)
             else:
                 normalisers[name] = (mask[rows].sum(-1) > 0).sum().float().clamp(min=1.0)
+            if batch.choice_tokens is not None:  # the legal-move terms are per decision (row)
+                decisions[name] = points(batch.choice_tokens[rows]).any(-1).sum().float().clamp(
+                    min=1.0)
         parts_of = {name: dict.fromkeys(_SUMMED_PARTS, 0.0) for name in minis}  # this round
         steps = {name: self.schedulers[name].last_epoch for name in minis}
         sync, mine, stream = self.grad_sync, minis, "dropout"
@@ -251,12 +264,12 @@ class MultiAgentTrainer:
             for group in groups:
                 micro = batch.select(torch.cat([rows for _, rows in group]))
                 self.rows_forwarded += len(micro)
-                logprobs, entropy = self.model(
+                logprobs, entropy, *choices = self.model(
                     micro.input_ids, micro.attention_mask, micro.agent_id,
                     positions=micro.response_mask.bool(), temperature=self.temperature,
                     # always measured (<agent>/entropy); it adds to the gradient only
                     # through the loss, when entropy_coef > 0
-                    with_entropy=True,
+                    with_entropy=True, choices=micro.choice_tokens,
                 )
                 total = torch.zeros((), device=mask.device)
                 start = 0
@@ -264,7 +277,9 @@ class MultiAgentTrainer:
                     part = slice(start, start + len(rows))
                     start += len(rows)
                     parts = self._loss(micro.select(part), logprobs[part], entropy[part],
-                                       normalisers[name])
+                                       normalisers[name],
+                                       choices[0][part] if choices else None,
+                                       decisions.get(name))
                     total = total + parts["loss"]
                     for key, value in parts.items():
                         parts_of[name][key] = parts_of[name][key] + value.detach()
@@ -303,10 +318,13 @@ class MultiAgentTrainer:
                                        self.agent_names[int(row.agent_id[0])])
 
     def _loss(
-        self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor
+        self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor,
+        choice_logits: Tensor | None = None, decisions: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """One agent's loss on its rows of a micro-batch, scaled by its mini-batch normaliser
-        (so micro-batch parts sum to the mini-batch's value); ``loss`` keeps its graph."""
+        (so micro-batch parts sum to the mini-batch's value); ``loss`` keeps its graph. The
+        legal-move terms (``choice_logits`` given) are means over the mini-batch's
+        ``decisions`` (rows with a branching point), whatever ``loss_agg_mode``."""
         cfg = self.config
         mask = micro.response_mask.float()
         policy, policy_metrics = ppo_policy_loss(
@@ -341,8 +359,29 @@ class MultiAgentTrainer:
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * ent
         parts["entropy"] = ent.detach()
+        if choice_logits is not None:
+            moves = choice_logprobs(choice_logits, micro.choice_tokens)
+            action_entropy = choice_entropy(moves, micro.choice_tokens).sum() / decisions
+            if cfg.action_entropy_coef > 0:
+                loss = loss - cfg.action_entropy_coef * action_entropy
+            parts["action_entropy"] = action_entropy.detach()
+            if cfg.magnet_coef > 0:
+                kl = choice_kl(moves, micro.magnet_logprobs, micro.choice_tokens).sum() / decisions
+                loss = loss + cfg.magnet_coef * kl
+                parts["magnet_kl"] = kl.detach()
         parts["loss"] = loss
         return parts
+
+    def _with_magnet(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` with ``magnet_logprobs``: the uniform policy over legal moves unless the
+        batch brings its own (a snapshot magnet's, written by the pipeline)."""
+        if batch.magnet_logprobs is not None or batch.choice_tokens is None:
+            return batch
+        if self.config.magnet != "uniform":
+            raise ValueError(f"trainer.magnet={self.config.magnet!r}: the batch has no "
+                             "magnet_logprobs (the pipeline writes the snapshot's)")
+        return batch.with_fields(magnet_logprobs=uniform_logprobs(batch.choice_leaves,
+                                                                  batch.choice_tokens))
 
     def _refuse_non_finite(
         self, checks: dict[str, tuple[Tensor, Tensor]], round_index: int, rounds: int
@@ -365,7 +404,9 @@ class MultiAgentTrainer:
                  optimizer_steps: dict[str, int]) -> dict[str, dict[str, float]]:
         """Per agent: loss parts averaged over its optimizer steps, plus row statistics; every
         agent's figures come to the host in one copy."""
-        keys = [key for key in METRIC_PARTS if key != "kl_ref" or self.config.kl_coef > 0]
+        off = {"kl_ref": self.config.kl_coef == 0, "action_entropy": batch.choice_tokens is None,
+               "magnet_kl": batch.choice_tokens is None or self.config.magnet_coef == 0}
+        keys = [key for key in METRIC_PARTS if not off.get(key, False)]
         stats = ["num_tokens", "advantage_mean"] + (["reward_mean"] if batch.rewards is not None
                                                     else [])
         device = batch.advantages.device

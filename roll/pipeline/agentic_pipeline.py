@@ -35,12 +35,7 @@ from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.agentic.tasks.datasets import ItemSampler
-from roll.algorithms.advantages import (
-    RunningBaselines,
-    compute_advantages,
-    zero_advantage_rows,
-    zero_advantage_shares,
-)
+from roll.algorithms.advantages import RunningBaselines
 from roll.algorithms.losses import kl_per_token
 from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
 from roll.errors import RoleFailed
@@ -66,7 +61,7 @@ from roll.pipeline.evaluation import (
     summarize_episodes,
     team_return,
 )
-from roll.pipeline.happo_update import happo_update
+from roll.pipeline.policy_update import SnapshotMagnet, update_agents
 from roll.pipeline.snapshot_pool import SnapshotPool
 from roll.utils.checkpoint import (
     agent_dir,
@@ -111,6 +106,10 @@ class AgenticPipeline:
         """Value models (adapters on the same base) when critic.mode asks for them."""
         self.baselines = RunningBaselines() if cfg.advantage.estimator == "rae" else None
         """advantage.estimator=rae: each (agent, seat)'s running baseline, kept in checkpoints."""
+        self.magnet = (SnapshotMagnet(self.agent_names, cfg.trainer.magnet_refresh)
+                       if cfg.trainer.magnet_coef > 0 and cfg.trainer.magnet == "snapshot"
+                       else None)
+        """trainer.magnet=snapshot: the agents' adapters at the last refresh (policy_update.py)."""
         # Sampling temperature is part of the policy: every log-prob is taken at it (greedy
         # rollouts have none; their log-probs are taken at 1).
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
@@ -376,21 +375,9 @@ class AgenticPipeline:
         start = time.perf_counter()
         if self.critics is not None:
             batch = self.critics.with_values(batch)
-        batch = compute_advantages(batch, cfg.advantage, self.baselines)
-        zero_rows = zero_advantage_rows(batch)
-        zero = zero_advantage_shares(zero_rows, batch.agent_id, self.agent_names)  # all rows
-        policy_batch = batch.select(~zero_rows) if cfg.advantage.drop_zero_advantage else batch
-        if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
-            per_agent = happo_update(self.trainer, self.model, policy_batch, cfg.seed, self.step,
-                                     self.policy_temperature, cfg.trainer.forward_rows,
-                                     cfg.advantage.happo_factor_clip)
-        else:
-            per_agent = self.trainer.train_step(policy_batch)
+        batch, per_agent = update_agents(cfg, self.trainer, self.model, batch, self.step,
+                                         self.policy_temperature, self.baselines, self.magnet)
         times["time/train"] = time.perf_counter() - start
-        for name, shares in zero.items():
-            per_agent.setdefault(name, {})["zero_adv_fraction"] = shares["zero_adv_fraction"]
-            if cfg.advantage.drop_zero_advantage:
-                per_agent[name]["dropped_rows"] = shares["zero_adv_rows"]
         metrics.update(agent_metrics(per_agent))
         if self.critics is not None:
             start = time.perf_counter()
@@ -445,6 +432,7 @@ class AgenticPipeline:
             "data": None if self.items is None else self.items.state_dict(),
             "critics": None if self.critics is None else self.critics.state_dict(),
             "baselines": None if self.baselines is None else self.baselines.state_dict(),
+            "magnet": None if self.magnet is None else self.magnet.state_dict(),
         }
 
     def save(self) -> Path:
@@ -456,6 +444,8 @@ class AgenticPipeline:
                 self.model.save_agent(name, folder / name)
             if self.critics is not None:
                 self.critics.save(folder.parent)  # <checkpoint>/critics/<critic>/
+            if self.magnet is not None:
+                self.magnet.save(folder.parent, self.model)  # <checkpoint>/magnet/<agent>/
 
         return save_checkpoint(
             self.output_dir, self.step, self.trainer_state(), save_agents, self.cfg.keep_last
@@ -487,6 +477,8 @@ class AgenticPipeline:
             self.critics.load(path, state.get("critics"))
         if self.baselines is not None and state.get("baselines") is not None:
             self.baselines.load_state_dict(state["baselines"])
+        if self.magnet is not None:
+            self.magnet.load(path, state.get("magnet"))
         self.pool.load_state_dict(state["pool"])
         if self.items is not None and state.get("data") is not None:
             self.items.load_state_dict(state["data"])

@@ -65,6 +65,8 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     agents = cfg.team.agent_names
     train, evaluation = run_seatings(cfg, setup, agents)
     _check_training_seats(cfg, train, agents)
+    _check_baselines(cfg, train, setup.cooperative)
+    _check_choices(cfg)
     require_int("env.swap_roles_every", cfg.env.swap_roles_every, 0)
     if cfg.env.swap_roles_every and any(len(seating) != 2 for seating in train):
         raise ConfigError("env.swap_roles_every", cfg.env.swap_roles_every,
@@ -219,6 +221,37 @@ def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: lis
             raise ConfigError("env.seat_to_agent", list(cfg.env.seat_to_agent),
                               f"agent {agent!r} sits in no seat, so it would never train "
                               f"(team.num_agents={len(agents)}); seat it or drop it")
+
+
+def _check_baselines(cfg: PipelineConfig, train: list[Seating], cooperative: bool) -> None:
+    """No baseline mixes seats of one agent in a game that is not cooperative: an agent (a
+    shared adapter) in two seats of one episode would have its wins centred against its own
+    losses. The estimators keep seats apart (GRPO and RAE per seat); a normalisation that pools
+    the agent's seats does not."""
+    adv = cfg.advantage
+    if cooperative or adv.norm == "none" or adv.norm_by == "agent_seat":
+        return
+    for seating in train:
+        for agent in cfg.team.agent_names:
+            seats = seating.seats_of(agent)
+            if len(seats) > 1:
+                raise ConfigError(
+                    "advantage.norm_by", adv.norm_by,
+                    f"agent {agent!r} plays seats {list(seats)} of one episode, and "
+                    f"advantage.norm={adv.norm} by {adv.norm_by!r} would pool them into one "
+                    "baseline (its wins centred against its own losses); use "
+                    "advantage.norm_by=agent_seat")
+
+
+def _check_choices(cfg: PipelineConfig) -> None:
+    """The legal-move regularisers need the legal moves: constrained decoding."""
+    trainer = cfg.trainer
+    for key in ("action_entropy_coef", "magnet_coef"):
+        if getattr(trainer, key) > 0 and not cfg.rollout.constrained_decoding:
+            raise ConfigError(f"trainer.{key}", getattr(trainer, key),
+                              "acts on the distribution over legal moves, which only "
+                              "constrained decoding defines; set rollout.constrained_decoding="
+                              "true (free text: trainer.entropy_coef)")
 
 
 def _check_solvable(cfg: PipelineConfig, seatings: list[Seating]) -> None:

@@ -286,8 +286,9 @@ def test_chat_template_gets_enable_thinking(tiny_model_path):
         assert prompt.endswith("<think>\n\n</think>\n\n") == closed, prompt
 
 
-def test_one_win_definition_for_training_metrics_and_evaluation(tiny_model_path):
-    from roll.agentic.rollout.results import EpisodeResult
+def test_one_win_definition_for_training_metrics_and_evaluation():
+    from roll.agentic.env.actions import FormatCounters
+    from roll.agentic.rollout.results import EpisodeResult, rollout_metrics
     from roll.pipeline.evaluation import summarize_episodes
 
     seating = build_seating(AGENTS, 2, AGENTS)
@@ -295,9 +296,7 @@ def test_one_win_definition_for_training_metrics_and_evaluation(tiny_model_path)
                 EpisodeResult(1, 0, 0, [0.0, 0.0], seating),     # draw
                 EpisodeResult(2, 1, 1, [-2.0, 2.0], seating)]    # bob wins
     assert [e.outcome(0) for e in episodes] == ["win", "draw", "loss"]
-    scheduler = _scheduler(FixedEngine("", "eos"), load_tokenizer(tiny_model_path),
-                           "kuhn_poker", [AGENTS])
-    training = scheduler._metrics([], episodes)
+    training = rollout_metrics([], episodes, AGENTS, False, FormatCounters(), None)
     evaluation = summarize_episodes(episodes, AGENTS)
     for agent, rate in (("alice", 1 / 3), ("bob", 1 / 3)):
         assert training[f"{agent}/win_rate"] == pytest.approx(rate)

@@ -25,9 +25,6 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-import torch
-
 from roll.agentic.env.actions import ActionConfig, FormatCounters, answer_token_ids
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.episode import (
@@ -39,10 +36,16 @@ from roll.agentic.rollout.episode import (
     LocalEpisodes,
     Renderer,
 )
-from roll.agentic.rollout.results import EpisodeResult, RolloutResult, Turn
-from roll.batch import TrajectoryBatch
+from roll.agentic.rollout.results import (
+    EpisodeResult,
+    RolloutResult,
+    Turn,
+    rollout_metrics,
+    turns_to_batch,
+)
 from roll.errors import require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams, serve
+from roll.inference.constrained import CompletionTrie
 from roll.models.loading import apply_chat_template
 
 __all__ = ["EnvFactory", "Renderer", "RolloutConfig", "RolloutScheduler"]
@@ -170,9 +173,10 @@ class RolloutScheduler:
                           outcome.truncated, outcome.metrics)
             for i, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True))
         ]
-        return RolloutResult(
-            self._to_batch(turns, specs), turns, episodes, self._metrics(turns, episodes)
-        )
+        batch = turns_to_batch(turns, [spec.group for spec in specs], self.agent_names,
+                               self.tokenizer.pad_token_id, cfg.critic_view)
+        return RolloutResult(batch, turns, episodes, rollout_metrics(
+            turns, episodes, self.agent_names, self.cooperative, self.counters, self.summarize))
 
     # ------------------------------------------------------------------ stepping
     def _play(self, setup: EpisodeSetup, specs: list[EpisodeSpec], seed: int,
@@ -218,6 +222,8 @@ class RolloutScheduler:
                 trained_agent=spec.agent_name if spec.is_trained else None,
                 turn_index=turn_index, prompt_ids=prompt_ids,
                 response_ids=list(output.token_ids), logprobs=list(output.logprobs),
+                choices=(None if made.allowed_completions is None else CompletionTrie(
+                    made.allowed_completions).branch_points(list(output.token_ids))),
                 critic_prompt_ids=(self._chat_ids(ask.critic_prompt)
                                    if ask.critic_prompt is not None and spec.is_trained
                                    else None),
@@ -320,93 +326,3 @@ class RolloutScheduler:
                 f"{len(longest)} tokens"
             )
         return completions
-
-    # ------------------------------------------------------------------ output
-    def _to_batch(self, turns: list[Turn], specs: list[EpisodeSpec]) -> TrajectoryBatch | None:
-        rows = [turn for turn in turns if turn.trained_agent is not None]
-        if not rows:
-            return None
-        input_ids, attention_mask, response_mask = self._pad_rows(
-            [t.prompt_ids for t in rows], [t.response_ids for t in rows])
-        engine_logprobs = torch.zeros(response_mask.shape)
-        engine_logprobs[response_mask.bool()] = torch.tensor(
-            [logprob for t in rows for logprob in t.logprobs], dtype=torch.float32)
-
-        def column(values):
-            return torch.tensor(values, dtype=torch.long)
-
-        critic = {}
-        if self.config.critic_view:  # the centralised critic's layout: global view, response
-            critic = dict(zip(("critic_input_ids", "critic_attention_mask",
-                               "critic_response_mask"),
-                              self._pad_rows([t.critic_prompt_ids for t in rows],
-                                             [t.response_ids for t in rows]), strict=True))
-        return TrajectoryBatch(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            response_mask=response_mask,
-            agent_id=column([self.agent_names.index(t.trained_agent) for t in rows]),
-            rewards=torch.tensor([t.reward for t in rows], dtype=torch.float32),
-            env_id=column([t.env_index for t in rows]),
-            seat=column([t.seat for t in rows]),
-            group_id=column([specs[t.env_index].group for t in rows]),
-            turn=column([t.turn_index for t in rows]),
-            engine_logprobs=engine_logprobs,
-            **critic,
-        )
-
-    def _pad_rows(self, prompts: list[list[int]], responses: list[list[int]]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rows of prompt then response, right-padded: input_ids (B, T) long, attention_mask
-        (B, T) long, response_mask (B, T) float."""
-        length = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
-        n = len(prompts)
-        input_ids = torch.full((n, length), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, length), dtype=torch.long)
-        response_mask = torch.zeros((n, length))
-        for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-            p, r = len(prompt), len(response)
-            input_ids[i, : p + r] = torch.tensor(prompt + response)
-            attention_mask[i, : p + r] = 1
-            response_mask[i, p : p + r] = 1
-        return input_ids, attention_mask, response_mask
-
-    def _metrics(self, turns: list[Turn], episodes: list[EpisodeResult]) -> dict[str, float]:
-        """Per-agent keys ``<agent>/<metric>``, ``team/score`` (cooperative games) and
-        ``rollout/...``; format counters of snapshot seats go under ``rollout/<spec>/``."""
-        metrics: dict[str, float] = {}
-        for agent in self.agent_names:
-            own = [t for t in turns if t.trained_agent == agent]
-            seats = [(ep, s) for ep in episodes for s in ep.seating.seats_of(agent)]
-            if not own and not seats:
-                continue
-            metrics[f"{agent}/turns"] = float(len(own))
-            if own:
-                metrics[f"{agent}/response_length"] = float(
-                    np.mean([len(t.response_ids) for t in own])
-                )
-                metrics[f"{agent}/format_error_rate"] = float(
-                    np.mean([t.format_error is not None for t in own])
-                )
-                metrics[f"{agent}/truncated_rate"] = float(np.mean([t.truncated for t in own]))
-                metrics[f"{agent}/turn_reward"] = float(np.mean([t.reward for t in own]))
-            if seats:
-                metrics[f"{agent}/episode_return"] = float(
-                    np.mean([ep.returns[s] for ep, s in seats])
-                )
-                if not self.cooperative and self.summarize is None:  # tasks have no winners
-                    metrics[f"{agent}/win_rate"] = float(
-                        np.mean([ep.outcome(s) == "win" for ep, s in seats])
-                    )
-        if self.cooperative and episodes:
-            metrics["team/score"] = float(np.mean([ep.returns[0] for ep in episodes]))
-        for key, value in self.counters.metrics().items():
-            name, rest = key.split("/", 1)
-            metrics[key if name in self.agent_names else f"rollout/{name}/{rest}"] = value
-        if self.summarize is not None and episodes:
-            metrics.update(self.summarize([ep.metrics for ep in episodes]))
-        metrics["rollout/episodes"] = float(len(episodes))
-        metrics["rollout/truncated"] = float(sum(ep.truncated for ep in episodes))
-        metrics["rollout/llm_turns"] = float(len(turns))
-        metrics["rollout/generated_tokens"] = float(sum(len(t.response_ids) for t in turns))
-        return metrics

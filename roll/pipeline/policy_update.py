@@ -1,0 +1,121 @@
+"""The learning half of a train step, after the rows are scored (old/reference log-probs and
+critic values): advantages → zero-advantage rows → the magnet's log-probs → every agent's update
+(fused, or HAPPO's one agent after another).
+
+The snapshot magnet (``trainer.magnet=snapshot``, magnetic mirror descent / NashPG): each
+agent's adapter as it was at the start of step 1, 1 + K, 1 + 2K, … (K = ``trainer.magnet_refresh``);
+the KL term pulls the agent toward it over legal moves (roll/algorithms/choices.py), and each
+refresh moves the magnet to where the agent has got to. Its tensors are saved beside the agents
+in every checkpoint (``<checkpoint>/magnet/<agent>/``, PEFT folders) and restored on resume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from roll.algorithms.advantages import (
+    RunningBaselines,
+    compute_advantages,
+    zero_advantage_rows,
+    zero_advantage_shares,
+)
+from roll.algorithms.choices import choice_logprobs
+from roll.batch import TrajectoryBatch
+from roll.distributed.roles import TrainGroup
+from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.pipeline.config import PipelineConfig
+from roll.pipeline.happo_update import happo_update
+
+
+class SnapshotMagnet:
+    """Each agent's adapter at its last refresh, and the magnet's policy over legal moves."""
+
+    def __init__(self, agent_names: list[str], refresh: int) -> None:
+        self.agent_names = list(agent_names)
+        self.refresh = refresh
+        self.tensors: dict[str, dict[str, Tensor]] = {}
+        self.taken_at: int | None = None
+        """The pipeline step whose start the tensors come from."""
+
+    def maybe_refresh(self, model: MultiAgentLoRAModel, step: int) -> bool:
+        """Take the agents' adapters now if step is 1, 1 + K, 1 + 2K, … (or none is held)."""
+        if self.tensors and (step - 1) % self.refresh:
+            return False
+        self.tensors = {name: model.export_adapter(name) for name in self.agent_names}
+        self.taken_at = step
+        return True
+
+    @torch.no_grad()
+    def logprobs(self, model: MultiAgentLoRAModel, batch: TrajectoryBatch, temperature: float,
+                 forward_rows: int) -> Tensor:
+        """(B, T, C): the magnet's log-probs of each row's legal tokens at its branching
+        points (each row under its own agent's magnet), renormalised per point. The model's
+        own adapters are put back afterwards, whatever happens."""
+        batch.require("choice_tokens")
+        current = {name: model.export_adapter(name) for name in self.tensors}
+        out = torch.zeros(batch.choice_tokens.shape, dtype=torch.float32,
+                          device=batch.choice_tokens.device)
+        try:
+            for name, tensors in self.tensors.items():
+                model.import_adapter(name, tensors)
+            for start in range(0, len(batch), forward_rows):
+                rows = batch.select(torch.arange(start, min(start + forward_rows, len(batch)),
+                                                 device=batch.agent_id.device))
+                *_, logits = model(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                   positions=rows.response_mask.bool(), temperature=temperature,
+                                   choices=rows.choice_tokens)
+                out[start:start + len(rows)] = choice_logprobs(logits, rows.choice_tokens)
+        finally:
+            for name, tensors in current.items():
+                model.import_adapter(name, tensors)
+        return out
+
+    def save(self, checkpoint: Path, model: MultiAgentLoRAModel) -> None:
+        for name, tensors in self.tensors.items():
+            write_peft_folder(checkpoint / "magnet" / name, tensors, model.peft_config(name))
+
+    def state_dict(self) -> dict:
+        return {"taken_at": self.taken_at}
+
+    def load(self, checkpoint: Path, state: dict | None) -> None:
+        from safetensors.torch import load_file
+
+        if state is None or state.get("taken_at") is None:
+            return
+        self.tensors = {name: load_file(str(checkpoint / "magnet" / name / ADAPTER_WEIGHTS))
+                        for name in self.agent_names}
+        self.taken_at = state["taken_at"]
+
+
+def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoRAModel,
+                  batch: TrajectoryBatch, step: int, temperature: float,
+                  baselines: RunningBaselines | None, magnet: SnapshotMagnet | None,
+                  ) -> tuple[TrajectoryBatch, dict[str, dict[str, float]]]:
+    """Advantages, then one update of every agent with rows; (the batch with its advantages
+    and returns, for the critics; per-agent metrics). ``zero_adv_fraction`` is counted over
+    every row, before ``advantage.drop_zero_advantage`` drops them from the policy update."""
+    batch = compute_advantages(batch, cfg.advantage, baselines)
+    zero_rows = zero_advantage_rows(batch)
+    zero = zero_advantage_shares(zero_rows, batch.agent_id, model.agent_names)
+    policy_batch = batch.select(~zero_rows) if cfg.advantage.drop_zero_advantage else batch
+    if magnet is not None and policy_batch.choice_tokens is not None:
+        magnet.maybe_refresh(model, step)
+        policy_batch = policy_batch.with_fields(magnet_logprobs=magnet.logprobs(
+            model, policy_batch, temperature, cfg.trainer.forward_rows))
+    if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
+        per_agent = happo_update(trainer, model, policy_batch, cfg.seed, step, temperature,
+                                 cfg.trainer.forward_rows, cfg.advantage.happo_factor_clip)
+    else:
+        per_agent = trainer.train_step(policy_batch)
+    for name, shares in zero.items():
+        per_agent.setdefault(name, {})["zero_adv_fraction"] = shares["zero_adv_fraction"]
+        if cfg.advantage.drop_zero_advantage:
+            per_agent[name]["dropped_rows"] = shares["zero_adv_rows"]
+    return batch, per_agent
+
+
+__all__ = ["SnapshotMagnet", "update_agents"]
