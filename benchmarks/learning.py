@@ -45,6 +45,9 @@ RECIPES = {
     # baseline in that seat, instead of GRPO's group mean (zero once a group's returns agree).
     "kuhn_rae": ("examples/kuhn_poker", "multi_agent_kuhn_poker", [
         "rollout.max_turns=4", "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
+    # The shipped recipe (examples/kuhn_poker/nash.yaml): RAE plus an entropy bonus on the
+    # distribution over legal moves.
+    "kuhn_nash": ("examples/kuhn_poker", "nash", []),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
         "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
@@ -79,17 +82,22 @@ def run_recipe(args, name: str) -> dict:
     from roll.pipeline.cli import load_config
 
     folder, config_name, extra = RECIPES[name]
-    # Under $OUT when set, so the metrics of a run cut off by a time limit still come back.
-    out = (Path(os.environ["OUT"], f"run_{name}") if os.environ.get("OUT")
+    # Under --run_dir (kept between device calls: add --override resume=latest to continue a
+    # run from its last checkpoint), else under $OUT when set, so the metrics of a run cut off
+    # by a time limit still come back.
+    run = f"run_{name}{args.tag}"
+    out = (Path(args.run_dir, run) if args.run_dir
+           else Path(os.environ["OUT"], run) if os.environ.get("OUT")
            else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
-    overrides = COMMON + extra + list(args.override) + [
+    overrides = COMMON + extra + [
         f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
         "model.dtype=float32", f"max_steps={args.steps}", f"eval.eval_steps={args.eval_every}",
         f"output_dir={out}",
     ]
     if args.tiny:
         overrides += ["rollout.num_groups=6", "eval.num_episodes=4"]
+    overrides += list(args.override)  # the caller's word is the last
     cfg = load_config(str(ROOT / folder), config_name, overrides)
     start = time.perf_counter()
     pipeline = AgenticPipeline(cfg)
@@ -116,7 +124,8 @@ def run_recipe(args, name: str) -> dict:
                     point[f"{agent}/{metric}"] = round(row[key], 4)
         curve.append(point)
         print(json.dumps({"recipe": name, **point}), flush=True)
-    result = {"recipe": name, "model": "tiny" if args.tiny else args.model, "steps": args.steps,
+    result = {"recipe": name + args.tag, "overrides": list(args.override),
+              "model": "tiny" if args.tiny else args.model, "steps": args.steps,
               "seconds": round(seconds, 1), "seconds_per_step": round(seconds / args.steps, 2),
               "curve": curve}
     if versus:
@@ -198,6 +207,9 @@ def main() -> None:
     parser.add_argument("--override", nargs="*", default=[],
                         help="extra Hydra overrides for every recipe (key=value)")
     parser.add_argument("--eval_every", type=int, default=20)
+    parser.add_argument("--run_dir", default=None,
+                        help="folder of the runs, kept between calls (resume=latest continues)")
+    parser.add_argument("--tag", default="", help="suffix of the run's name (variants)")
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
     args = parser.parse_args()
@@ -207,7 +219,7 @@ def main() -> None:
         summary["results"].append(run_recipe(args, name))
         text = json.dumps(summary, indent=2)
         if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "learning.json").write_text(text + "\n")
+            Path(os.environ["OUT"], f"learning{args.tag}.json").write_text(text + "\n")
     print(text)
 
 

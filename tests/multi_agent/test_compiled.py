@@ -17,7 +17,7 @@ import torch
 
 from roll.multi_agent.compiled import compile_count, decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.trainer import MultiAgentTrainer, behaviour_logprobs
+from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
 
 from .helpers import make_rows, make_team
 
@@ -54,8 +54,7 @@ def _passes(model, trainer, batch):
                                trainer.config.forward_rows, trainer.config.kl_coef > 0)
     minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
              for i, name in enumerate(model.agent_names)}
-    sums = {name: dict.fromkeys(("loss", "policy_loss", "kl_ref", "entropy", "clip_frac",
-                                 "approx_kl", "grad_norm"), 0.0) for name in minis}
+    sums = {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in minis}
     trainer._backward(batch, minis, sums)
     grads = {name: [grad.clone() for grad in model.agent_gradients(name)]
              for name in model.agent_names}

@@ -12,7 +12,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.trainer import MultiAgentTrainer, behaviour_logprobs
+from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
 
 from .helpers import make_rows, make_team
 
@@ -196,9 +196,7 @@ def _round_gradients(path, fused, batch):
                                reference=config.kl_coef > 0)
     minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
              for i, name in enumerate(model.agent_names)}
-    trainer._backward(batch, minis, {name: dict.fromkeys(("loss", "policy_loss", "kl_ref",
-                                                          "entropy", "clip_frac", "approx_kl",
-                                                          "grad_norm"), 0.0) for name in minis})
+    trainer._backward(batch, minis, {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in minis})
     return {name: [p.grad.clone() for p in model.agent_parameters(name)]
             for name in model.agent_names}
 

@@ -1,0 +1,95 @@
+"""The policy over legal moves under constrained decoding: branching points, entropy and KL to a
+magnet, against numbers computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from roll.algorithms.choices import (
+    choice_entropy,
+    choice_kl,
+    choice_logprobs,
+    uniform_logprobs,
+)
+from roll.inference.constrained import CompletionTrie
+
+
+def test_branch_points_of_a_two_level_tree():
+    # Three legal answers: [5, 7, 9], [5, 8, 9], [6, 9]. Root chooses 5 or 6 (2 answers below
+    # 5, 1 below 6); after 5 a choice of 7 or 8; everything else is forced.
+    trie = CompletionTrie([[5, 7, 9], [5, 8, 9], [6, 9]])
+    assert trie.branch_points([5, 8, 9]) == [(0, [5, 6], [2, 1]), (1, [7, 8], [1, 1])]
+    assert trie.branch_points([6, 9]) == [(0, [5, 6], [2, 1])]
+    # An engine that dropped the last token: the points up to there.
+    assert trie.branch_points([5, 7]) == [(0, [5, 6], [2, 1]), (1, [7, 8], [1, 1])]
+    # One legal answer: no choice anywhere.
+    assert CompletionTrie([[1, 2, 3]]).branch_points([1, 2, 3]) == []
+
+
+def _row(points: list[tuple[int, list[float], list[int]]], length: int = 4, width: int = 3):
+    """(logits, tokens) of one row (1, T, C) with the given points: (position, logits of the
+    legal tokens, legal token ids)."""
+    logits = torch.zeros(1, length, width)
+    tokens = torch.full((1, length, width), -1, dtype=torch.long)
+    for position, values, ids in points:
+        logits[0, position, :len(values)] = torch.tensor(values)
+        tokens[0, position, :len(ids)] = torch.tensor(ids)
+    return logits, tokens
+
+
+def test_entropy_over_legal_moves_by_hand():
+    # One point with logits (ln 3, 0): p = (3/4, 1/4); H = -(3/4 ln 3/4 + 1/4 ln 1/4).
+    logits, tokens = _row([(2, [math.log(3.0), 0.0], [11, 12])])
+    logp = choice_logprobs(logits, tokens)
+    assert logp[0, 2, :2].exp().tolist() == pytest.approx([0.75, 0.25])
+    expected = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))  # 0.5623
+    assert choice_entropy(logp, tokens).tolist() == pytest.approx([expected])
+    # Two points on the path (a two-level tree): the sum, 0.5623 + ln 3 (uniform over three).
+    logits, tokens = _row([(1, [math.log(3.0), 0.0], [11, 12]), (2, [0.0, 0.0, 0.0], [4, 5, 6])])
+    assert choice_entropy(choice_logprobs(logits, tokens), tokens).tolist() == pytest.approx(
+        [expected + math.log(3.0)])
+    # No point: 0, never NaN.
+    logits, tokens = _row([])
+    assert choice_entropy(choice_logprobs(logits, tokens), tokens).tolist() == [0.0]
+
+
+def test_kl_to_the_uniform_magnet_by_hand():
+    # Point 1: p = (3/4, 1/4), and 2 legal answers lie below the first token, 1 below the
+    # second: the uniform policy over MOVES is (2/3, 1/3) there, not (1/2, 1/2).
+    logits, tokens = _row([(1, [math.log(3.0), 0.0], [11, 12])])
+    leaves = torch.zeros(1, 4, 3)
+    leaves[0, 1, :2] = torch.tensor([2.0, 1.0])
+    magnet = uniform_logprobs(leaves, tokens)
+    assert magnet[0, 1, :2].exp().tolist() == pytest.approx([2 / 3, 1 / 3])
+    kl = 0.75 * math.log(0.75 / (2 / 3)) + 0.25 * math.log(0.25 / (1 / 3))  # 0.01643
+    assert choice_kl(choice_logprobs(logits, tokens), magnet, tokens).tolist() == pytest.approx(
+        [kl])
+    # Where the magnet is uniform over the point's tokens, KL = ln k - H.
+    leaves[0, 1, :2] = 1.0
+    magnet = uniform_logprobs(leaves, tokens)
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert choice_kl(choice_logprobs(logits, tokens), magnet, tokens).tolist() == pytest.approx(
+        [math.log(2.0) - h])
+
+
+def test_gradients_reach_only_the_legal_logits_and_match_the_hand_derivative():
+    # dH/dz_i = -p_i (log p_i + H) for the renormalised distribution p = softmax(z).
+    z = torch.tensor([0.3, -0.2])
+    logits, tokens = _row([(0, z.tolist(), [3, 4])])
+    logits.requires_grad_(True)
+    h = choice_entropy(choice_logprobs(logits, tokens), tokens).sum()
+    h.backward()
+    p = torch.softmax(z, -1)
+    expected = -p * (p.log() + h.detach())
+    assert logits.grad[0, 0, :2].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+    assert logits.grad[0, 0, 2] == 0 and logits.grad[0, 1:].abs().sum() == 0
+    # The magnet is a constant: its log-probs get no gradient.
+    logits.grad = None
+    magnet = torch.log(torch.tensor([0.5, 0.5, 1.0])).expand(1, 4, 3).clone().requires_grad_(True)
+    choice_kl(choice_logprobs(logits, tokens), magnet, tokens).sum().backward()
+    assert magnet.grad is None or magnet.grad.abs().sum() == 0
+    # dKL/dz_i (uniform magnet over 2) = -dH/dz_i.
+    assert logits.grad[0, 0, :2].tolist() == pytest.approx((-expected).tolist(), abs=1e-6)

@@ -1,0 +1,150 @@
+"""The legal-move regularisers in a run (trainer.action_entropy_coef, trainer.magnet_coef):
+what the trainer measures equals an independent computation, the loss holds exactly the terms
+it should, a snapshot magnet survives resume bit-exactly, and bad settings are refused before
+any model loads."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import CLIError, load_config
+from roll.pipeline.policy_update import update_agents
+
+ROOT = Path(__file__).resolve().parents[2]
+KUHN = str(ROOT / "examples" / "kuhn_poker")
+BASE = ["rollout.num_groups=4", "eval.eval_steps=0", "tracking.backends=[jsonl]"]
+
+
+def _config(out: Path, *extra: str):
+    return load_config(KUHN, "quickstart_cpu", BASE + [f"output_dir={out}", *extra])
+
+
+def _independent_entropy(model, turn, agent: int, temperature: float) -> float:
+    """H over the legal moves of one Kuhn turn from the full-vocabulary log-probs of each
+    legal token at the turn's one branching point (model.logprobs: log-softmax over the whole
+    vocabulary, then renormalised here by hand)."""
+    (offset, legal, _), = turn.choices
+    prefix = turn.prompt_ids + turn.response_ids[:offset]
+    ids = torch.tensor([prefix + [token] for token in legal])
+    positions = torch.zeros(ids.shape, dtype=torch.bool)
+    positions[:, -1] = True
+    logp = model.logprobs(ids, torch.ones_like(ids), torch.full((len(legal),), agent),
+                          positions=positions, temperature=temperature)[:, -1].double()
+    p = torch.softmax(logp, 0)  # renormalised over the legal tokens
+    return float(-(p * p.log()).sum())
+
+
+def test_action_entropy_and_magnet_terms_equal_an_independent_computation(tmp_path):
+    cfg = _config(tmp_path / "run", "trainer.action_entropy_coef=0.05",
+                  "trainer.magnet_coef=0.1", "max_steps=1")
+    pipeline = AgenticPipeline(cfg)
+    scheduler = pipeline.scheduler(pipeline.train_seatings, evaluation=False)
+    result = pipeline.synced_rollout(scheduler, 123, _Quiet(), "episodes")[0]
+    batch = result.batch
+    # Each Kuhn row has exactly one branching point, and it holds the token that was played.
+    at = (batch.choice_tokens >= 0).sum(-1) >= 2  # (B, T)
+    assert at.sum(-1).tolist() == [1] * len(batch)
+    played = batch.input_ids[at]
+    assert (batch.choice_tokens[at] == played[:, None]).any(-1).all()
+    assert batch.choice_leaves[at][:, :2].tolist() == [[1.0, 1.0]] * len(batch)  # Pass, Bet
+    expected = {}
+    trained = [t for t in result.turns if t.trained_agent is not None]
+    for index, name in enumerate(pipeline.agent_names):
+        own = [_independent_entropy(pipeline.model, t, index, pipeline.policy_temperature)
+               for t in trained if t.trained_agent == name]
+        expected[name] = sum(own) / len(own)
+    _, metrics = update_agents(cfg, pipeline.trainer, pipeline.model, batch, 1,
+                               pipeline.policy_temperature, None, None)
+    for name in pipeline.agent_names:
+        m = metrics[name]
+        assert m["action_entropy"] == pytest.approx(expected[name], abs=1e-5)
+        assert 0.0 < m["action_entropy"] < math.log(2.0)
+        # The uniform magnet over Kuhn's two moves: KL = ln 2 - H, exactly.
+        assert m["magnet_kl"] == pytest.approx(math.log(2.0) - m["action_entropy"], abs=1e-6)
+        # One mini-batch: the loss is the policy loss minus the bonus plus the magnet term.
+        assert m["loss"] == pytest.approx(
+            m["policy_loss"] - 0.05 * m["action_entropy"] + 0.1 * m["magnet_kl"], abs=1e-6)
+
+
+def test_action_entropy_is_logged_with_every_coefficient_at_zero(tmp_path):
+    metrics = AgenticPipeline(_config(tmp_path / "run", "max_steps=1")).run()
+    for name in ("agent_0", "agent_1"):
+        assert 0.0 < metrics[f"{name}/action_entropy"] <= math.log(2.0) + 1e-6
+        assert f"{name}/magnet_kl" not in metrics
+
+
+@pytest.mark.slow
+def test_snapshot_magnet_survives_a_checkpoint_bit_exactly(tmp_path):
+    """trainer.magnet=snapshot, refreshed every 2 steps (steps 1 and 3): a run resumed from
+    its step-2 checkpoint holds the magnet taken at step 1, not the adapters it resumed with,
+    and ends step 3 with the adapters of the run that never stopped, bit for bit."""
+    extra = ["trainer.magnet_coef=0.5", "trainer.magnet=snapshot", "trainer.magnet_refresh=2",
+             "save_steps=2", "keep_last=5"]
+
+    def run(out: Path, steps: int, *more: str) -> AgenticPipeline:
+        pipeline = AgenticPipeline(_config(out, *extra, f"max_steps={steps}", *more))
+        pipeline.run()
+        return pipeline
+
+    straight = run(tmp_path / "straight", 3)
+    stopped = run(tmp_path / "stopped", 2)
+    assert stopped.magnet.taken_at == 1
+    resumed = AgenticPipeline(_config(tmp_path / "stopped", *extra, "max_steps=3",
+                                      "resume=latest"))
+    resumed._maybe_resume()
+    assert resumed.magnet.taken_at == 1
+    for name in resumed.agent_names:
+        for key, value in stopped.magnet.tensors[name].items():
+            assert torch.equal(resumed.magnet.tensors[name][key], value)
+        # The magnet is the step-1 adapter, not the step-2 one the run resumed with.
+        now = resumed.model.export_adapter(name)
+        assert any(not torch.equal(now[k], v) for k, v in resumed.magnet.tensors[name].items())
+    resumed.run()
+    assert straight.magnet.taken_at == resumed.magnet.taken_at == 3
+    for name in straight.agent_names:
+        a, b = straight.model.export_adapter(name), resumed.model.export_adapter(name)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("trainer.action_entropy_coef=-0.1", "trainer.action_entropy_coef"),
+    ("trainer.magnet_coef=-1", "trainer.magnet_coef"),
+    ("trainer.magnet_refresh=0", "trainer.magnet_refresh"),
+    ("trainer.magnet=nash", "trainer.magnet"),
+])
+def test_bad_regulariser_settings_are_refused_naming_the_key(tmp_path, override, key):
+    # load_config validates: the one-line error, before any model loads.
+    with pytest.raises(CLIError, match=key.replace(".", r"\.")):
+        _config(tmp_path / "run", override)
+
+
+def test_legal_move_terms_need_constrained_decoding(tmp_path):
+    with pytest.raises(CLIError, match=r"trainer\.action_entropy_coef.*constrained"):
+        _config(tmp_path / "run", "trainer.action_entropy_coef=0.05",
+                "rollout.constrained_decoding=false")
+
+
+def test_a_normalisation_that_pools_one_agents_seats_is_refused(tmp_path):
+    # One agent in both seats of a zero-sum game: normalising its advantages by agent would
+    # centre its seat-0 wins against its seat-1 losses.
+    self_play = ["team.num_agents=1", "env.seat_to_agent=[[agent_0,agent_0]]",
+                 "advantage.estimator=rae", "advantage.norm=whiten"]
+    with pytest.raises(CLIError, match=r"advantage\.norm_by.*seats \[0, 1\]"):
+        _config(tmp_path / "a", *self_play)
+    with pytest.raises(CLIError, match=r"advantage\.norm_by"):
+        _config(tmp_path / "b", *self_play, "advantage.norm_by=agent_group")
+    # Per seat, or with no normalisation, the baselines stay apart: accepted.
+    assert _config(tmp_path / "c", *self_play, "advantage.norm_by=agent_seat").team.num_agents == 1
+    assert _config(tmp_path / "d", *self_play[:-1]).advantage.norm == "none"
+
+
+class _Quiet:
+    """The tracker's progress hook, silent."""
+
+    def progress(self, done: int, total: int, what: str) -> None:
+        pass
