@@ -164,6 +164,7 @@ def _plot(result: dict, folder: Path) -> None:
     except ImportError:
         result["plot"] = "matplotlib not installed"
         return
+    folder.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [p["step"] for p in result["curve"]]
     exact = any("agent_0/exploitability" in p for p in result["curve"])
@@ -219,6 +220,7 @@ def main() -> None:
         summary["results"].append(run_recipe(args, name))
         text = json.dumps(summary, indent=2)
         if os.environ.get("OUT"):
+            Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
             Path(os.environ["OUT"], f"learning{args.tag}.json").write_text(text + "\n")
     print(text)
 
