@@ -55,7 +55,7 @@ def main() -> None:
         tokenizer=tokenizer,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens),
         action=ActionConfig(),
-        config=RolloutConfig(num_groups=args.games, group_size=1, max_turns=64,
+        config=RolloutConfig(num_groups=args.games, group_size=1, shared_deals=True, max_turns=64,
                              max_prompt_tokens=2048, constrained_decoding=args.constrained,
                              enable_thinking=False, continuous=True),
     )

@@ -183,6 +183,7 @@ class AgenticPipeline:
                 cfg.eval.num_episodes * len(seatings) if evaluation else cfg.rollout.num_groups
             ),
             group_size=1 if evaluation else cfg.rollout.group_size,
+            shared_deals=cfg.rollout.shared_deals,
             max_turns=cfg.rollout.max_turns,
             max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             constrained_decoding=cfg.rollout.constrained_decoding,

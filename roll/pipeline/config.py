@@ -165,6 +165,11 @@ class RolloutSchema:
     """Seeds per step (GRPO groups); group g uses seating g mod (number of seatings)."""
     group_size: int = 4
     """Episodes per seed (GRPO compares the episodes of a group: >= 2 with GRPO)."""
+    shared_deals: bool = True
+    """The episodes of a group share the deal, the chance outcomes and the built-in opponents'
+    randomness, so their returns differ only through the agents' choices (GRPO's comparison).
+    False: every episode draws its own (independent deals; a GRPO group then compares
+    different deals, a batch baseline per seat)."""
     max_turns: int = 32
     """LLM turns per episode before it is cut off."""
     max_prompt_tokens: int = 1024

@@ -63,6 +63,7 @@ def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, si
         sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
         action=ActionConfig(format_penalty=penalty, fallback=fallback),
         config=RolloutConfig(num_groups=groups, group_size=size, max_turns=64,
+                             shared_deals=options.pop("shared_deals", True),
                              max_prompt_tokens=2048, constrained_decoding=constrained,
                              enable_thinking=options.pop("enable_thinking", False),
                              continuous=True, critic_view=options.pop("critic_view", False)),
@@ -129,6 +130,30 @@ def test_mixed_adapters_share_one_call_when_seats_differ(team_engine):
     first_prompts = {tuple(t.prompt_ids) for t in result.turns
                      if t.trained_agent == "bob" and t.turn_index == 0}
     assert len(first_prompts) == 1
+
+
+def test_independent_deals_give_each_episode_of_a_group_its_own_deal(team_engine):
+    """rollout.shared_deals=false: members of a group draw their own deals and opponents'
+    randomness (Kuhn: each episode's own cards); true (default): one deal per group."""
+    _, engine, tokenizer = team_engine
+
+    def deals(shared: bool) -> list[set[tuple[str, ...]]]:
+        scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [["alice", "random"]],
+                               groups=2, size=8, shared_deals=shared)
+        result = scheduler.rollout(seed=3)
+        firsts = {}  # episode -> alice's first prompt (it shows her card)
+        for turn in result.turns:
+            if turn.turn_index == 0:
+                firsts[turn.env_index] = tokenizer.decode(turn.prompt_ids)
+        groups: list[set[tuple[str, ...]]] = [set(), set()]
+        for episode in result.episodes:
+            card = firsts[episode.env_index].split("Your card: ")[1][0]
+            groups[episode.group].add(card)
+        return groups
+
+    assert [len(cards) for cards in deals(shared=True)] == [1, 1]
+    # 8 independent deals of J, Q, K: all one card has probability 3 * (1/3)^8 < 0.001.
+    assert all(len(cards) > 1 for cards in deals(shared=False))
 
 
 def test_same_seed_same_rollout(team_engine):
@@ -320,7 +345,8 @@ def test_cooperative_game_reports_the_team_score_not_win_rates(team_engine):
         agent_names=AGENTS, engine=engine, tokenizer=tokenizer,
         sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
         action=ActionConfig(),
-        config=RolloutConfig(num_groups=2, group_size=2, max_turns=6, max_prompt_tokens=4096,
+        config=RolloutConfig(num_groups=2, group_size=2, shared_deals=True, max_turns=6,
+                             max_prompt_tokens=4096,
                              constrained_decoding=True, enable_thinking=False, continuous=True),
         cooperative=True,
     )

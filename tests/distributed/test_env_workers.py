@@ -43,7 +43,8 @@ def _scheduler(engine, tokenizer, game: str, seatings, episodes=None) -> Rollout
         # Unconstrained: the tiny model's garbage exercises format errors, penalties and the
         # random fallback (drawn from the episode's own random stream, wherever it lives).
         action=ActionConfig(format_penalty=0.5, fallback="random"),
-        config=RolloutConfig(num_groups=3, group_size=2, max_turns=64, max_prompt_tokens=2048,
+        config=RolloutConfig(num_groups=3, group_size=2, shared_deals=True, max_turns=64,
+                             max_prompt_tokens=2048,
                              constrained_decoding=False, enable_thinking=False,
                              continuous=True),
         episodes=episodes)

@@ -64,6 +64,9 @@ class EpisodeSpec:
     rollout_seed: int
     item: int | None = None
     """Team tasks: the dataset item of the episode's group (None for games)."""
+    member: int | None = None
+    """Independent deals (``RolloutConfig.shared_deals=False``): the episode's index in its
+    group, which seeds its own opponent randomness; None: the group's, shared."""
 
 
 @dataclass
@@ -117,8 +120,10 @@ class Episode:
             self.env.reset(spec.seed, item=spec.item)
         # Seeded by the group, not the episode: the members of a GRPO group face the same chance
         # outcomes AND the same opponent randomness, so their returns differ only through what
-        # the trained agents chose (a much less noisy group baseline).
-        self.rng = np.random.default_rng([spec.rollout_seed, spec.group])
+        # the trained agents chose (a much less noisy group baseline) -- unless deals are
+        # independent (spec.member set).
+        self.rng = np.random.default_rng(
+            [spec.rollout_seed, spec.group] + ([] if spec.member is None else [spec.member]))
         self.opponents = {}
         for seat, seat_spec in enumerate(spec.seating.seats):
             if not seat_spec.uses_llm:

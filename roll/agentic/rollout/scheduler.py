@@ -60,7 +60,12 @@ class RolloutConfig:
     num_groups: int
     """Distinct seeds per rollout (GRPO groups)."""
     group_size: int
-    """Episodes per group; they share the seed (same deal, same chance outcomes)."""
+    """Episodes per group; they share the seed (same deal, same chance outcomes) unless
+    ``shared_deals`` is False."""
+    shared_deals: bool
+    """True: a group's episodes share the deal, the chance outcomes and the built-in opponents'
+    randomness (GRPO's comparison of choices alone). False: every episode draws its own; a
+    group then ties only the seating (and a team task's item)."""
     max_turns: int
     """LLM turns per episode before it is cut off (counted as truncated, not as an error)."""
     max_prompt_tokens: int
@@ -150,17 +155,20 @@ class RolloutScheduler:
         self, seed: int, progress: Callable[[int, int], None] | None = None,
         items: Sequence[int] | None = None,
     ) -> RolloutResult:
-        """Play one batch of episodes. Group ``g`` uses env seed ``seed * 100_003 + g`` and,
+        """Play one batch of episodes. Group ``g`` uses env seed ``seed * 100_003 + g`` (with
+        independent deals, member m of group g: ``seed * 100_003 + G + g * size + m``) and,
         for a team task, dataset item ``items[g]`` (one per group)."""
         cfg = self.config
         self.counters.reset()
         if items is not None and len(items) != cfg.num_groups:
             raise ValueError(f"rollout: {len(items)} dataset items for {cfg.num_groups} groups")
         specs = [
-            EpisodeSpec(group, seed * 100_003 + group,
+            EpisodeSpec(group, seed * 100_003 + group if cfg.shared_deals
+                        else seed * 100_003 + cfg.num_groups + group * cfg.group_size + member,
                         self.seatings[group % len(self.seatings)], seed,
-                        None if items is None else int(items[group]))
-            for group in range(cfg.num_groups) for _ in range(cfg.group_size)
+                        None if items is None else int(items[group]),
+                        None if cfg.shared_deals else member)
+            for group in range(cfg.num_groups) for member in range(cfg.group_size)
         ]
         setup = EpisodeSetup(self.env_factory, self.render, self.action, cfg.max_turns,
                              cfg.critic_view)
