@@ -108,21 +108,8 @@ def run_recipe(args, name: str) -> dict:
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
     seconds = time.perf_counter() - start
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = []
-    for row in rows:
-        if "time/eval" not in row:  # not an evaluation step
-            continue
-        point = {"step": row["step"]}
-        for key in ("team/score", "team/score_low", "team/score_high"):
-            if f"eval/{key}" in row:
-                point[key] = round(row[f"eval/{key}"], 4)
-        for agent in ("agent_0", "agent_1"):
-            for metric in METRICS:
-                key = f"eval/{agent}/{metric}"
-                if key in row:
-                    point[f"{agent}/{metric}"] = round(row[key], 4)
-        curve.append(point)
+    curve = curve_of(out / "metrics.jsonl")
+    for point in curve:
         print(json.dumps({"recipe": name, **point}), flush=True)
     result = {"recipe": name + args.tag, "overrides": list(args.override),
               "model": "tiny" if args.tiny else args.model, "steps": args.steps,
@@ -133,6 +120,49 @@ def run_recipe(args, name: str) -> dict:
         print(json.dumps({"recipe": name, f"vs_mcts{args.vs_mcts}": versus}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
+
+
+def curve_of(metrics_file: Path) -> list[dict]:
+    """The evaluation points of a run's ``metrics.jsonl`` (a resumed run appends the steps it
+    replays after its checkpoint: the last record of each step counts), with each agent's
+    legal-move entropy of the training step beside them."""
+    rows = {}
+    for line in metrics_file.read_text().splitlines():
+        row = json.loads(line)
+        rows[row["step"]] = row
+    curve = []
+    for step in sorted(rows):
+        row = rows[step]
+        if "time/eval" not in row:  # not an evaluation step
+            continue
+        point = {"step": step}
+        for key in ("team/score", "team/score_low", "team/score_high"):
+            if f"eval/{key}" in row:
+                point[key] = round(row[f"eval/{key}"], 4)
+        for agent in ("agent_0", "agent_1"):
+            for metric in METRICS:
+                key = f"eval/{agent}/{metric}"
+                if key in row:
+                    point[f"{agent}/{metric}"] = round(row[key], 4)
+            if f"{agent}/action_entropy" in row:
+                point[f"{agent}/action_entropy"] = round(row[f"{agent}/action_entropy"], 4)
+        curve.append(point)
+    return curve
+
+
+def summarize(files: list[str], model: str) -> list[dict]:
+    """Curves (JSON + PNG under $OUT or beside each file) of runs cut off before their end,
+    from their metrics files: ``--from_metrics runs/x/metrics.jsonl ...``."""
+    results = []
+    for file in files:
+        path = Path(file)
+        name = path.stem.removeprefix("metrics").strip("_") or path.parent.name
+        curve = curve_of(path)
+        result = {"recipe": name, "model": model, "steps": curve[-1]["step"] if curve else 0,
+                  "curve": curve}
+        _plot(result, Path(os.environ.get("OUT", path.parent)))
+        results.append(result)
+    return results
 
 
 def _versus(pipeline, opponent: str, out: Path) -> dict:
@@ -213,7 +243,12 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the run's name (variants)")
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
+    parser.add_argument("--from_metrics", nargs="+", default=None,
+                        help="no training: curves and plots of these metrics.jsonl files")
     args = parser.parse_args()
+    if args.from_metrics:
+        print(json.dumps(summarize(args.from_metrics, args.model), indent=2))
+        return
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": device, "torch": torch.__version__, "results": []}
     for name in args.recipes:  # written after each recipe, so a cut-off run keeps the rest
