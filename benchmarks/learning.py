@@ -48,6 +48,7 @@ RECIPES = {
     # The shipped recipe (examples/kuhn_poker/nash.yaml): RAE plus an entropy bonus on the
     # distribution over legal moves.
     "kuhn_nash": ("examples/kuhn_poker", "nash", []),
+    "leduc_nash": ("examples/leduc_poker", "nash", []),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
         "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
