@@ -20,6 +20,10 @@ AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KlKind = Literal["k1", "k2", "k3"]
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+K3_LOG_RATIO_BOUND = 20.0
+"""k3 takes log(ref / policy) clamped to [-20, 20] (as verl's low-variance KL)."""
+K3_BOUND = 10.0
+"""k3 per token is at most 10 nats (as verl's): beyond it the term stops pulling."""
 
 
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
@@ -183,7 +187,8 @@ def kl_per_token(
     Samples come from the policy; with log r = ref_logprobs - logprobs (Schulman, "Approximating
     KL divergence", 2020): ``"k1"`` = -log r = logprobs - ref_logprobs (unbiased, can be < 0);
     ``"k2"`` = 0.5 (log r)^2 (biased, >= 0; as a loss its gradient is the KL's own gradient in
-    expectation); ``"k3"`` = (r - 1) - log r (unbiased, >= 0, lower variance; GRPO's KL term).
+    expectation); ``"k3"`` = (r - 1) - log r (unbiased, >= 0, lower variance; GRPO's KL term),
+    with log r clamped to [-20, 20] and the value to <= 10 (``K3_*_BOUND``).
     As a LOSS, k1 is useless: its gradient is grad log pi, whose expectation under the policy's
     samples is 0 (the trainer config refuses it); it is meant for reward penalties.
     """
@@ -194,7 +199,13 @@ def kl_per_token(
         return -log_ref_ratio
     if kind == "k2":
         return 0.5 * log_ref_ratio.square()
-    return _masked(torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio, mask)
+    # k3 grows like exp(log r): a token the policy has all but ruled out (log-prob -95, which
+    # constrained decoding can force) against a reference at -1 would give exp(94), an inf loss
+    # and gradient. Bounded as verl bounds it: log r to [-K3_LOG_RATIO_BOUND, +bound], then the
+    # value to at most K3_BOUND (no gradient beyond either bound).
+    log_ref_ratio = log_ref_ratio.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    value = (torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio).clamp(max=K3_BOUND)
+    return _masked(value, mask)
 
 
 def kl_loss(

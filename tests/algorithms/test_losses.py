@@ -302,3 +302,30 @@ def test_clipped_value_loss_by_hand():
     assert unclipped.item() == pytest.approx(0.5 * (0.81 + 0.25 + 4 + 0.25) / 4)
     with pytest.raises(ValueError, match="value clip must be > 0"):
         value_loss(values, old_values, returns, mask, clip=0.0)
+
+
+def test_k3_is_bounded_where_a_forced_token_would_make_it_infinite():
+    """log-prob -95 against a reference at -1 (constrained decoding can force such a token):
+    unclamped, k3 = exp(94) - 1 - 94 = inf in float32. Clamped: log r to 20, the value to 10."""
+    mask = torch.ones(1, 3)
+    logprobs = torch.tensor([[-95.0, -1.0, -3.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -3.0, -1.0]])
+    k3 = kl_per_token(logprobs, ref, mask, "k3")
+    # Inside the bounds the value is unchanged: log r = -2: e^-2 + 1 = 1.1353; log r = 2:
+    # e^2 - 3 = 4.3891.
+    assert k3[0].tolist() == pytest.approx([10.0, math.exp(-2.0) + 1.0, math.exp(2.0) - 3.0],
+                                           rel=1e-5)
+    kl_loss(logprobs, ref, mask, beta=1.0, kind="k3", agg="token-mean").backward()
+    grad = logprobs.grad[0]
+    assert torch.isfinite(grad).all()
+    assert grad[0] == 0.0  # beyond the bound the term no longer pulls
+    # d k3 / d logprob = 1 - r, r = exp(ref - logprob), over 3 tokens (token-mean).
+    assert grad[1:].tolist() == pytest.approx([(1 - math.exp(-2.0)) / 3, (1 - math.exp(2.0)) / 3],
+                                              rel=1e-5)
+    # Around the value bound (10): log r = 2.5 and 2.6 inside, 2.7 beyond.
+    at = kl_per_token(torch.tensor([[0.0]]), torch.tensor([[2.5]]), torch.ones(1, 1), "k3")
+    assert at.item() == pytest.approx(min(10.0, math.exp(2.5) - 1 - 2.5))  # 8.6825, inside
+    over = kl_per_token(torch.tensor([[0.0]]), torch.tensor([[2.6]]), torch.ones(1, 1), "k3")
+    assert over.item() == pytest.approx(min(10.0, math.exp(2.6) - 1 - 2.6))  # 9.8637, inside
+    beyond = kl_per_token(torch.tensor([[0.0]]), torch.tensor([[2.7]]), torch.ones(1, 1), "k3")
+    assert beyond.item() == 10.0  # exp(2.7) - 3.7 = 11.18 > 10
