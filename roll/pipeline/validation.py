@@ -84,6 +84,12 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
 
 def _check_compile(cfg: PipelineConfig) -> None:
     """trainer.compile's needs (roll/multi_agent/compiled.py)."""
+    import torch._dynamo
+
+    backends = [b for b in torch._dynamo.list_backends(exclude_tags=()) if "TESTING" not in b]
+    if cfg.trainer.compile_backend not in backends:
+        raise ConfigError("trainer.compile_backend", cfg.trainer.compile_backend,
+                          f"is not a torch.compile backend here ({', '.join(sorted(backends))})")
     if not cfg.trainer.compile:
         return
     if cfg.actor_train.strategy != "torch":
@@ -189,8 +195,16 @@ CRITIC_ESTIMATORS = {"gae": ("per_agent", "shared"), "ippo": ("per_agent",),
 
 def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
     """critic.* values, and that critics exist exactly when the estimator reads values."""
+    from roll.multi_agent.critics import critic_agents
+
     critic, estimator = cfg.critic, cfg.advantage.estimator
     critic.validate(model_modules)
+    agents = cfg.team.agent_names
+    for critic_name in (c.name for c in critic_agents(critic, agents)):
+        if critic_name in agents:
+            raise ConfigError(f"team.agents[{agents.index(critic_name)}].name", critic_name,
+                              f"is also the name of a critic of critic.mode={critic.mode} "
+                              "(an adapter of its own on the same base); rename the agent")
     needs = CRITIC_ESTIMATORS.get(estimator)
     if needs is not None and critic.mode not in needs:
         raise ConfigError("critic.mode", critic.mode,

@@ -91,6 +91,13 @@ BAD = [
      ("trainer.compile=True", "dropout 0.1")),
     (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
      ("trainer.compile=True", "actor_train.strategy=torch only")),
+    # Refused before any model loads (they used to fail after it):
+    (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
+    (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",
+      "advantage.estimator=ippo", "critic.mode=per_agent"],
+     ("team.agents[0].name='critic_bob'", "critic")),
+    (["team.agents=[{name:critic},{name:bob}]", "env.seat_to_agent=[critic,bob]",
+      "advantage.estimator=mappo", "critic.mode=shared"], "team.agents[0].name='critic'"),
 ]
 if importlib.util.find_spec("vllm") is not None:  # without vllm, rollout.engine=vllm is refused
     BAD.append((["rollout.engine=vllm", "rollout.vllm.max_model_len=512"],
