@@ -41,6 +41,9 @@ class TrajectoryBatch:
     """(B,) long. Episodes sharing a seed/prompt share a group id (GRPO groups)."""
     turn: Tensor | None = None
     """(B,) long. Index of this turn within its trajectory (0, 1, ...)."""
+    truncated: Tensor | None = None
+    """(B,) bool. The row's episode was cut before the game ended (``rollout.max_turns``, or a
+    prompt longer than ``rollout.max_prompt_tokens``): its returns are not a game's result."""
     engine_logprobs: Tensor | None = None
     """(B, T) float. Log-probs the rollout engine reported for the tokens it sampled (written
     by the rollout; compared with ``old_logprobs`` as a check that the engine served the

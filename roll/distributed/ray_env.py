@@ -36,6 +36,9 @@ class EnvWorker:
     def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
         return self.host.play(index, text)
 
+    def cut(self, index: int) -> None:
+        self.host.cut(index)
+
     def outcomes(self) -> list[EpisodeOutcome]:
         return self.host.outcomes()
 
@@ -67,6 +70,11 @@ class RayEpisodes:
         worker = index % self.num_workers
         ref = self.workers[worker].play.remote(index // self.num_workers, text)
         return self.actors.get([ref], "an env step", [worker])[0]
+
+    def cut(self, index: int) -> None:
+        worker = index % self.num_workers
+        ref = self.workers[worker].cut.remote(index // self.num_workers)
+        self.actors.get([ref], "an episode cut", [worker])
 
     def outcomes(self) -> list[EpisodeOutcome]:
         return self._merge(self.actors.get([worker.outcomes.remote()

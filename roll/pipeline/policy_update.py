@@ -97,7 +97,20 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
                   ) -> tuple[TrajectoryBatch, dict[str, dict[str, float]]]:
     """Advantages, then one update of every agent with rows; (the batch with its advantages
     and returns, for the critics; per-agent metrics). ``zero_adv_fraction`` is counted over
-    every row, before ``advantage.drop_zero_advantage`` drops them from the policy update."""
+    every row, before ``advantage.drop_zero_advantage`` drops them from the policy update.
+
+    Truncated episodes (cut at ``rollout.max_turns`` or by a prompt too long): without a critic
+    their partial returns would be scored as a finished game's, so their rows leave the step
+    (``<agent>/truncated_rows``) before any advantage or baseline sees them. With a critic
+    they stay (GAE bootstraps 0 at the cut: not yet the critic's value there)."""
+    cut = {}
+    if batch.values is None and batch.truncated is not None and bool(batch.truncated.any()):
+        counts = torch.bincount(batch.agent_id[batch.truncated], minlength=len(model.agent_names))
+        cut = {name: float(count) for name, count in zip(model.agent_names, counts.tolist(),
+                                                           strict=True) if count}
+        batch = batch.select(~batch.truncated)
+        if not len(batch):
+            return batch, {name: {"truncated_rows": rows} for name, rows in cut.items()}
     batch = compute_advantages(batch, cfg.advantage, baselines)
     zero_rows = zero_advantage_rows(batch)
     zero = zero_advantage_shares(zero_rows, batch.agent_id, model.agent_names)
@@ -111,6 +124,8 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
                                  cfg.trainer.forward_rows, cfg.advantage.happo_factor_clip)
     else:
         per_agent = trainer.train_step(policy_batch)
+    for name, rows in cut.items():
+        per_agent.setdefault(name, {})["truncated_rows"] = rows
     for name, shares in zero.items():
         per_agent.setdefault(name, {})["zero_adv_fraction"] = shares["zero_adv_fraction"]
         if cfg.advantage.drop_zero_advantage:

@@ -64,7 +64,8 @@ def _scheduler(engine, tokenizer, game, seatings, constrained=True, groups=3, si
         action=ActionConfig(format_penalty=penalty, fallback=fallback),
         config=RolloutConfig(num_groups=groups, group_size=size, max_turns=64,
                              shared_deals=options.pop("shared_deals", True),
-                             max_prompt_tokens=2048, constrained_decoding=constrained,
+                             max_prompt_tokens=options.pop("max_prompt_tokens", 2048),
+                             constrained_decoding=constrained,
                              enable_thinking=options.pop("enable_thinking", False),
                              continuous=True, critic_view=options.pop("critic_view", False)),
         **options,
@@ -154,6 +155,25 @@ def test_independent_deals_give_each_episode_of_a_group_its_own_deal(team_engine
     assert [len(cards) for cards in deals(shared=True)] == [1, 1]
     # 8 independent deals of J, Q, K: all one card has probability 3 * (1/3)^8 < 0.001.
     assert all(len(cards) > 1 for cards in deals(shared=False))
+
+
+def test_a_prompt_too_long_ends_its_episode_as_truncated_and_the_rollout_goes_on(team_engine):
+    """Kuhn: every first prompt fits, the longer prompt of seat 0's second turn (after "Pass,
+    Bet") does not: those episodes end there, truncated and counted; the others finish."""
+    _, engine, tokenizer = team_engine
+    full = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=4, size=4).rollout(seed=5)
+    limit = max(len(t.prompt_ids) for t in full.turns if t.turn_index == 0)
+    second = [t for t in full.turns if t.turn_index == 1]
+    assert second and all(len(t.prompt_ids) > limit for t in second)  # this seed has some
+    cut = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=4, size=4,
+                     max_prompt_tokens=limit).rollout(seed=5)
+    reached = {t.env_index for t in second}  # the episodes that had a second turn to take
+    assert [e.truncated for e in cut.episodes] == [i in reached for i in range(16)]
+    assert cut.metrics["rollout/prompts_too_long"] == len(reached)
+    assert cut.metrics["rollout/truncated_episodes"] == len(reached)
+    assert all(t.turn_index == 0 for t in cut.turns)  # nothing past the cut was generated
+    assert cut.batch.truncated.tolist() == [t.env_index in reached for t in cut.turns]
+    assert full.batch.truncated.sum() == 0
 
 
 def test_same_seed_same_rollout(team_engine):

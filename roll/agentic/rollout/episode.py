@@ -181,6 +181,11 @@ class Episode:
         return Played(None if outcome.format_error is None else str(outcome.format_error),
                       outcome.fallback, parsed.answer is None)
 
+    def cut(self) -> None:
+        """End the episode here, as truncated (its next prompt cannot be served)."""
+        self.truncated = True
+        self.asked = None
+
     def outcome(self) -> EpisodeOutcome:
         task_metrics = getattr(self.env, "metrics", None)
         return EpisodeOutcome(list(self.env.returns()), self.truncated,
@@ -210,6 +215,10 @@ class EpisodeHost(Protocol):
         """Play episode ``index``'s answer; what it did and the episode's next ``Ask``."""
         ...
 
+    def cut(self, index: int) -> None:
+        """End episode ``index`` as truncated (its next prompt is too long to serve)."""
+        ...
+
     def outcomes(self) -> list[EpisodeOutcome]:
         """Every episode's outcome, in episode order (call once all are over)."""
         ...
@@ -229,6 +238,9 @@ class LocalEpisodes:
         episode = self.episodes[index]
         played = episode.play(text)
         return played, episode.next_ask()
+
+    def cut(self, index: int) -> None:
+        self.episodes[index].cut()
 
     def outcomes(self) -> list[EpisodeOutcome]:
         return [episode.outcome() for episode in self.episodes]

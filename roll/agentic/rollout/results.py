@@ -85,10 +85,11 @@ class RolloutResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def turns_to_batch(turns: list[Turn], groups: Sequence[int], agent_names: Sequence[str],
-                   pad_id: int, critic_view: bool) -> TrajectoryBatch | None:
+def turns_to_batch(turns: list[Turn], groups: Sequence[int], truncated: Sequence[bool],
+                   agent_names: Sequence[str], pad_id: int, critic_view: bool
+                   ) -> TrajectoryBatch | None:
     """The trained agents' turns as rows of one batch (None: no trained agent acted);
-    ``groups[e]`` is episode e's group."""
+    ``groups[e]`` is episode e's group, ``truncated[e]`` whether it was cut."""
     rows = [turn for turn in turns if turn.trained_agent is not None]
     if not rows:
         return None
@@ -118,6 +119,7 @@ def turns_to_batch(turns: list[Turn], groups: Sequence[int], agent_names: Sequen
         seat=column([t.seat for t in rows]),
         group_id=column([groups[t.env_index] for t in rows]),
         turn=column([t.turn_index for t in rows]),
+        truncated=torch.tensor([bool(truncated[t.env_index]) for t in rows]),
         engine_logprobs=engine_logprobs,
         **extra,
     )
@@ -188,7 +190,7 @@ def rollout_metrics(turns: list[Turn], episodes: list[EpisodeResult],
     if summarize is not None and episodes:
         metrics.update(summarize([ep.metrics for ep in episodes]))
     metrics["rollout/episodes"] = float(len(episodes))
-    metrics["rollout/truncated"] = float(sum(ep.truncated for ep in episodes))
+    metrics["rollout/truncated_episodes"] = float(sum(ep.truncated for ep in episodes))
     metrics["rollout/llm_turns"] = float(len(turns))
     metrics["rollout/generated_tokens"] = float(sum(len(t.response_ids) for t in turns))
     return metrics

@@ -69,7 +69,8 @@ class RolloutConfig:
     max_turns: int
     """LLM turns per episode before it is cut off (counted as truncated, not as an error)."""
     max_prompt_tokens: int
-    """Longest prompt (after the chat template); a longer one is an error naming the game."""
+    """Longest prompt (after the chat template): an episode whose next prompt is longer ends
+    there, truncated (``rollout/prompts_too_long``)."""
     constrained_decoding: bool
     """Let the model emit only '<answer>LEGAL MOVE</answer>' + EOS for one of the legal moves."""
     system_prompt: str | None = None
@@ -147,6 +148,8 @@ class RolloutScheduler:
         self.expected_version = expected_version
         self.cooperative = cooperative
         self.counters = FormatCounters()
+        self.prompts_too_long = 0
+        """Episodes of the last rollout cut because a prompt exceeded max_prompt_tokens."""
         self.episodes: EpisodeHost = episodes if episodes is not None else LocalEpisodes()
         self.summarize = summarize
 
@@ -160,6 +163,7 @@ class RolloutScheduler:
         for a team task, dataset item ``items[g]`` (one per group)."""
         cfg = self.config
         self.counters.reset()
+        self.prompts_too_long = 0
         if items is not None and len(items) != cfg.num_groups:
             raise ValueError(f"rollout: {len(items)} dataset items for {cfg.num_groups} groups")
         specs = [
@@ -181,10 +185,13 @@ class RolloutScheduler:
                           outcome.truncated, outcome.metrics)
             for i, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True))
         ]
-        batch = turns_to_batch(turns, [spec.group for spec in specs], self.agent_names,
+        batch = turns_to_batch(turns, [spec.group for spec in specs],
+                               [outcome.truncated for outcome in outcomes], self.agent_names,
                                self.tokenizer.pad_token_id, cfg.critic_view)
-        return RolloutResult(batch, turns, episodes, rollout_metrics(
-            turns, episodes, self.agent_names, self.cooperative, self.counters, self.summarize))
+        metrics = rollout_metrics(turns, episodes, self.agent_names, self.cooperative,
+                                  self.counters, self.summarize)
+        metrics["rollout/prompts_too_long"] = float(self.prompts_too_long)
+        return RolloutResult(batch, turns, episodes, metrics)
 
     # ------------------------------------------------------------------ stepping
     def _play(self, setup: EpisodeSetup, specs: list[EpisodeSpec], seed: int,
@@ -209,10 +216,21 @@ class RolloutScheduler:
 
         keys = itertools.count()  # serve() numbers requests in the order they are made
 
-        def request(index: int, ask: Ask) -> GenerationRequest:
-            prompt_ids, made = self._request(specs[index], ask, index, seed)
+        def request(index: int, ask: Ask) -> list[GenerationRequest]:
+            """The turn's request; none when its prompt is too long to serve: the episode
+            ends there, truncated (counted, never trained as a finished game)."""
+            nonlocal done
+            prompt_ids = self._chat_ids(ask.prompt.text)
+            if len(prompt_ids) > self.config.max_prompt_tokens:
+                self.episodes.cut(index)
+                self.prompts_too_long += 1
+                done += 1
+                if progress is not None:
+                    progress(done, len(specs))
+                return []
+            made = self._request(specs[index], ask, index, seed, prompt_ids)
             waiting[next(keys)] = (index, ask, prompt_ids, made)
-            return made
+            return [made]
 
         def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
             nonlocal done
@@ -239,27 +257,27 @@ class RolloutScheduler:
                 truncated=output.finish_reason == "length" and played.no_answer,
             ))
             if following is not None:
-                return [request(index, following)]
+                return request(index, following)
             done += 1
             if progress is not None:
                 progress(done, len(specs))
             return []
 
-        first = [request(index, ask) for index, ask in enumerate(asks) if ask is not None]
+        first = [made for index, ask in enumerate(asks) if ask is not None
+                 for made in request(index, ask)]
         if first:
             serve(self.engine, first, follow,
                   context_len=self.config.max_prompt_tokens + self.sampling.max_new_tokens,
                   continuous=self.config.continuous)
         return sorted(turns, key=lambda t: (t.env_index, t.seat, t.turn_index))
 
-    def _request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int
-                 ) -> tuple[list[int], GenerationRequest]:
-        """The acting seat's turn as a request: (prompt ids, request)."""
+    def _request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int,
+                 prompt_ids: list[int]) -> GenerationRequest:
+        """The acting seat's turn as a request."""
         # A seed per (rollout, episode, turn): the same turn samples the same tokens whatever
         # else shares the batch, so runs (and resumed runs) are reproducible.
         turn_seed = (seed * 1_000_003 + index * 10_007 + ask.turn) % 2**31
-        prompt_ids = self._prompt_ids(ask.env_name, ask.prompt.text)
-        return prompt_ids, GenerationRequest(
+        return GenerationRequest(
             prompt_ids=prompt_ids,
             adapter=self._slot(spec.seating[ask.seat]),
             sampling=replace(self.sampling, seed=turn_seed),
@@ -309,14 +327,6 @@ class RolloutScheduler:
         return apply_chat_template(self.tokenizer, messages,
                                    enable_thinking=self.config.enable_thinking)
 
-    def _prompt_ids(self, env_name: str, text: str) -> list[int]:
-        ids = self._chat_ids(text)
-        if len(ids) > self.config.max_prompt_tokens:
-            raise ValueError(
-                f"rollout.max_prompt_tokens={self.config.max_prompt_tokens}: a prompt of "
-                f"{env_name} has {len(ids)} tokens"
-            )
-        return ids
 
     def _completions(self, ask: Ask) -> list[list[int]] | None:
         if not self.config.constrained_decoding:
