@@ -33,7 +33,8 @@ AGENTS = ["alice", "bob"]
 pytestmark = pytest.mark.slow
 
 
-def _scheduler(engine, tokenizer, game: str, seatings, episodes=None) -> RolloutScheduler:
+def _scheduler(engine, tokenizer, game: str, seatings, episodes=None,
+               max_prompt_tokens: int = 2048) -> RolloutScheduler:
     num_seats = OpenSpielEnv(game).num_seats
     return RolloutScheduler(
         env_factory=lambda: OpenSpielEnv(game), render=render_prompt,
@@ -44,7 +45,7 @@ def _scheduler(engine, tokenizer, game: str, seatings, episodes=None) -> Rollout
         # random fallback (drawn from the episode's own random stream, wherever it lives).
         action=ActionConfig(format_penalty=0.5, fallback="random"),
         config=RolloutConfig(num_groups=3, group_size=2, shared_deals=True, max_turns=64,
-                             max_prompt_tokens=2048,
+                             max_prompt_tokens=max_prompt_tokens,
                              constrained_decoding=False, enable_thinking=False,
                              continuous=True),
         episodes=episodes)
@@ -88,6 +89,17 @@ def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
             shares = ray_cluster.get([w.outcomes.remote() for w in host.workers])
             assert [len(share) for share in shares] == [3, 3]
             assert [o.returns for o in shares[1]] == [e.returns for e in there.episodes[1::2]]
+        # A prompt too long for rollout.max_prompt_tokens cuts its episode in the worker too.
+        limit = max(len(t.prompt_ids) for t in here.turns if t.turn_index == 0)
+        seatings = [AGENTS, ["bob", "alice"]]
+        here = _scheduler(engine, tokenizer, "kuhn_poker", seatings,
+                          max_prompt_tokens=limit).rollout(seed=5)
+        there = _scheduler(engine, tokenizer, "kuhn_poker", seatings, host,
+                           max_prompt_tokens=limit).rollout(seed=5)
+        assert _turns(here) == _turns(there)
+        cut = [e.truncated for e in there.episodes]
+        assert cut == [e.truncated for e in here.episodes] and any(cut)
+        assert there.metrics["rollout/prompts_too_long"] == sum(cut)
     finally:
         host.close()
     assert host.workers == []
