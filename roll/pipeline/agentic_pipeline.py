@@ -150,10 +150,14 @@ class AgenticPipeline:
             for seating in self.train_seatings + self.eval_seatings
             for spec in seating.seats if spec.kind == "snapshot"
         ]
+        pinned: dict[str, set[int]] = {}
+        for spec in snapshot_seats:
+            if spec.snapshot_step is not None:
+                pinned.setdefault(spec.agent_name, set()).add(spec.snapshot_step)
         self.pool = SnapshotPool(
             self.model, {spec.agent_name for spec in snapshot_seats},
-            checkpoints_root(self.output_dir),
-        )
+            checkpoints_root(self.output_dir), self.output_dir / "snapshots",
+            cfg.snapshot_pool.max_size, pinned)
         snapshot_specs = {spec.raw for spec in snapshot_seats}
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
@@ -448,9 +452,11 @@ class AgenticPipeline:
             if self.magnet is not None:
                 self.magnet.save(folder.parent, self.model)  # <checkpoint>/magnet/<agent>/
 
-        return save_checkpoint(
+        path = save_checkpoint(
             self.output_dir, self.step, self.trainer_state(), save_agents, self.cfg.keep_last
         )
+        self.pool.flush()  # the dropped snapshots' files, now that no new checkpoint lists them
+        return path
 
     def _maybe_resume(self) -> None:
         path = resolve_resume(self.cfg.resume, self.output_dir)

@@ -267,6 +267,15 @@ class ActorInferSchema:
 
 
 @dataclass
+class SnapshotPoolSchema:
+    """Frozen snapshots of agents that 'snapshot:<agent>@...' seats play (snapshot_pool.py)."""
+
+    max_size: int = 8
+    """Snapshots kept per agent; the oldest go first, except those a seating names by step
+    ('snapshot:agent_0@40'). Each is one adapter file under ``<output_dir>/snapshots/``."""
+
+
+@dataclass
 class EnvWorkersSchema:
     """The env side of rollouts in Ray actors (cluster.backend=ray)."""
 
@@ -295,6 +304,7 @@ class PipelineConfig:
     actor_train: ActorTrainSchema = field(default_factory=ActorTrainSchema)
     actor_infer: ActorInferSchema = field(default_factory=ActorInferSchema)
     env_workers: EnvWorkersSchema = field(default_factory=EnvWorkersSchema)
+    snapshot_pool: SnapshotPoolSchema = field(default_factory=SnapshotPoolSchema)
     output_dir: str = "runs/default"
     """Run folder: checkpoints, metrics, TensorBoard and WandB files."""
     max_steps: int = 100

@@ -45,7 +45,7 @@ def run_evaluation(cfg: PipelineConfig) -> dict[str, float]:
     pipeline = AgenticPipeline(cfg)
     if checkpoint is not None:
         pipeline.load(checkpoint)
-    pipeline.pool.take(pipeline.step)
+    pipeline.pool.take(pipeline.step, persist=False)
     with Tracker(TrackingConfig(backends=["console"]), cfg.output_dir) as tracker:
         metrics = pipeline.evaluate(pipeline.scheduler(pipeline.eval_seatings, True), tracker)
     pipeline.close_roles()  # cluster.backend=ray: evaluation is done, free every role's actors

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -15,21 +17,65 @@ from roll.utils.checkpoint import agent_dir, step_dir_name
 class SnapshotPool:
     """Frozen copies of agents' adapters (opponent pool), served as extra engine slots.
 
-    A snapshot is taken at step 0 and at every checkpoint, and saved with the trainer state.
-    'snapshot:<agent>@latest' plays the newest one; '@N' the one of step N — from memory, or
-    from the run's checkpoint folder of step N on disk — and, before step N exists, the
-    newest one before it.
+    A snapshot is taken at step 0 and at every checkpoint. 'snapshot:<agent>@latest' plays the
+    newest one; '@N' the one of step N — from memory, or from the run's checkpoint folder of
+    step N on disk — and, before step N exists, the newest one before it.
+
+    Bounded: at most ``max_size`` snapshots per agent; the oldest go first, except the ones a
+    seating names by step (``pinned``: for '@N', the newest snapshot at or before N). Each
+    snapshot is written ONCE as a safetensors file, ``<folder>/<agent>/step_<N>.safetensors``;
+    the trainer state holds only the steps (``state_dict``), so checkpoints and host memory stay
+    flat in the number of saves. A dropped snapshot's file is deleted by ``flush`` — after the
+    checkpoint that no longer lists it is written, so a crash in between leaves the previous
+    checkpoint's snapshots on disk.
     """
 
-    def __init__(self, model: MultiAgentLoRAModel, agents: set[str], checkpoints: Path) -> None:
+    def __init__(self, model: MultiAgentLoRAModel, agents: set[str], checkpoints: Path,
+                 folder: Path | None = None, max_size: int = 8,
+                 pinned: dict[str, set[int]] | None = None) -> None:
         self.model = model
         self.agents = agents
         self.checkpoints = checkpoints
+        self.folder = folder if folder is not None else checkpoints.parent / "snapshots"
+        self.max_size = max_size
+        self.pinned = {agent: set((pinned or {}).get(agent, ())) for agent in agents}
         self.snapshots: dict[str, dict[int, dict[str, torch.Tensor]]] = {a: {} for a in agents}
+        self._dropped: list[Path] = []
 
-    def take(self, step: int) -> None:
+    def file(self, agent: str, step: int) -> Path:
+        return self.folder / agent / f"{step_dir_name(step)}.safetensors"
+
+    def take(self, step: int, persist: bool = True) -> None:
+        """Snapshot every pool agent now; ``persist`` also writes the files (not for a
+        rollout-only evaluation)."""
+        from safetensors.torch import save_file
+
         for agent in self.agents:
-            self.snapshots[agent][step] = self.model.export_adapter(agent)
+            tensors = self.model.export_adapter(agent)
+            self.snapshots[agent][step] = tensors
+            path = self.file(agent, step)
+            if persist and not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+                os.replace(tmp, path)
+            self._prune(agent)
+
+    def _prune(self, agent: str) -> None:
+        steps = sorted(self.snapshots[agent])
+        keep = {max((s for s in steps if s <= n), default=None) for n in self.pinned[agent]}
+        for step in steps:  # oldest first
+            if len(self.snapshots[agent]) <= self.max_size:
+                break
+            if step not in keep:
+                del self.snapshots[agent][step]
+                self._dropped.append(self.file(agent, step))
+
+    def flush(self) -> None:
+        """Delete the files of dropped snapshots (call after the checkpoint is written)."""
+        for path in self._dropped:
+            path.unlink(missing_ok=True)
+        self._dropped = []
 
     def choose(self, spec: SeatSpec) -> tuple[str, int]:
         """(agent, step) of the snapshot that plays this seat."""
@@ -46,14 +92,30 @@ class SnapshotPool:
     def _load_from_disk(self, agent: str, step: int) -> None:
         from safetensors.torch import load_file
 
-        weights = agent_dir(self.checkpoints / step_dir_name(step), agent) / ADAPTER_WEIGHTS
-        if weights.is_file():
-            self.snapshots[agent][step] = load_file(str(weights))
+        for weights in (self.file(agent, step),
+                        agent_dir(self.checkpoints / step_dir_name(step), agent) / ADAPTER_WEIGHTS):
+            if weights.is_file():
+                self.snapshots[agent][step] = load_file(str(weights))
+                return
 
     def state_dict(self) -> dict:
-        return {"snapshots": self.snapshots}
+        """The steps of the snapshots held (their tensors are files, not state)."""
+        return {"steps": {agent: sorted(steps) for agent, steps in self.snapshots.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         # The config decides which agents have snapshots; a checkpoint may have more or fewer.
-        saved = state["snapshots"]
-        self.snapshots = {agent: dict(saved.get(agent, {})) for agent in self.agents}
+        if "snapshots" in state:  # checkpoints written before the pool was bounded
+            saved = state["snapshots"]
+            self.snapshots = {agent: dict(saved.get(agent, {})) for agent in self.agents}
+            return
+        self.snapshots = {agent: {} for agent in self.agents}
+        for agent in self.agents:
+            for step in _ints(state["steps"].get(agent, ())):
+                self._load_from_disk(agent, step)
+                if step not in self.snapshots[agent]:
+                    print(f"snapshot pool: the snapshot of {agent!r} at step {step} is gone "
+                          f"({self.file(agent, step)}); continuing without it", flush=True)
+
+
+def _ints(values: Iterable) -> list[int]:
+    return [int(value) for value in values]

@@ -45,6 +45,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     require_int("keep_last", cfg.keep_last)
     require_int("eval.eval_steps", cfg.eval.eval_steps, 0)
     require_int("eval.num_episodes", cfg.eval.num_episodes)
+    require_int("snapshot_pool.max_size", cfg.snapshot_pool.max_size)
     _check_model(cfg.model, check_paths)
     _check_rollout(cfg.rollout, cfg.model.device)
     check_cluster(cfg)
