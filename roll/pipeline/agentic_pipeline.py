@@ -151,9 +151,9 @@ class AgenticPipeline:
             for spec in seating.seats if spec.kind == "snapshot"
         ]
         pinned: dict[str, set[int]] = {}
-        for spec in snapshot_seats:
-            if spec.snapshot_step is not None:
-                pinned.setdefault(spec.agent_name, set()).add(spec.snapshot_step)
+        for seat in snapshot_seats:  # (not ``spec``: that name holds the TrainSpec)
+            if seat.snapshot_step is not None:
+                pinned.setdefault(seat.agent_name, set()).add(seat.snapshot_step)
         self.pool = SnapshotPool(
             self.model, {spec.agent_name for spec in snapshot_seats},
             checkpoints_root(self.output_dir), self.output_dir / "snapshots",
