@@ -51,20 +51,23 @@ def points(choice_tokens: Tensor) -> Tensor:
 
 def choice_entropy(logprobs: Tensor, choice_tokens: Tensor) -> Tensor:
     """(B,) H_row: the sum over the row's points of the entropy of π_n (nats)."""
-    valid = choice_tokens >= 0
-    probs = logprobs.exp()
-    per_point = -torch.where(valid, probs * logprobs, torch.zeros_like(logprobs)).sum(-1)
-    return torch.where(points(choice_tokens), per_point, torch.zeros_like(per_point)).sum(-1)
+    return -_row_sum(logprobs.exp() * logprobs, choice_tokens)
 
 
 def choice_kl(logprobs: Tensor, magnet_logprobs: Tensor, choice_tokens: Tensor) -> Tensor:
     """(B,) KL_row: the sum over the row's points of KL(π_n || ρ_n) (nats); the magnet's
     log-probs are constants."""
-    valid = choice_tokens >= 0
-    magnet = torch.where(valid, magnet_logprobs.detach().float(), torch.zeros_like(logprobs))
-    terms = torch.where(valid, logprobs.exp() * (logprobs - magnet), torch.zeros_like(logprobs))
-    per_point = terms.sum(-1)
-    return torch.where(points(choice_tokens), per_point, torch.zeros_like(per_point)).sum(-1)
+    magnet = torch.where(choice_tokens >= 0, magnet_logprobs.detach().float(),
+                         torch.zeros_like(logprobs))
+    return _row_sum(logprobs.exp() * (logprobs - magnet), choice_tokens)
+
+
+def _row_sum(terms: Tensor, choice_tokens: Tensor) -> Tensor:
+    """(B,) the sum of per-token ``terms`` (B, T, C) over each row's legal tokens at its
+    branching points; padding and other positions add exactly 0 (``torch.where``, so a
+    garbage value there reaches neither the sum nor the gradient)."""
+    keep = (choice_tokens >= 0) & points(choice_tokens).unsqueeze(-1)
+    return torch.where(keep, terms, torch.zeros_like(terms)).sum((-1, -2))
 
 
 def uniform_logprobs(choice_leaves: Tensor, choice_tokens: Tensor) -> Tensor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -110,12 +109,8 @@ class SnapshotPool:
             return
         self.snapshots = {agent: {} for agent in self.agents}
         for agent in self.agents:
-            for step in _ints(state["steps"].get(agent, ())):
+            for step in map(int, state["steps"].get(agent, ())):
                 self._load_from_disk(agent, step)
                 if step not in self.snapshots[agent]:
                     print(f"snapshot pool: the snapshot of {agent!r} at step {step} is gone "
                           f"({self.file(agent, step)}); continuing without it", flush=True)
-
-
-def _ints(values: Iterable) -> list[int]:
-    return [int(value) for value in values]
