@@ -55,6 +55,15 @@ class TrainRank:
 
     # Every method below is called on every rank (under ZeRO they are collectives); the
     # group keeps rank 0's answer.
+    def hold(self) -> None:
+        self.trainer.hold()
+
+    def rollback(self) -> None:
+        self.trainer.rollback()
+
+    def release(self) -> None:
+        self.trainer.release()
+
     def export_adapters(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]] | None:
         adapters = self.trainer.export_adapters(names)
         return adapters if self.rank == 0 else None
@@ -104,6 +113,7 @@ class RayTrainGroup:
         self.model = model
         self.world_size = world_size
         self.global_step = 0
+        self._held: tuple[dict, int] | None = None
         self.rows_per_rank: list[int] = []
         """Rows each rank ran forward/backward in the last step (their shares)."""
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
@@ -131,6 +141,26 @@ class RayTrainGroup:
         for name, tensors in adapters.items():
             self.model.import_adapter(name, tensors)
         return metrics
+
+    def hold(self) -> None:
+        """The ranks remember their state; this side, the pipeline model's adapters."""
+        self._held = ({name: self.model.export_adapter(name) for name in self.model.agent_names},
+                      self.global_step)
+        self._get([rank.hold.remote() for rank in self.ranks], "hold")
+
+    def rollback(self) -> None:
+        """The pipeline model's adapters put back; the ranks too while they live (a rank that
+        refused a step has failed the group, which is then closed)."""
+        adapters, self.global_step = self._held
+        self._held = None
+        for name, tensors in adapters.items():
+            self.model.import_adapter(name, tensors)
+        if self.ranks:
+            self._get([rank.rollback.remote() for rank in self.ranks], "rollback")
+
+    def release(self) -> None:
+        self._held = None
+        self._get([rank.release.remote() for rank in self.ranks], "release")
 
     def state_dict(self) -> dict:
         return self._get([rank.state_dict.remote() for rank in self.ranks], "state export")[0]

@@ -52,6 +52,18 @@ class TrainGroup(Protocol):
         adapters. Returns metrics keyed by agent name."""
         ...
 
+    def hold(self) -> None:
+        """Remember every agent's adapters, optimizer states and the step counter."""
+        ...
+
+    def rollback(self) -> None:
+        """Undo every train step since ``hold`` (the pipeline's model too)."""
+        ...
+
+    def release(self) -> None:
+        """Keep the steps taken since ``hold``."""
+        ...
+
     def state_dict(self) -> dict:
         """Optimizers, schedulers, step counter (adapters are saved from the model)."""
         ...

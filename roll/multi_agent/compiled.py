@@ -10,17 +10,19 @@ Routing without data-dependent code. The eager path gives each contiguous run of
 that agent's LoRA delta by slicing at Python-int row offsets, which a compiled graph would
 specialise on (a recompile per mix of agents). Here each row gets its own agent's factors as
 data: a forward hook on each adapted base layer stacks every agent's factors, A_all (N, r, in)
-and B_all = [B_j s_j] (N, out, r), picks each row's pair with the rows' one-hot agent matrix
-(B, N) (a matmul over the weights, not over the tokens), and adds one batched product per row:
+and B_all = [B_j s_j] (N, out, r), gathers each row's pair by the rows' agent index (B,), and
+adds one batched product per row:
 
-    A_b = onehot[b] @ A_all,  B_b = onehot[b] @ B_all,  delta[b] = x[b] A_b^T B_b^T,
+    A_b = A_all[agent[b]],  B_b = B_all[agent[b]],  delta[b] = x[b] A_b^T B_b^T,
 
 so each row costs its own agent's rank only (not N times it, as a product over every agent's
 stacked factors with a per-row mask would), rows may come in any order, and one graph serves
-every mix of agents and row counts (the one-hot is a tensor input of shape (B, N)). Agent j's
-A/B get gradients from agent j's rows only: the one-hot's transpose sums the rows' weight
-gradients per agent (exact zeros for an agent without rows). The reference policy is no delta
-at all (a graph of its own). PEFT's own LoRA is switched off meanwhile (no active adapter).
+every mix of agents and row counts (the index is a tensor input). Agent j's A/B get gradients
+from agent j's rows only: the gather's backward adds each row's weight gradient to its own
+agent's factors (exact zeros for an agent without rows; and a NaN in one agent's rows stays in
+that agent's gradient, where a one-hot matmul's transpose would spread 0 x NaN = NaN to all).
+The reference policy is no delta at all (a graph of its own). PEFT's own LoRA is switched off
+meanwhile (no active adapter).
 
 One leaf per projection, not per agent. Where every agent adapts a layer at one rank, the
 layer's factors of all agents are ONE leaf each, views into the team's buffer of factors

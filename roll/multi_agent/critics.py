@@ -192,6 +192,13 @@ class CriticTrainer:
     def train_step(self, batch: TrajectoryBatch, critic_id: Tensor) -> dict[str, dict[str, float]]:
         """One update of every critic with rows. ``batch`` needs ``values`` (the critics'
         values when the rows were scored) and ``returns`` (the targets), (B, T)."""
+        return self.step(self.backward(batch, critic_id))
+
+    def backward(self, batch: TrajectoryBatch, critic_id: Tensor) -> dict[str, dict[str, float]]:
+        """The first half of ``train_step``: every critic's gradient, clipped and checked
+        (a non-finite loss or norm raises ``NonFiniteLossError`` with every gradient dropped);
+        nothing is stepped until ``step`` (or dropped by ``discard``). Returns the metrics
+        so far."""
         batch.require("values", "returns")
         plan = self._micro_batches(critic_id)
         mask = batch.response_mask.float()
@@ -218,13 +225,22 @@ class CriticTrainer:
             norms[name] = self._clip(name)
             metrics[name] = {key: float(value) for key, value in sums.items()}
             metrics[name]["num_rows"] = float(sum(len(m) for m in micros))
+            metrics[name]["grad_norm"] = float(norms[name])
         self._refuse_non_finite(losses, norms)
-        for name in plan:
+        return metrics
+
+    def step(self, metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """The second half: step the critics ``backward`` prepared; returns its metrics."""
+        for name in metrics:
             self.optimizers[name].step()
             self.schedulers[name].step()
-            self.optimizers[name].zero_grad(set_to_none=True)
-            metrics[name]["grad_norm"] = float(norms[name])
+        self.discard()
         return metrics
+
+    def discard(self) -> None:
+        """Drop the gradients ``backward`` prepared: no critic steps."""
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict:
         """Optimizers and schedulers (adapters and heads are saved by ``save_critic``)."""
@@ -258,8 +274,7 @@ class CriticTrainer:
         for name in losses:
             for what, value in (("value loss", losses[name]), ("gradient norm", norms[name])):
                 if not math.isfinite(float(value)):
-                    for optimizer in self.optimizers.values():
-                        optimizer.zero_grad(set_to_none=True)
+                    self.discard()
                     raise NonFiniteLossError(
                         f"critic {name!r}: {what} is {float(value)}; the critic step was "
                         "refused and no critic was updated")
@@ -294,6 +309,7 @@ class Critics:
 
     def __init__(self, cfg: CriticConfig, model: MultiAgentLoRAModel,
                  critics: list[AgentConfig]) -> None:
+        self._prepared: tuple[dict, dict[str, float]] | None = None
         self.mode = cfg.mode
         self.input = cfg.input
         self.model = model
@@ -323,12 +339,18 @@ class Critics:
         """One update of every critic with rows (``batch`` has ``values`` and ``returns``);
         metrics ``critic/<critic>/<name>`` plus ``critic/explained_variance`` of the values
         it was given (1: the values predicted the returns, 0: no better than their mean)."""
+        self.backward(batch)
+        return self.step()
+
+    def backward(self, batch: TrajectoryBatch) -> None:
+        """``train_step``'s first half: every critic's gradient, checked (``NonFiniteLossError``
+        names the critic, nothing kept); no critic steps until ``step()`` or ``discard()``."""
         view = self._view(batch)
         if view is not batch:
             view = view.with_fields(**{
                 name: relayout(getattr(batch, name), batch.response_mask, view.response_mask)
                 for name in ("values", "returns")})
-        per_critic = self.trainer.train_step(view, self.critic_id(batch))
+        per_critic = self.trainer.backward(view, self.critic_id(batch))
         metrics = {f"critic/{critic}/{key}": value
                    for critic, parts in per_critic.items() for key, value in parts.items()}
         mask = batch.response_mask.bool()
@@ -338,7 +360,19 @@ class Critics:
             residual = (returns - values).var(unbiased=False)
             metrics["critic/explained_variance"] = float(
                 1.0 - residual / variance) if variance > 0 else 0.0
+        self._prepared = (per_critic, metrics)
+
+    def step(self) -> dict[str, float]:
+        """Step the critics ``backward`` prepared; their metrics."""
+        per_critic, metrics = self._prepared
+        self._prepared = None
+        self.trainer.step(per_critic)
         return metrics
+
+    def discard(self) -> None:
+        """Drop what ``backward`` prepared: no critic steps."""
+        self._prepared = None
+        self.trainer.discard()
 
     def _view(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """The rows as the critics read them: ``batch`` itself (critic.input=local) or its

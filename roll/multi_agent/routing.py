@@ -96,7 +96,7 @@ class RowRouting:
                   if any(name in layer.lora_A for name in self.agent_names)]  # not critics'
         for layer in routed:
             if hasattr(layer.base_layer, "lora_rows"):
-                # A second team's hook would also read this layer's one-hot and pick its own
+                # A second team's hook would also read this layer's row index and pick its own
                 # (fewer) agents' factors with it.
                 raise ValueError("trainer.compile: this base model's layers are already routed "
                                  "by another team's compiled forward; call disable_compile() "
@@ -105,7 +105,7 @@ class RowRouting:
         self.factors = TeamFactors(shared, self.agent_names) if shared else None
         for layer in routed:
             base = layer.base_layer
-            base.lora_rows = None  # (capacity, N): one-hot of row b's agent, while routed
+            base.lora_rows = None  # (capacity,): row b's agent index, while routed
             base.lora_stack = self.factors.stacks.get(id(layer)) if self.factors else None
             # Permanent while compiled (not per forward): a hook registered anew each forward
             # would be a new object to dynamo's guards, i.e. a recompile per forward.
@@ -130,13 +130,12 @@ class RowRouting:
         None: the reference (no delta)."""
         rows = None
         if agent_id is not None:
-            # Dynamo gives a module attribute's tensor a static shape: a (B, N) one-hot would
+            # Dynamo gives a module attribute's tensor a static shape: a (B,) index would
             # recompile for every new B. A fixed capacity of rows (the hook takes the first B)
             # changes only when B outgrows it.
             capacity = max(ROW_CAPACITY, 1 << (len(agent_id) - 1).bit_length())
-            rows = torch.zeros(capacity, len(self.agent_names), dtype=dtype,
-                               device=agent_id.device)
-            rows[torch.arange(len(agent_id), device=agent_id.device), agent_id.long()] = 1
+            rows = torch.zeros(capacity, dtype=torch.long, device=agent_id.device)
+            rows[: len(agent_id)] = agent_id.long()
         for base in self.base_layers:
             base.lora_rows = rows
         try:
@@ -174,15 +173,15 @@ def add_row_delta(layer, agent_names, module, args, output):
         return output
     x = args[0]  # (B, T, in)
     dtype = output.dtype
-    rows = module.lora_rows[: x.shape[0]].to(dtype)  # (B, N) one-hot
+    rows = module.lora_rows[: x.shape[0]]  # (B,) row b's agent
     stack = module.lora_stack
     if stack is not None:
         a_all, b_all = stack.a.to(dtype), (stack.b * stack.scales).to(dtype)
     else:
         a_all, b_all = stacked_factors(layer, agent_names, dtype)  # (N, r, in), (N, out, r)
-    agents, rank, fan_in = a_all.shape
-    fan_out = b_all.shape[1]
-    a_rows = (rows @ a_all.reshape(agents, -1)).view(-1, rank, fan_in)  # (B, r, in)
-    b_rows = (rows @ b_all.reshape(agents, -1)).view(-1, fan_out, rank)  # (B, out, r)
+    # A gather, not a one-hot matmul: its backward adds each row's gradient to its own
+    # agent's factors only (a one-hot's transpose would add 0 x another agent's NaN = NaN).
+    a_rows = a_all[rows]  # (B, r, in)
+    b_rows = b_all[rows]  # (B, out, r)
     hidden = torch.bmm(x.to(dtype), a_rows.transpose(1, 2))  # (B, T, r)
     return output + torch.bmm(hidden, b_rows.transpose(1, 2))  # (B, T, out)

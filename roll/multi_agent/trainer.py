@@ -115,6 +115,7 @@ class MultiAgentTrainer:
         self.strategy.setup(model, agents)
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
         self.global_step = 0
+        self._held: tuple[object, int] | None = None
         self.rows_forwarded = 0
         """Rows this process ran forward/backward on in its last train step (its share)."""
 
@@ -168,6 +169,22 @@ class MultiAgentTrainer:
             self.strategy.zero_grad(list(own))
         self.global_step += 1
         return self._metrics(batch, own, sums, {name: len(plan[name]) for name in own})
+
+    def hold(self) -> None:
+        """Remember every agent's adapters, optimizer and scheduler states and the step
+        counter, so that several train steps (HAPPO's agents one after another) can be undone
+        as one by ``rollback`` when a later one is refused (invariant 5)."""
+        self._held = (self.strategy.snapshot(list(self.agent_names)), self.global_step)
+
+    def rollback(self) -> None:
+        """Put back what ``hold`` remembered (then forget it)."""
+        snapshot, self.global_step = self._held
+        self.strategy.restore(snapshot)
+        self._held = None
+
+    def release(self) -> None:
+        """Forget what ``hold`` remembered (the steps stand)."""
+        self._held = None
 
     def state_dict(self) -> dict:
         """Optimizers, schedulers and the step counter (adapters are saved as PEFT folders)."""

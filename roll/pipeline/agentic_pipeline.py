@@ -380,14 +380,12 @@ class AgenticPipeline:
         start = time.perf_counter()
         if self.critics is not None:
             batch = self.critics.with_values(batch)
-        batch, per_agent = update_agents(cfg, self.trainer, self.model, batch, self.step,
-                                         self.policy_temperature, self.baselines, self.magnet)
-        times["time/train"] = time.perf_counter() - start
+        per_agent, critic_metrics = update_agents(
+            cfg, self.trainer, self.model, batch, self.step, self.policy_temperature,
+            self.baselines, self.magnet, self.critics)
+        times["time/train"] = time.perf_counter() - start  # agents and critics
         metrics.update(agent_metrics(per_agent))
-        if self.critics is not None:
-            start = time.perf_counter()
-            metrics.update(self.critics.train_step(batch))
-            times["time/critic"] = time.perf_counter() - start
+        metrics.update(critic_metrics)
         metrics.update(times)
         metrics["time/step"] = sum(times.values())
         return metrics

@@ -14,6 +14,7 @@ import torch
 from roll.algorithms.happo_ratios import episode_log_ratio, happo_factors, happo_order
 from roll.batch import TrajectoryBatch
 from roll.distributed.roles import TrainGroup
+from roll.errors import NonFiniteLossError, RoleFailed
 from roll.multi_agent.model import MultiAgentLoRAModel
 
 
@@ -29,23 +30,30 @@ def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: Traject
     updated = torch.zeros(len(batch), dtype=torch.bool, device=batch.agent_id.device)
     log_ratio = torch.zeros(len(batch), dtype=torch.float32, device=batch.agent_id.device)
     metrics: dict[str, dict[str, float]] = {}
-    for position, name in enumerate(happo_order(names, seed, step)):
-        rows = (batch.agent_id == names.index(name)).nonzero().squeeze(-1)
-        if not rows.numel():
-            continue
-        factor = happo_factors(log_ratio, updated, batch.env_id, factor_clip)[rows]  # (b,)
-        own = batch.select(rows)
-        own = own.with_fields(advantages=own.advantages * factor.unsqueeze(-1).to(
-            own.advantages.dtype))
-        metrics[name] = dict(trainer.train_step(own)[name])
-        metrics[name]["happo_position"] = float(position)
-        metrics[name]["happo_factor"] = float(factor.mean())
-        metrics[name]["happo_factor_min"] = float(factor.min())
-        metrics[name]["happo_factor_max"] = float(factor.max())
-        with torch.no_grad():
-            new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
-                                 positions=own.response_mask.bool(), temperature=temperature,
-                                 forward_rows=forward_rows)
-        log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
-        updated[rows] = True
+    # Atomic (invariant 5): a refusal of a later agent undoes the earlier agents' steps too.
+    trainer.hold()
+    try:
+        for position, name in enumerate(happo_order(names, seed, step)):
+            rows = (batch.agent_id == names.index(name)).nonzero().squeeze(-1)
+            if not rows.numel():
+                continue
+            factor = happo_factors(log_ratio, updated, batch.env_id, factor_clip)[rows]  # (b,)
+            own = batch.select(rows)
+            own = own.with_fields(advantages=own.advantages * factor.unsqueeze(-1).to(
+                own.advantages.dtype))
+            metrics[name] = dict(trainer.train_step(own)[name])
+            metrics[name]["happo_position"] = float(position)
+            metrics[name]["happo_factor"] = float(factor.mean())
+            metrics[name]["happo_factor_min"] = float(factor.min())
+            metrics[name]["happo_factor_max"] = float(factor.max())
+            with torch.no_grad():
+                new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
+                                     positions=own.response_mask.bool(), temperature=temperature,
+                                     forward_rows=forward_rows)
+            log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
+            updated[rows] = True
+    except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused
+        trainer.rollback()
+        raise
+    trainer.release()
     return metrics

@@ -1,6 +1,11 @@
 """The learning half of a train step, after the rows are scored (old/reference log-probs and
 critic values): advantages → zero-advantage rows → the magnet's log-probs → every agent's update
-(fused, or HAPPO's one agent after another).
+(fused, or HAPPO's one agent after another) and every critic's.
+
+One refusal rule (invariant 5): every agent and every critic steps, or none does. The critics'
+gradients are formed and checked first (their targets do not depend on the agents' update), the
+agents' update then refuses as a whole (HAPPO undoes its earlier agents), and only then do the
+critics step; a refusal anywhere names the first non-finite agent or critic.
 
 The snapshot magnet (``trainer.magnet=snapshot``, magnetic mirror descent / NashPG): each
 agent's adapter as it was at the start of step 1, 1 + K, 1 + 2K, … (K = ``trainer.magnet_refresh``);
@@ -11,6 +16,7 @@ in every checkpoint (``<checkpoint>/magnet/<agent>/``, PEFT folders) and restore
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +31,9 @@ from roll.algorithms.advantages import (
 from roll.algorithms.choices import choice_logprobs
 from roll.batch import TrajectoryBatch
 from roll.distributed.roles import TrainGroup
+from roll.errors import NonFiniteLossError, RoleFailed
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
+from roll.multi_agent.critics import Critics
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.happo_update import happo_update
@@ -94,10 +102,12 @@ class SnapshotMagnet:
 def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoRAModel,
                   batch: TrajectoryBatch, step: int, temperature: float,
                   baselines: RunningBaselines | None, magnet: SnapshotMagnet | None,
-                  ) -> tuple[TrajectoryBatch, dict[str, dict[str, float]]]:
-    """Advantages, then one update of every agent with rows; (the batch with its advantages
-    and returns, for the critics; per-agent metrics). ``zero_adv_fraction`` is counted over
-    every row, before ``advantage.drop_zero_advantage`` drops them from the policy update.
+                  critics: Critics | None = None,
+                  ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Advantages, then one update of every agent with rows and of every critic (on the
+    advantages' returns); (per-agent metrics, critic metrics). ``zero_adv_fraction`` is
+    counted over every row, before ``advantage.drop_zero_advantage`` drops them from the policy
+    update.
 
     Truncated episodes (cut at ``rollout.max_turns`` or by a prompt too long): without a critic
     their partial returns would be scored as a finished game's, so their rows leave the step
@@ -110,8 +120,12 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
                                                            strict=True) if count}
         batch = batch.select(~batch.truncated)
         if not len(batch):
-            return batch, {name: {"truncated_rows": rows} for name, rows in cut.items()}
+            return {name: {"truncated_rows": rows} for name, rows in cut.items()}, {}
     batch = compute_advantages(batch, cfg.advantage, baselines)
+    critic_seconds = time.perf_counter()
+    if critics is not None:
+        critics.backward(batch)
+    critic_seconds = time.perf_counter() - critic_seconds
     zero_rows = zero_advantage_rows(batch)
     zero = zero_advantage_shares(zero_rows, batch.agent_id, model.agent_names)
     policy_batch = batch.select(~zero_rows) if cfg.advantage.drop_zero_advantage else batch
@@ -119,18 +133,29 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
         magnet.maybe_refresh(model, step)
         policy_batch = policy_batch.with_fields(magnet_logprobs=magnet.logprobs(
             model, policy_batch, temperature, cfg.trainer.forward_rows))
-    if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
-        per_agent = happo_update(trainer, model, policy_batch, cfg.seed, step, temperature,
-                                 cfg.trainer.forward_rows, cfg.advantage.happo_factor_clip)
-    else:
-        per_agent = trainer.train_step(policy_batch)
+    try:
+        if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
+            per_agent = happo_update(trainer, model, policy_batch, cfg.seed, step, temperature,
+                                     cfg.trainer.forward_rows, cfg.advantage.happo_factor_clip)
+        else:
+            per_agent = trainer.train_step(policy_batch)
+    except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused
+        if critics is not None:
+            critics.discard()
+        raise
+    critic_metrics = {}
+    if critics is not None:
+        start = time.perf_counter()
+        critic_metrics = critics.step()
+        # Part of time/train (the critics' backward comes before the agents' update).
+        critic_metrics["time/critic"] = critic_seconds + time.perf_counter() - start
     for name, rows in cut.items():
         per_agent.setdefault(name, {})["truncated_rows"] = rows
     for name, shares in zero.items():
         per_agent.setdefault(name, {})["zero_adv_fraction"] = shares["zero_adv_fraction"]
         if cfg.advantage.drop_zero_advantage:
             per_agent[name]["dropped_rows"] = shares["zero_adv_rows"]
-    return batch, per_agent
+    return per_agent, critic_metrics
 
 
 __all__ = ["SnapshotMagnet", "update_agents"]

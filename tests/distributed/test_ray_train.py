@@ -224,3 +224,32 @@ def test_deepspeed_refusal_in_a_later_round_restores_adapters_masters_and_moment
     assert after[1]["global_step"] == before[1]["global_step"] == 1
     local.train_step(good)
     assert max_gap(final, adapters(local_model)) < 1e-6
+
+
+def test_happo_over_ray_ranks_undoes_the_first_agent_when_the_second_is_refused(
+        ray_cluster, spec_and_team):
+    """Invariant 5 in Ray mode: HAPPO's first agent has stepped on the ranks and in the
+    driver's model when a rank refuses the second agent's NaN step; the group fails (its ranks
+    are closed) and the driver's model is put back, step counter included."""
+    from roll.algorithms.happo_ratios import happo_order
+    from roll.pipeline.happo_update import happo_update
+
+    spec, driver_model, _ = spec_and_team()
+    group = build_train_group(spec, driver_model, "ray", world_size=2)
+    batch = batches()[0].with_fields(env_id=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+    with torch.no_grad():
+        batch = batch.with_fields(old_logprobs=driver_model.logprobs(
+            batch.input_ids, batch.attention_mask, batch.agent_id,
+            positions=batch.response_mask.bool()))
+    second = AGENTS.index([n for n in happo_order(AGENTS, 0, 1) if n != "idle"][1])
+    advantages = batch.advantages.clone()
+    advantages[batch.agent_id == second] = float("nan")
+    before = adapters(driver_model)
+    try:
+        with pytest.raises(RoleFailed, match=f"NonFiniteLossError: agent '{AGENTS[second]}'"):
+            happo_update(group, driver_model, batch.with_fields(advantages=advantages), 0, 1,
+                         1.0, 4)
+    finally:
+        group.close()
+    assert max_gap(adapters(driver_model), before) == 0.0
+    assert group.global_step == 0

@@ -266,3 +266,27 @@ def test_team_buffer_is_the_agents_own_memory_and_checkpoints_stay_portable(tiny
     pointers = {p.untyped_storage().data_ptr() for name in ("alice", "carol")
                 for p in model.agent_parameters(name)[:1]}
     assert len(pointers) == 2
+
+
+def test_a_nan_in_one_agents_rows_is_blamed_on_that_agent_alone(tiny_model_path):
+    """Compiled routing keeps a NaN in its own agent's gradient: bob's NaN advantages refuse the
+    step naming bob, and alice's and carol's gradients stay finite (a one-hot matmul's
+    transpose spread 0 x NaN to every agent, and the refusal named alice)."""
+    from roll.errors import NonFiniteLossError
+
+    torch._dynamo.reset()
+    model, trainer = _team(tiny_model_path, "aot_eager")
+    batch = make_rows([0, 1, 2, 0, 1, 2], seed=13)
+    advantages = batch.advantages.clone()
+    advantages[batch.agent_id == 1] = float("nan")
+    batch = batch.with_fields(advantages=advantages)
+    with pytest.raises(NonFiniteLossError, match="agent 'bob'"):
+        trainer.train_step(batch)
+    batch = behaviour_logprobs(model, batch, trainer.temperature, trainer.config.forward_rows,
+                               False)
+    minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
+             for i, name in enumerate(model.agent_names)}
+    trainer._backward(batch, minis, {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in minis})
+    finite = {name: all(bool(torch.isfinite(g).all()) for g in model.agent_gradients(name))
+              for name in model.agent_names}
+    assert finite == {"alice": True, "bob": False, "carol": True}

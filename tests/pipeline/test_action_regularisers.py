@@ -58,7 +58,7 @@ def test_action_entropy_and_magnet_terms_equal_an_independent_computation(tmp_pa
         own = [_independent_entropy(pipeline.model, t, index, pipeline.policy_temperature)
                for t in trained if t.trained_agent == name]
         expected[name] = sum(own) / len(own)
-    _, metrics = update_agents(cfg, pipeline.trainer, pipeline.model, batch, 1,
+    metrics, _ = update_agents(cfg, pipeline.trainer, pipeline.model, batch, 1,
                                pipeline.policy_temperature, None, None)
     for name in pipeline.agent_names:
         m = metrics[name]

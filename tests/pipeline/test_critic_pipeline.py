@@ -135,3 +135,31 @@ def test_relayout_moves_response_values_between_prompt_layouts():
     assert relayout(x, source, target).tolist() == [[0, 0, 0, 1, 2, 0], [3, 4, 5, 0, 0, 0]]
     with pytest.raises(ValueError, match="different response lengths"):
         relayout(x, source, torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]]))
+
+
+@pytest.mark.parametrize(("estimator", "mode", "critic"), [
+    ("ippo", "per_agent", "critic_agent_1"), ("happo", "shared", "critic")])
+def test_a_critic_refusal_leaves_every_agent_and_critic_as_it_was(tmp_path, estimator, mode,
+                                                                 critic):
+    """Invariant 5 with critics: a non-finite gradient in one critic (its value head's gradient
+    made NaN by a hook) refuses the whole step, naming the critic, and no agent has stepped
+    either (the old code stepped the agents first and refused the critic afterwards)."""
+    from roll.errors import NonFiniteLossError
+
+    pipeline = _pipeline(_config(tmp_path, mode, estimator, max_steps=1, save_steps=0))
+    head = pipeline.critics.heads.heads[critic]
+    head.weight.register_hook(lambda grad: grad * float("nan"))
+    agents = {name: pipeline.model.export_adapter(name) for name in pipeline.agent_names}
+    critics = {name: pipeline.model.export_adapter(name) for name in pipeline.model.critic_names}
+    heads = [p.detach().clone() for p in pipeline.critics.heads.parameters()]
+    with pytest.raises(NonFiniteLossError, match=f"critic '{critic}'"):
+        pipeline.run()
+    for names, before in ((pipeline.agent_names, agents), (pipeline.model.critic_names, critics)):
+        for name in names:
+            for key, value in pipeline.model.export_adapter(name).items():
+                assert torch.equal(value, before[name][key]), (name, key)
+    assert all(torch.equal(a, b) for a, b in zip(pipeline.critics.heads.parameters(), heads,
+                                                 strict=True))
+    assert pipeline.trainer.global_step == 0
+    assert all(not o.state for o in pipeline.trainer.optimizers.values())
+    assert all(not o.state for o in pipeline.critics.trainer.optimizers.values())

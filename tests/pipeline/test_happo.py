@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from roll.algorithms.happo_ratios import happo_order
@@ -83,3 +84,30 @@ def test_happo_update_logs_a_factor_within_its_bound(tiny_model_path):
     assert 1 / bound - 1e-6 <= low <= mean + 1e-6 and mean <= high + 1e-6 <= bound + 2e-6
     assert min(abs(high - bound), abs(low - 1 / bound)) < 1e-6  # the clip bound
     assert metrics[order[0]]["happo_factor_max"] == 1.0
+
+
+def test_a_refusal_of_the_second_agent_undoes_the_first_agents_step(tiny_model_path):
+    """Invariant 5 across HAPPO's sequence: the first agent has stepped when the second one's
+    NaN advantages are refused; afterwards both adapters, both optimizers and the step counter
+    are as before the update (the old code left the first agent moved and global_step 1)."""
+    from roll.errors import NonFiniteLossError
+
+    order = happo_order(["alice", "bob"], SEED, STEP)
+    model, trainer = _team(tiny_model_path)
+    batch = _batch(model)
+    second = ["alice", "bob"].index(order[1])
+    advantages = batch.advantages.clone()
+    advantages[batch.agent_id == second] = float("nan")
+    before = {name: model.export_adapter(name) for name in ("alice", "bob")}
+    with pytest.raises(NonFiniteLossError, match=f"agent '{order[1]}'.*no agent was updated"):
+        happo_update(trainer, model, batch.with_fields(advantages=advantages), SEED, STEP,
+                     1.0, 4)
+    for name in ("alice", "bob"):
+        for key, value in model.export_adapter(name).items():
+            assert torch.equal(value, before[name][key]), (name, key)
+        assert trainer.optimizers[name].state_dict()["state"] == {}
+        assert trainer.schedulers[name].last_epoch == 0
+    assert trainer.global_step == 0
+    # The same team then takes a clean step from where it was.
+    metrics = happo_update(trainer, model, batch, SEED, STEP, 1.0, 4)
+    assert set(metrics) == {"alice", "bob"} and trainer.global_step == 2
