@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -30,3 +31,18 @@ def atomic_folder(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+@contextmanager
+def build_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``.<name>.lock`` beside ``path`` while building it: processes
+    that start together (side-by-side runs on one machine) take turns, and the later ones,
+    checking again under the lock, find the folder complete instead of replacing it under a
+    reader (seen: one run read a tokenizer another was deleting)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

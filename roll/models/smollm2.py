@@ -18,7 +18,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from roll.models.cache import atomic_folder, cache_root
+from roll.models.cache import atomic_folder, build_lock, cache_root
 
 ALIAS = "smollm2-135m"
 """``model.path`` value that selects this model."""
@@ -70,20 +70,23 @@ def build_smollm2(path: str | Path | None = None) -> Path:
     path = Path(path) if path is not None else default_path()
     if _is_complete(path, source):
         return path
-    print(f"converting {source.name} into {path} (once)", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        source.parent, gguf_file=source.name, dtype=torch.float32
-    )
-    # The weights are dequantised now; without this, save_pretrained refuses (or re-marks the
-    # folder as GGUF-quantised, which a plain loader cannot read).
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    model.hf_quantizer = None
-    with atomic_folder(path) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _MARKER).write_text(json.dumps(
-            {"gguf": source.name, "size": source.stat().st_size, "format": _FORMAT}
-        ))
+    with build_lock(path):
+        if _is_complete(path, source):  # another process built it meanwhile
+            return path
+        print(f"converting {source.name} into {path} (once)", flush=True)
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=torch.float32
+        )
+        # The weights are dequantised now; without this, save_pretrained refuses (or re-marks the
+        # folder as GGUF-quantised, which a plain loader cannot read).
+        model.config.quantization_config = None
+        del model.config.quantization_config
+        model.hf_quantizer = None
+        with atomic_folder(path) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / _MARKER).write_text(json.dumps(
+                {"gguf": source.name, "size": source.stat().st_size, "format": _FORMAT}
+            ))
     return path

@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from roll.models.cache import atomic_folder, cache_root
+from roll.models.cache import atomic_folder, build_lock, cache_root
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Tags models use in their answers: one token each, as in Qwen3's vocabulary.
@@ -127,30 +127,32 @@ def build_tiny_model(
     path = Path(path) if path is not None else default_cache_dir()
     if _is_complete(path, spec):
         return path
+    with build_lock(path):
+        if _is_complete(path, spec):  # another process built it meanwhile
+            return path
+        tokenizer = _train_tokenizer(spec.vocab_size)
+        config = Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_hidden_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            head_dim=spec.head_dim,
+            max_position_embeddings=spec.max_position_embeddings,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
 
-    tokenizer = _train_tokenizer(spec.vocab_size)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-
-    with atomic_folder(path) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "roll_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+        with atomic_folder(path) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / "roll_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return path

@@ -39,6 +39,28 @@ def test_tiny_model_cache_is_reused_and_rebuilt_on_spec_change(tmp_path):
     assert json.loads((path / "roll_tiny_spec.json").read_text())["seed"] == 1
 
 
+def test_a_build_started_while_another_is_writing_waits_and_reuses_its_folder(
+        tiny_model_path, tmp_path):
+    """Side-by-side runs on one machine: while one process holds the build lock and writes the
+    folder, a second build waits, then finds the folder complete and keeps it (the old code
+    built again and deleted the folder under the first run, which was reading its tokenizer)."""
+    import shutil
+    import threading
+
+    from roll.models.cache import build_lock
+
+    path = tmp_path / "m"
+    done = threading.Event()
+    with build_lock(path):
+        waiter = threading.Thread(target=lambda: (build_tiny_model(path), done.set()))
+        waiter.start()
+        assert not done.wait(1.0) and not path.exists()  # it waits for the lock
+        shutil.copytree(tiny_model_path, path)  # the first process's complete folder
+        (path / "first_writer").write_text("kept")
+    waiter.join(60)
+    assert done.is_set() and (path / "first_writer").read_text() == "kept"
+
+
 def test_incomplete_folder_is_not_taken_as_a_model(tmp_path):
     path = tmp_path / "m"
     path.mkdir()
