@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from roll.multi_agent.routing import RowRouting
+from roll.utils.compile_workers import compile_in_process
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -78,6 +79,7 @@ class CompiledLayers:
         # One compiled callable per layer; they share one code object, so dynamo's cache (and
         # its compiled graphs) is shared by every layer. Rows and tokens vary from one forward
         # to the next: dynamic from the start, not one static graph and then a dynamic one.
+        compile_in_process()  # roll/utils/compile_workers.py says why
         self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True)
                           for layer in self.layers]
 

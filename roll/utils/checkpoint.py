@@ -6,6 +6,7 @@ Layout::
         step_00000100/
             agents/<agent_name>/   standard PEFT adapter folders (written by the caller)
             trainer_state.pt       torch.save of a dict: optimizers, schedulers, RNG, step, ...
+                                   (tensors and plain containers: loads with weights_only=True)
             meta.json              step, time, roll version, every file with size and sha256
         .tmp-...                   a save in progress (or left by a crash; removed next save)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -328,9 +330,23 @@ def load_trainer_state(ckpt_path: str | os.PathLike[str]) -> dict[str, Any]:
     trainer_state.pt. Raises CheckpointError naming the file that does not match."""
     folder = Path(ckpt_path)
     verify_checkpoint(folder, deep=True)
-    # weights_only=False: the file holds optimizer states, RNG states and plain Python objects
-    # written by save_checkpoint, and its sha256 was just checked against meta.json.
-    return torch.load(folder / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
+    # weights_only=True: tensors and plain Python containers only, so a crafted file cannot run
+    # code (the sha256 in meta.json detects a corrupted or cut file, not a forged one: whoever
+    # can write the file can write meta.json). numpy's array reconstruction is allowed for
+    # checkpoints of before 2026-11-26, which held numpy's RNG state as an array.
+    file = folder / TRAINER_STATE_FILE
+    try:
+        with torch.serialization.safe_globals(_NUMPY_ARRAYS):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        lines = str(error).strip().splitlines() or [""]
+        reason = next((line.strip() for line in lines if "Unsupported" in line), lines[-1])
+        raise CheckpointError(f"{file}: holds objects other than tensors and plain containers; "
+                              f"refused, as loading it could run code ({reason})") from error
+
+
+_NUMPY_ARRAYS = [getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct,
+                 np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,7 +358,7 @@ def capture_rng_state() -> dict[str, Any]:
     """State of every global RNG: python ``random``, numpy, torch CPU, torch CUDA (if any)."""
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state(),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -350,10 +366,18 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+def _numpy_state() -> tuple:
+    """numpy's global RNG state with its key array as a tensor (loads with weights_only)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss),
+            float(cached))
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Put back a ``capture_rng_state`` dict, so the following random draws repeat."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     cuda_states = state.get("torch_cuda")
     if cuda_states is None:

@@ -205,3 +205,44 @@ def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
     py_value, np_value, torch_values = _draws()
     assert (py_value, np_value) == expected[:2]
     assert torch.equal(torch_values, expected[2])
+
+
+class _Payload:
+    """A pickle that runs code when loaded (writes a file)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.write_text, (self.target, "ran"))
+
+
+def test_a_crafted_trainer_state_cannot_run_code_on_resume(tmp_path):
+    """A checkpoint whose trainer_state.pt was replaced by a code-running pickle, with meta.json
+    rewritten to its size and sha256 (whoever can write one file can write both): the load is
+    refused and nothing ran (the old loader used weights_only=False and ran it)."""
+    path = _save(tmp_path, 2)
+    target = tmp_path / "pwned"
+    state_file = path / "trainer_state.pt"
+    torch.save({"step": 2, "evil": _Payload(target)}, state_file)
+    meta = json.loads((path / "meta.json").read_text())
+    for entry in meta["files"]:
+        if entry["path"] == "trainer_state.pt":
+            entry["size"] = state_file.stat().st_size
+            entry["sha256"] = hashlib.sha256(state_file.read_bytes()).hexdigest()
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="trainer_state.pt: holds objects other than"):
+        load_trainer_state(path)
+    assert not target.exists()
+
+
+def test_a_checkpoint_with_numpys_rng_state_as_an_array_still_loads(tmp_path):
+    """Checkpoints written before the RNG state became tensors held numpy's key array."""
+    np.random.seed(5)
+    old_state = {"python": random.getstate(), "numpy": np.random.get_state(),
+                 "torch": torch.get_rng_state()}
+    expected = np.random.rand(3)
+    path = save_checkpoint(tmp_path, 1, {"rng": old_state}, lambda folder: None, keep_last=1)
+    np.random.rand(7)
+    restore_rng_state(load_trainer_state(path)["rng"])
+    assert np.array_equal(np.random.rand(3), expected)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from roll.utils.compile_workers import compile_in_process
+
 RECOMPILE_LIMIT = 64
 """Compiled variants a decode step may have (torch.compile's default is 8 per function, after
 which new shapes silently run uncompiled): one per batch bucket × cache length × LoRA layout."""
@@ -15,7 +17,9 @@ which new shapes silently run uncompiled): one per batch bucket × cache length 
 
 def compile_step(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``torch.compile(step)`` (static shapes) called under a raised recompile limit: the
-    limit is patched for the call only, not for the process."""
+    limit is patched for the call only, not for the process. Inductor compiles in this
+    process (roll/utils/compile_workers.py says why)."""
+    compile_in_process()
     compiled = torch.compile(step, dynamic=False)
 
     def call(*args: Tensor) -> Tensor:
