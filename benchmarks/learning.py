@@ -18,7 +18,6 @@ recipe when matplotlib is available.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
 import sys
@@ -247,12 +246,7 @@ def main() -> None:
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
-    parser.add_argument("--stack_dumps", type=float, default=0,
-                        help="every this many seconds, print every thread's stack to stderr "
-                             "(find where a silent run is stuck; 0: off)")
     args = parser.parse_args()
-    if args.stack_dumps > 0:
-        faulthandler.dump_traceback_later(args.stack_dumps, repeat=True)
     if args.from_metrics:
         print(json.dumps(summarize(args.from_metrics, args.model), indent=2))
         return
