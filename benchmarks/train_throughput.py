@@ -96,11 +96,17 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     def old_logprob():
         return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **keywords)
 
-    filled = batch.with_fields(old_logprobs=old_logprob())
-    result = {"agents": num_agents, "fused": fused,
-              "old_logprob": measure(old_logprob, batch.input_ids.device, args.repeats),
-              "train_step": measure(lambda: trainer.train_step(filled), batch.input_ids.device,
-                                    args.repeats)}
+    from roll.utils.stages import stage
+
+    team = f"{num_agents} agent(s), fused={fused}, compile={args.compile}"
+    with stage(f"{team}: old-log-prob pass (first call compiles when on)"):
+        filled = batch.with_fields(old_logprobs=old_logprob())
+    result = {"agents": num_agents, "fused": fused}
+    with stage(f"{team}: old-log-prob pass timed"):
+        result["old_logprob"] = measure(old_logprob, batch.input_ids.device, args.repeats)
+    with stage(f"{team}: train step timed (its warm-up compiles when on)"):
+        result["train_step"] = measure(lambda: trainer.train_step(filled),
+                                       batch.input_ids.device, args.repeats)
     if args.compile:
         from roll.multi_agent.compiled import compile_count
 

@@ -72,6 +72,7 @@ from roll.utils.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
 
 EVAL_SEED_OFFSET = 7_919
@@ -95,11 +96,12 @@ class AgenticPipeline:
         if cfg.cluster.backend == "ray":
             start_ray(cfg)  # and check its resources, before any model loads
         torch.manual_seed(cfg.seed)
-        path = model_path(cfg)
-        self.tokenizer = load_tokenizer(path)
+        with stage(f"loading the model ({cfg.model.path} on {cfg.model.device})"):
+            path = model_path(cfg)
+            self.tokenizer = load_tokenizer(path)
+            base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
         agents = cfg.team.resolved_agents()
         self.agent_names = [a.name for a in agents]
-        base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
@@ -131,10 +133,12 @@ class AgenticPipeline:
         self.shared_bundles = build_shared_bundles(cfg)
         """actor_infer.colocate: the placement group whose bundle i holds train rank i and
         engine i; None otherwise."""
-        self.trainer: TrainGroup = build_train_group(
-            spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,
-            cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg), self.shared_bundles,
-        )
+        with stage(f"building the trainer ({cfg.cluster.backend}, "
+                   f"{cfg.actor_train.world_size} rank(s))"):
+            self.trainer: TrainGroup = build_train_group(
+                spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,
+                cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg), self.shared_bundles,
+            )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
         self.env_setup = build_env_setup(cfg)
@@ -161,8 +165,9 @@ class AgenticPipeline:
         snapshot_specs = {spec.raw for spec in snapshot_seats}
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
-        self.engine = build_engine(cfg, self.model, self.tokenizer, path, len(snapshot_specs),
-                                   spec, self.shared_bundles)
+        with stage(f"building the {cfg.rollout.engine} engine"):
+            self.engine = build_engine(cfg, self.model, self.tokenizer, path,
+                                       len(snapshot_specs), spec, self.shared_bundles)
         self.env_host = build_env_host(cfg)
         """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
         episodes in this process."""
@@ -312,19 +317,28 @@ class AgenticPipeline:
         with Tracker(tracking, str(self.output_dir), run_config=dataclasses.asdict(cfg),
                      run_id=self.run_id) as tracker:
             if cfg.eval.eval_steps and self.step == 0:
-                first_eval = self.evaluate(eval_scheduler, tracker)
+                with stage("evaluation before training"):
+                    first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)
+            quiet = "console" not in cfg.tracking.backends  # the console prints each step
             while self.step < cfg.max_steps:
                 self.step += 1
                 block = (self.step - 1) // max(1, cfg.env.swap_roles_every)
                 scheduler = train_schedulers[block % len(train_schedulers)]
+                if self.step == 1 or quiet:
+                    log_line(f"step {self.step}/{cfg.max_steps} ..."
+                             + (" (the first compiles what it needs)" if self.step == 1 else ""))
                 metrics = self.train_step(scheduler, tracker)
+                if quiet:
+                    log_line(f"step {self.step}/{cfg.max_steps}: done in "
+                             f"{metrics['time/step']:.1f} s")
                 if cfg.env.swap_roles_every:
                     metrics["team/roles_swapped"] = float(block % 2)
                 if cfg.eval.eval_steps and (
                     self.step % cfg.eval.eval_steps == 0 or self.step == cfg.max_steps
                 ):
-                    last_eval = self.evaluate(eval_scheduler, tracker)
+                    with stage(f"evaluation at step {self.step}"):
+                        last_eval = self.evaluate(eval_scheduler, tracker)
                     metrics.update(last_eval)
                 tracker.log(metrics, step=self.step)
                 last = metrics

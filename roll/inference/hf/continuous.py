@@ -64,6 +64,7 @@ from roll.inference.hf.sampling import (
     mix32,
     seed_key,
 )
+from roll.utils.stages import stage
 
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
@@ -303,7 +304,11 @@ class ContinuousDecoder:
     def _capture(self, forward: Callable[[], Tensor]) -> None:
         """Capture the step; the warm-ups and the capture write this step's ring column with
         this step's inputs, as the replay does."""
-        self.graph = CapturedStep(forward)
+        what = "compiling and capturing" if self.engine.compile else "capturing"
+        # The first compile of a shape takes 30-70 s on a GPU: said, so it is not taken for a hang.
+        with stage(f"hf engine: {what} the decode step ({self.lanes} lanes, capture "
+                   f"{self.captures + 1})"):
+            self.graph = CapturedStep(forward)
         self.graph_layout = self.engine.fused.layout_key
         self.captures += 1
 

@@ -45,6 +45,7 @@ from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
 from roll.inference.hf.ring import additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler
+from roll.utils.stages import stage
 
 LORA_KERNELS = ("auto", *KERNELS)
 CACHE_LEN_MULTIPLE = 256
@@ -425,9 +426,11 @@ class HFEngine:
                 # One graph at a time, like the static cache it writes: a new shape, cache or
                 # LoRA layout frees the old graph before capturing the new one.
                 self._decode_graph = None
-                self._decode_graph = (key, CapturedStep(
-                    lambda *args: self._compiled_step(*args[:3], cache, args[3]), inputs,
-                    cache_counters(cache)))
+                with stage(f"hf engine: compiling and capturing the decode step (batch "
+                           f"{input_ids.shape[0]}, cache {mask.shape[-1]})"):
+                    self._decode_graph = (key, CapturedStep(
+                        lambda *args: self._compiled_step(*args[:3], cache, args[3]), inputs,
+                        cache_counters(cache)))
                 self.decode_captures += 1
             graph = self._decode_graph[1]
             return graph.replay(inputs).clone()  # the next replay overwrites its output
