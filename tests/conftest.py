@@ -15,6 +15,8 @@ os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+pytest_plugins = ["tests.no_skips"]  # a skipped test fails here
+
 
 @pytest.fixture(autouse=True)
 def grad_mode_restored():
