@@ -260,11 +260,15 @@ def gae(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     The response tokens of a trajectory's turns, in turn order, form ONE token sequence (prompt
     and environment tokens between turns are part of the transition, not steps). Each turn's
     reward sits on that turn's last response token; ``values[:, t]`` is V of the state in which
-    token t was generated. Then, over that sequence, with V = 0 after the last token (the
-    episode is treated as finished, so truncated episodes get no bootstrap):
+    token t was generated. Then, over that sequence, with V = 0 after the last token of a
+    finished episode:
         delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lam A_{t+1},
         returns_t = A_t + V_t.
-    ``gamma`` here discounts per response token. Every row needs >= 1 response token.
+    A truncated episode (``batch.truncated``: cut at ``max_turns`` or by a prompt too long)
+    did not end there: its value after the last token is bootstrapped from the critic,
+    V_{L} = V_{L-1}, the value of the trajectory's last scored state (the state after the cut
+    was never shown to the critic; a prompt too long cannot be). ``gamma`` here discounts per
+    response token. Every row needs >= 1 response token.
     """
     batch.require("rewards", "values")
     traj, rank, n_traj = trajectories(batch)
@@ -284,6 +288,12 @@ def gae(batch: TrajectoryBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     v = pack(values[rows, cols], seq_traj, seq_pos, n_traj)  # (N, L), zero-padded
     r = pack(torch.where(is_last, batch.rewards[rows], 0.0), seq_traj, seq_pos, n_traj)
     next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)  # 0 after the end
+    if batch.truncated is not None and bool(batch.truncated.any()):
+        cut = torch.zeros(n_traj, dtype=torch.bool, device=v.device)
+        cut[traj] = batch.truncated.bool()
+        last = tokens_by_turn.sum(dim=1) - 1  # (N,) each trajectory's last position
+        every = torch.arange(n_traj, device=v.device)
+        next_v[every, last] = torch.where(cut, v[every, last], next_v[every, last])
     delta = r + cfg.gamma * next_v - v  # (N, L); 0 on the zero padding after a sequence
     seq_adv = reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam)  # (N, L)
     advantages = torch.zeros_like(values)

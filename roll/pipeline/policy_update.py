@@ -112,7 +112,7 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
     Truncated episodes (cut at ``rollout.max_turns`` or by a prompt too long): without a critic
     their partial returns would be scored as a finished game's, so their rows leave the step
     (``<agent>/truncated_rows``) before any advantage or baseline sees them. With a critic
-    they stay (GAE bootstraps 0 at the cut: not yet the critic's value there)."""
+    they stay, and GAE bootstraps the value after the cut from the critic (``gae``)."""
     cut = {}
     if batch.values is None and batch.truncated is not None and bool(batch.truncated.any()):
         counts = torch.bincount(batch.agent_id[batch.truncated], minlength=len(model.agent_names))

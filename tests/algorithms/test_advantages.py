@@ -298,6 +298,37 @@ def test_gae_lambda_one_gamma_one_returns_are_monte_carlo():
     assert_rows(response_values(advantages, batch), [[0.5], [2.5, 2.0], [0.6], [1.8]])
 
 
+def test_gae_bootstraps_a_truncated_episode_from_the_critic():
+    """A truncated episode's value after its last token is the critic's value of the last
+    scored state (V_L = V_{L-1}); a finished episode in the same batch keeps V_L = 0."""
+    # Env 0 of gae_batch, truncated; gamma 0.9, lam 0.8 (0.72). Seat 0, V_L = 1.5:
+    #   d3 = 2 + 0.9*1.5 - 1.5 = 1.85;  d2 = 1.15;  d1 = 0.18;  d0 = 0.4 (as before)
+    #   A3 = 1.85;  A2 = 1.15 + 0.72*1.85 = 2.482;  A1 = 0.18 + 0.72*2.482 = 1.96704
+    #   A0 = 0.4 + 0.72*1.96704 = 1.8162688;  returns = A + V
+    # Seat 1, V_L = 0.4: d = 1 + 0.9*0.4 - 0.4 = 0.96.  Env 1 (finished): A = 2 - 0.3 = 1.7.
+    rows = [dict(prompt=3, response=1, reward=2.0, turn=2,
+                 values=[GAE_PAD, GAE_PAD, GAE_PAD, 1.5, NAN, NAN]),
+            dict(prompt=2, response=2, reward=1.0, turn=0,
+                 values=[GAE_PAD, GAE_PAD, 0.5, 1.0, NAN, NAN]),
+            dict(prompt=1, response=1, reward=1.0, seat=1,
+                 values=[GAE_PAD, 0.4, NAN, NAN, NAN, NAN]),
+            dict(prompt=4, response=1, reward=0.0, turn=1,
+                 values=[GAE_PAD, GAE_PAD, GAE_PAD, GAE_PAD, 0.2, NAN]),
+            dict(prompt=1, response=1, reward=2.0, env=1,
+                 values=[GAE_PAD, 0.3, NAN, NAN, NAN, NAN])]
+    batch = make_batch(rows, length=6)
+    batch = batch.with_fields(truncated=torch.tensor([True, True, True, True, False]))
+    advantages, returns = gae(batch, AdvantageConfig(estimator="gae", gamma=0.9, lam=0.8))
+    assert_rows(response_values(advantages, batch),
+                [[1.85], [1.8162688, 1.96704], [0.96], [2.482], [1.7]])
+    assert_rows(response_values(returns, batch),
+                [[3.35], [2.3162688, 2.96704], [1.36], [2.682], [2.0]])
+    # Nothing truncated: the finished-episode figures of test_gae_three_turns_gamma_lambda.
+    finished = gae(batch.with_fields(truncated=torch.zeros(5, dtype=torch.bool)),
+                   AdvantageConfig(estimator="gae", gamma=0.9, lam=0.8))[0]
+    assert_rows(response_values(finished, batch)[:4], [[0.5], [1.312384, 1.2672], [0.6], [1.51]])
+
+
 # --- VDN ----------------------------------------------------------------------------------------
 
 
