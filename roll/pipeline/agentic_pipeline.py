@@ -62,7 +62,7 @@ from roll.pipeline.evaluation import (
     team_return,
 )
 from roll.pipeline.policy_update import SnapshotMagnet, update_agents
-from roll.pipeline.snapshot_pool import SnapshotPool
+from roll.pipeline.snapshot_pool import pool_for_seatings
 from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,
@@ -149,25 +149,14 @@ class AgenticPipeline:
         self.items = (ItemSampler(self.env_setup.train_items, cfg.seed, cfg.env.data.shuffle)
                       if self.env_setup.is_task else None)
         """Team tasks: deals the training items to the groups (position saved in checkpoints)."""
-        snapshot_seats = [
-            spec
-            for seating in self.train_seatings + self.eval_seatings
-            for spec in seating.seats if spec.kind == "snapshot"
-        ]
-        pinned: dict[str, set[int]] = {}
-        for seat in snapshot_seats:  # (not ``spec``: that name holds the TrainSpec)
-            if seat.snapshot_step is not None:
-                pinned.setdefault(seat.agent_name, set()).add(seat.snapshot_step)
-        self.pool = SnapshotPool(
-            self.model, {spec.agent_name for spec in snapshot_seats},
-            checkpoints_root(self.output_dir), self.output_dir / "snapshots",
-            cfg.snapshot_pool.max_size, pinned)
-        snapshot_specs = {spec.raw for spec in snapshot_seats}
+        self.pool, snapshot_specs = pool_for_seatings(
+            self.model, self.train_seatings + self.eval_seatings, self.output_dir,
+            cfg.snapshot_pool.max_size)
         self.snapshot_slot_of: dict[str, str] = {}
         """Engine slot each snapshot spec plays with now (stale slots are unloaded)."""
         with stage(f"building the {cfg.rollout.engine} engine"):
             self.engine = build_engine(cfg, self.model, self.tokenizer, path,
-                                       len(snapshot_specs), spec, self.shared_bundles)
+                                       snapshot_specs, spec, self.shared_bundles)
         self.env_host = build_env_host(cfg)
         """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
         episodes in this process."""

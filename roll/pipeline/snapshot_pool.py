@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from roll.agentic.env.seating import SeatSpec
+from roll.agentic.env.seating import Seating, SeatSpec
 from roll.models.peft_io import ADAPTER_WEIGHTS
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.utils.checkpoint import agent_dir, step_dir_name
+from roll.utils.checkpoint import agent_dir, checkpoints_root, step_dir_name
 
 
 class SnapshotPool:
@@ -114,3 +114,18 @@ class SnapshotPool:
                 if step not in self.snapshots[agent]:
                     print(f"snapshot pool: the snapshot of {agent!r} at step {step} is gone "
                           f"({self.file(agent, step)}); continuing without it", flush=True)
+
+
+def pool_for_seatings(model: MultiAgentLoRAModel, seatings: list[Seating], output_dir: Path,
+                      max_size: int) -> tuple[SnapshotPool, int]:
+    """The run's snapshot pool (the agents some seating plays a snapshot of, the steps a
+    seating names pinned) and how many distinct snapshot specs the seatings hold (the engine's
+    extra slots)."""
+    seats = [spec for seating in seatings for spec in seating.seats if spec.kind == "snapshot"]
+    pinned: dict[str, set[int]] = {}
+    for seat in seats:
+        if seat.snapshot_step is not None:
+            pinned.setdefault(seat.agent_name, set()).add(seat.snapshot_step)
+    pool = SnapshotPool(model, {seat.agent_name for seat in seats},
+                        checkpoints_root(output_dir), output_dir / "snapshots", max_size, pinned)
+    return pool, len({seat.raw for seat in seats})
