@@ -32,8 +32,11 @@ def test_one_compile_thread_unless_the_user_chose():
     assert user == ["False", "4", "4"]
 
 
-def test_the_compiled_training_forward_sets_it(tiny_model_path):
+def test_the_compiled_training_forward_sets_it(tiny_model_path, monkeypatch):
     import torch._inductor.config as inductor_config
+
+    # vLLM sets this variable when imported (earlier tests import it): unset, ours decides.
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
 
     from roll.models import load_model
     from roll.multi_agent.compiled import CompiledLayers
