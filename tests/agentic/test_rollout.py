@@ -442,3 +442,18 @@ def test_global_views_show_the_critic_every_seats_cards_with_the_same_responses(
     plain = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=2).rollout(seed=5)
     assert plain.batch.critic_input_ids is None
     assert torch.equal(plain.batch.input_ids, batch.input_ids)  # the agents' rows unchanged
+
+
+def test_a_critic_view_too_long_ends_its_episode_like_a_prompt_too_long(team_engine):
+    """critic.input=global: the critic's view of a turn is longer than the agent's prompt; a
+    limit between the two ends every episode at its first trained turn, truncated and counted,
+    instead of training the critic on a view longer than the limit (it was unchecked)."""
+    _, engine, tokenizer = team_engine
+    full = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], critic_view=True, groups=2)
+    turns = full.rollout(seed=5).turns
+    limit = max(len(t.prompt_ids) for t in turns)
+    assert all(len(t.critic_prompt_ids) > limit for t in turns)
+    cut = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], critic_view=True, groups=2,
+                     max_prompt_tokens=limit).rollout(seed=5)
+    assert cut.turns == [] and all(e.truncated for e in cut.episodes)
+    assert cut.metrics["rollout/prompts_too_long"] == len(cut.episodes)

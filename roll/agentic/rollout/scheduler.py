@@ -208,8 +208,8 @@ class RolloutScheduler:
                 if seat_spec.uses_llm:
                     self._slot(seat_spec)
         asks = self.episodes.open(setup, specs)
-        waiting: dict[int, tuple[int, Ask, list[int], GenerationRequest]] = {}
-        """request key -> (episode index, ask, prompt ids, request)."""
+        waiting: dict[int, tuple[int, Ask, list[int], list[int] | None, GenerationRequest]] = {}
+        """request key -> (episode index, ask, prompt ids, critic view ids, request)."""
         turns: list[Turn] = []
         turns_per_seat: list[dict[int, int]] = [{} for _ in specs]
         done = sum(ask is None for ask in asks)
@@ -217,11 +217,16 @@ class RolloutScheduler:
         keys = itertools.count()  # serve() numbers requests in the order they are made
 
         def request(index: int, ask: Ask) -> list[GenerationRequest]:
-            """The turn's request; none when its prompt is too long to serve: the episode
-            ends there, truncated (counted, never trained as a finished game)."""
+            """The turn's request; none when its prompt (or the centralised critic's view of
+            the turn) is too long: the episode ends there, truncated (counted, never trained as
+            a finished game)."""
             nonlocal done
             prompt_ids = self._chat_ids(ask.prompt.text)
-            if len(prompt_ids) > self.config.max_prompt_tokens:
+            critic_ids = (self._chat_ids(ask.critic_prompt)
+                          if ask.critic_prompt is not None
+                          and specs[index].seating[ask.seat].is_trained else None)
+            longest = max(len(prompt_ids), len(critic_ids) if critic_ids is not None else 0)
+            if longest > self.config.max_prompt_tokens:
                 self.episodes.cut(index)
                 self.prompts_too_long += 1
                 done += 1
@@ -229,12 +234,12 @@ class RolloutScheduler:
                     progress(done, len(specs))
                 return []
             made = self._request(specs[index], ask, index, seed, prompt_ids)
-            waiting[next(keys)] = (index, ask, prompt_ids, made)
+            waiting[next(keys)] = (index, ask, prompt_ids, critic_ids, made)
             return [made]
 
         def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
             nonlocal done
-            index, ask, prompt_ids, made = waiting.pop(key)
+            index, ask, prompt_ids, critic_ids, made = waiting.pop(key)
             self._check_output_version(made, output)
             played, following = self.episodes.play(index, output.text)
             spec = specs[index].seating[ask.seat]
@@ -250,9 +255,7 @@ class RolloutScheduler:
                 response_ids=list(output.token_ids), logprobs=list(output.logprobs),
                 choices=(None if made.allowed_completions is None else CompletionTrie(
                     made.allowed_completions).branch_points(list(output.token_ids))),
-                critic_prompt_ids=(self._chat_ids(ask.critic_prompt)
-                                   if ask.critic_prompt is not None and spec.is_trained
-                                   else None),
+                critic_prompt_ids=critic_ids,
                 format_error=played.format_error,
                 truncated=output.finish_reason == "length" and played.no_answer,
             ))
