@@ -70,3 +70,24 @@ def test_arithmetic_problems_have_exact_answers_and_a_seeded_order():
                                      problem.answer).correct
     with pytest.raises(ValueError, match=r"count=0: must be an integer >= 1"):
         arithmetic_problems(0)
+
+
+def test_tag_contents_is_what_the_lazy_regex_finds_without_its_quadratic_scan():
+    """``tag_contents`` gives re.findall's answer on tag soup (openings inside a match are
+    content, stray closings are skipped, case folded when asked), and on 20,000 unclosed
+    ``<answer>`` tags (the regex took 77 s there: seen in the garbage-output campaign) nothing."""
+    import random
+
+    from roll.agentic.tasks.math_check import tag_contents
+
+    rng = random.Random(3)
+    pieces = ["<answer>", "</answer>", "<ANSWER>", "</Answer>", "x", "7", " ", "<answer", ">"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        assert tag_contents(text, "answer") == re.findall(r"<answer>(.*?)</answer>", text,
+                                                          re.DOTALL), text
+        assert tag_contents(text, "answer", ignore_case=True) == re.findall(
+            r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE), text
+    assert tag_contents("<answer>" * 20_000 + "x(1,1)", "answer") == []
+    assert final_answer("<answer>" * 20_000 + "7</answer>") == "<answer>" * 19_999 + "7"
+    assert check_math_answer("<answer>" * 20_000, "7") == MathCheck(None, False)

@@ -45,7 +45,11 @@ from roll.agentic.tasks.base import (
     mean,
     ratio,
 )
-from roll.agentic.tasks.math_check import check_gold_answers, check_math_answer
+from roll.agentic.tasks.math_check import (
+    check_gold_answers,
+    check_math_answer,
+    tag_contents,
+)
 from roll.errors import ConfigError
 
 ROLES = ("generator", "critic", "refiner")
@@ -60,14 +64,13 @@ INSTRUCTIONS = {
                 "only the final answer as <answer>ANSWER</answer>."),
 }
 VERDICTS = ("Correct", "Incorrect")
-_VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.DOTALL | re.IGNORECASE)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _VERDICT_WORD = re.compile(r"\b(incorrect|correct)\b", re.IGNORECASE)
 
 
 def parse_verdict(text: str, lenient: bool = False) -> str | None:
     """'correct', 'incorrect' or None (module docstring)."""
-    found = (_VERDICT.findall(text) or _ANSWER.findall(text)
+    found = (tag_contents(text, "verdict", ignore_case=True)
+             or tag_contents(text, "answer", ignore_case=True)
              or (_VERDICT_WORD.findall(text) if lenient else []))
     if not found:
         return None
