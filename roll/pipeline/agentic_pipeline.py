@@ -54,7 +54,7 @@ from roll.pipeline.builders import (
 )
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
-from roll.pipeline.env_setup import build_env_setup, run_seatings
+from roll.pipeline.env_setup import build_env_setup, check_first_prompts, run_seatings
 from roll.pipeline.evaluation import (
     before_after,
     policy_divergences,
@@ -96,12 +96,19 @@ class AgenticPipeline:
         if cfg.cluster.backend == "ray":
             start_ray(cfg)  # and check its resources, before any model loads
         torch.manual_seed(cfg.seed)
+        agents = cfg.team.resolved_agents()
+        self.agent_names = [a.name for a in agents]
+        self.env_setup = build_env_setup(cfg)
+        """The game or team task: seats, env factories, renderer, datasets (env_setup.py)."""
+        self.train_seatings, self.eval_seatings = run_seatings(cfg, self.env_setup,
+                                                               self.agent_names)
         with stage(f"loading the model ({cfg.model.path} on {cfg.model.device})"):
             path = model_path(cfg)
             self.tokenizer = load_tokenizer(path)
+            # A first prompt that cannot fit would cut every episode: refused before the load.
+            check_first_prompts(cfg, self.env_setup, self.train_seatings, self.tokenizer,
+                                env_factory, render)
             base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
-        agents = cfg.team.resolved_agents()
-        self.agent_names = [a.name for a in agents]
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
@@ -141,11 +148,7 @@ class AgenticPipeline:
             )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
-        self.env_setup = build_env_setup(cfg)
-        """The game or team task: seats, env factories, renderer, datasets (env_setup.py)."""
         self.cooperative = self.env_setup.cooperative
-        self.train_seatings, self.eval_seatings = run_seatings(cfg, self.env_setup,
-                                                               self.agent_names)
         self.items = (ItemSampler(self.env_setup.train_items, cfg.seed, cfg.env.data.shuffle)
                       if self.env_setup.is_task else None)
         """Team tasks: deals the training items to the groups (position saved in checkpoints)."""

@@ -233,3 +233,30 @@ def eval_seatings(
             if row not in specs:
                 specs.append(row)
     return seatings_of(specs, num_seats, agents, "eval.opponent") if specs else []
+
+
+def check_first_prompts(cfg: PipelineConfig, setup: EnvSetup, seatings: list[Seating],
+                        tokenizer: Any, env_factory: Callable[[], Any] | None = None,
+                        render: Callable[[Any, int], Any] | None = None) -> None:
+    """ConfigError naming ``rollout.max_prompt_tokens`` when the first LLM prompt of an
+    episode (one per training seating, seed ``cfg.seed``, a task's first item), chat-formatted
+    as the rollout formats it, is already longer: every episode would be cut at its first
+    turn. Needs the tokenizer only, so it runs before the model loads."""
+    from roll.agentic.rollout.episode import EpisodeSetup, EpisodeSpec, LocalEpisodes
+    from roll.models.loading import apply_chat_template
+
+    episode_setup = EpisodeSetup(env_factory or setup.train_factory, render or setup.render,
+                                 cfg.env.action, cfg.rollout.max_turns)
+    item = 0 if setup.is_task else None
+    specs = [EpisodeSpec(0, cfg.seed, seating, cfg.seed, item) for seating in seatings]
+    for ask, seating in zip(LocalEpisodes().open(episode_setup, specs), seatings, strict=True):
+        if ask is None:
+            continue
+        tokens = len(apply_chat_template(tokenizer, [{"role": "user", "content": ask.prompt.text}],
+                                         enable_thinking=cfg.model.enable_thinking))
+        if tokens > cfg.rollout.max_prompt_tokens:
+            seats = [seat.raw for seat in seating.seats]
+            raise ConfigError("rollout.max_prompt_tokens", cfg.rollout.max_prompt_tokens,
+                              f"the first prompt of an episode ({setup.name}, seating {seats}) "
+                              f"is already {tokens} tokens: every episode would end there; "
+                              "raise it")

@@ -163,3 +163,23 @@ def test_a_critic_refusal_leaves_every_agent_and_critic_as_it_was(tmp_path, esti
     assert pipeline.trainer.global_step == 0
     assert all(not o.state for o in pipeline.trainer.optimizers.values())
     assert all(not o.state for o in pipeline.critics.trainer.optimizers.values())
+
+
+def test_a_first_prompt_longer_than_the_limit_is_refused_before_the_model_loads(
+        tmp_path, monkeypatch):
+    """rollout.max_prompt_tokens below the first prompt's length would cut every episode at its
+    first turn: one ConfigError naming the key, raised with the tokenizer only."""
+    import roll.pipeline.agentic_pipeline as module
+    from roll.errors import ConfigError
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(module, "load_model", no_model)
+    cfg = _config(tmp_path, mode="none", estimator="grpo")
+    cfg = replace(cfg, rollout=replace(cfg.rollout, max_prompt_tokens=8))
+    with pytest.raises(ConfigError, match=r"rollout.max_prompt_tokens=8: the first prompt of an "
+                                          r"episode \(tic_tac_toe, seating .*\) is already \d+ "
+                                          r"tokens"):
+        AgenticPipeline(cfg, env_factory=PickSideEnv,
+                        render=lambda env, seat: RenderedPrompt(PROMPT, False))
