@@ -49,6 +49,7 @@ from roll.pipeline.builders import (
     build_env_host,
     build_shared_bundles,
     build_train_group,
+    engine_reports_policy_logprobs,
     model_path,
     start_ray,
 )
@@ -122,14 +123,7 @@ class AgenticPipeline:
         # Sampling temperature is part of the policy: every log-prob is taken at it (greedy
         # rollouts have none; their log-probs are taken at 1).
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
-        sampling = cfg.rollout.sampling
-        self.engine_logprobs_comparable = (
-            cfg.rollout.engine == "hf" or self.policy_temperature == 1.0
-            or (sampling.top_k == 0 and sampling.top_p == 1.0
-                and not cfg.rollout.constrained_decoding)
-        )
-        """Whether the engine reports the trainer's log-probs: a vLLM engine at temperature
-        != 1 reports filtered ones under top-k/top-p or a constraint (vllm_engine.py)."""
+        self.engine_logprobs_comparable = engine_reports_policy_logprobs(cfg)
         spec = TrainSpec(
             model_path=str(path), dtype=cfg.model.dtype,
             device="cuda" if cfg.model.device.startswith("cuda") else "cpu",

@@ -118,6 +118,16 @@ def hf_compile(cfg: PipelineConfig) -> bool:
     return bool(cfg.rollout.hf.compile)
 
 
+def engine_reports_policy_logprobs(cfg: PipelineConfig) -> bool:
+    """Whether the engine's log-probs are the trainer's (the engine/trainer gap metric):
+    a vLLM engine at temperature != 1 reports filtered ones under top-k/top-p or a
+    constraint (vllm_engine.py); the hf engine always reports the policy's."""
+    sampling = cfg.rollout.sampling
+    return (cfg.rollout.engine == "hf" or (sampling.temperature or 1.0) == 1.0
+            or (sampling.top_k == 0 and sampling.top_p == 1.0
+                and not cfg.rollout.constrained_decoding))
+
+
 def build_env_host(cfg: PipelineConfig):
     """Env worker actors (env_workers.num_workers > 0) that hold the rollouts' episodes, or
     None: the episodes stay in the pipeline's process."""
