@@ -90,6 +90,17 @@ def apply_chat_template(
     return list(ids)
 
 
+def prompt_ids(tokenizer, text: str, system_prompt: str | None = None,
+               enable_thinking: bool | None = None) -> list[int]:
+    """``text`` as the user message of a chat (after ``system_prompt``, if any), ready for
+    generation: how every prompt of a rollout, an exploitability table and a length check is
+    formatted."""
+    messages = [{"role": "user", "content": text}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return apply_chat_template(tokenizer, messages, enable_thinking=enable_thinking)
+
+
 def linear_module_names(name_or_path: str | os.PathLike) -> set[str]:
     """Short names of the model's nn.Linear modules (e.g. 'q_proj'), read without weights.
 

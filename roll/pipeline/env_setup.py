@@ -243,7 +243,7 @@ def check_first_prompts(cfg: PipelineConfig, setup: EnvSetup, seatings: list[Sea
     as the rollout formats it, is already longer: every episode would be cut at its first
     turn. Needs the tokenizer only, so it runs before the model loads."""
     from roll.agentic.rollout.episode import EpisodeSetup, EpisodeSpec, LocalEpisodes
-    from roll.models.loading import apply_chat_template
+    from roll.models.loading import prompt_ids
 
     episode_setup = EpisodeSetup(env_factory or setup.train_factory, render or setup.render,
                                  cfg.env.action, cfg.rollout.max_turns)
@@ -252,8 +252,8 @@ def check_first_prompts(cfg: PipelineConfig, setup: EnvSetup, seatings: list[Sea
     for ask, seating in zip(LocalEpisodes().open(episode_setup, specs), seatings, strict=True):
         if ask is None:
             continue
-        tokens = len(apply_chat_template(tokenizer, [{"role": "user", "content": ask.prompt.text}],
-                                         enable_thinking=cfg.model.enable_thinking))
+        tokens = len(prompt_ids(tokenizer, ask.prompt.text,
+                                enable_thinking=cfg.model.enable_thinking))
         if tokens > cfg.rollout.max_prompt_tokens:
             seats = [seat.raw for seat in seating.seats]
             raise ConfigError("rollout.max_prompt_tokens", cfg.rollout.max_prompt_tokens,

@@ -46,7 +46,7 @@ from roll.agentic.rollout.results import (
 from roll.errors import require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams, serve
 from roll.inference.constrained import CompletionTrie
-from roll.models.loading import apply_chat_template
+from roll.models.loading import prompt_ids
 
 __all__ = ["EnvFactory", "Renderer", "RolloutConfig", "RolloutScheduler"]
 
@@ -323,12 +323,8 @@ class RolloutScheduler:
         return self.snapshot_slot(spec)
 
     def _chat_ids(self, text: str) -> list[int]:
-        """``text`` as the user message of a chat (after the system prompt, if any)."""
-        messages = [{"role": "user", "content": text}]
-        if self.config.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        return apply_chat_template(self.tokenizer, messages,
-                                   enable_thinking=self.config.enable_thinking)
+        return prompt_ids(self.tokenizer, text, self.config.system_prompt,
+                          self.config.enable_thinking)
 
 
     def _completions(self, ask: Ask) -> list[list[int]] | None:
