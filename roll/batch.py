@@ -51,6 +51,11 @@ class TrajectoryBatch:
     old_logprobs: Tensor | None = None
     """(B, T) float. Log-probs under the policy that generated the rows (behaviour policy),
     from the trainer's own forward, so PPO ratios start at exactly 1."""
+    old_move_logprobs: Tensor | None = None
+    """(B, T) float. Under ``trainer.policy_over=moves``: the behaviour policy's log-probs of
+    the policy constrained decoding plays (renormalised over the legal tokens at a branching
+    point, 0 at a forced token; ``algorithms.choices.move_logprobs``), same forward as
+    ``old_logprobs``."""
     ref_logprobs: Tensor | None = None
     """(B, T) float. Log-probs under the reference policy (base model, adapters off)."""
     values: Tensor | None = None

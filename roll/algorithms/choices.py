@@ -44,6 +44,28 @@ def choice_logprobs(choice_logits: Tensor, choice_tokens: Tensor) -> Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+def move_logprobs(token_logprobs: Tensor, choice_logits: Tensor, choice_tokens: Tensor,
+                  input_ids: Tensor) -> Tensor:
+    """(B, T) log-probs of the policy that constrained decoding PLAYS: log π_n(sampled token)
+    at a branching point, 0 at a forced token (one legal token: probability 1), and the
+    token's own log-prob (``token_logprobs``) where decoding was not constrained. Summed over
+    a row they give log π(move) = sum_n log π_n(c_n); their gradient reaches only the legal
+    tokens' logits at the branching points (``trainer.policy_over=moves``).
+
+    ``token_logprobs`` (B, T) and ``input_ids`` (B, T) aligned as ``TrajectoryBatch``'s
+    (position t holds the token chosen at t); ``choice_logits`` (B, T, C) from the model's
+    ``choices=`` output; ``choice_tokens`` (B, T, C), -1 padded.
+    """
+    legal = choice_tokens >= 0
+    picked = legal & (choice_tokens == input_ids.unsqueeze(-1))  # (B, T, C): the sampled one
+    at_point = torch.where(picked, choice_logprobs(choice_logits, choice_tokens),
+                           torch.zeros_like(choice_logits, dtype=torch.float32)).sum(-1)
+    constrained = legal.any(-1)
+    return torch.where(points(choice_tokens), at_point,
+                       torch.where(constrained, torch.zeros_like(at_point),
+                                   token_logprobs.float()))
+
+
 def points(choice_tokens: Tensor) -> Tensor:
     """(B, T) bool: the branching points (two or more legal tokens)."""
     return (choice_tokens >= 0).sum(-1) >= 2
@@ -79,5 +101,5 @@ def uniform_logprobs(choice_leaves: Tensor, choice_tokens: Tensor) -> Tensor:
     return share.clamp(min=1e-30).log()
 
 
-__all__ = ["choice_entropy", "choice_kl", "choice_logprobs", "points",
+__all__ = ["choice_entropy", "choice_kl", "choice_logprobs", "move_logprobs", "points",
            "uniform_logprobs"]

@@ -14,6 +14,7 @@ from roll.errors import ConfigError, require_int
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
+OPTIMIZERS = ("adamw", "sgd")
 CRITIC_MODES = ("none", "per_agent", "shared")
 CRITIC_INPUTS = ("local", "global")
 
@@ -54,10 +55,17 @@ class LoRAConfig:
 
 @dataclass
 class OptimConfig:
-    """One agent's optimizer (AdamW), gradient clipping and learning-rate schedule."""
+    """One agent's optimizer (AdamW or SGD), gradient clipping and learning-rate schedule."""
 
+    name: str = "adamw"
+    """'adamw' or 'sgd'. SGD's step shrinks with the gradient, Adam's does not (it divides by
+    the gradient's running scale): near a mixed equilibrium, where the mean gradient is small
+    and the noise is not, Adam keeps taking full-size steps and the policy cycles
+    (benchmarks/tabular_kuhn.py). Not with actor_train.strategy=deepspeed."""
     lr: float = 1e-4
     """Peak learning rate (> 0)."""
+    momentum: float = 0.0
+    """SGD momentum in [0, 1); only with name=sgd."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay (>= 0)."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -74,6 +82,13 @@ class OptimConfig:
     """Length of the decay for 'linear'/'cosine' (in the agent's own optimizer steps)."""
 
     def validate(self, where: str) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"{where}.name", self.name, f"must be one of {OPTIMIZERS}")
+        if not isinstance(self.momentum, int | float) or not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"{where}.momentum", self.momentum, "must be in [0, 1)")
+        if self.momentum and self.name != "sgd":
+            raise ConfigError(f"{where}.momentum", self.momentum,
+                              f"is SGD's; {where}.name={self.name!r} has no momentum setting")
         if not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ConfigError(f"{where}.lr", self.lr, "must be > 0")
         if not isinstance(self.weight_decay, int | float) or self.weight_decay < 0:
@@ -255,6 +270,14 @@ class TrainerConfig:
     last refresh, every ``magnet_refresh`` steps)."""
     magnet_refresh: int = 50
     """Train steps between refreshes of a 'snapshot' magnet (>= 1)."""
+    policy_over: str = "tokens"
+    """What the policy loss's log-probs and ratios are of. 'tokens': every response token
+    under the model's full next-token distribution. 'moves' (constrained decoding only): the
+    policy constrained decoding PLAYS: at each branching point the model's distribution
+    renormalised over the legal tokens, forced tokens excluded (probability 1, no gradient),
+    each decision (row) weighted once, like the legal-move terms
+    (roll/algorithms/choices.py). 'tokens' also pushes on the forced tokens of an answer and
+    divides a decision's gradient by the tokens of its rows."""
     loss_agg_mode: str = "token-mean"
     """'token-mean' (over all of the agent's response tokens in the step) or
     'seq-mean-token-mean' (mean per row, then over rows)."""
@@ -302,6 +325,9 @@ class TrainerConfig:
         if self.magnet not in ("uniform", "snapshot"):
             raise ConfigError("trainer.magnet", self.magnet, "must be 'uniform' or 'snapshot'")
         require_int("trainer.magnet_refresh", self.magnet_refresh)
+        if self.policy_over not in ("tokens", "moves"):
+            raise ConfigError("trainer.policy_over", self.policy_over,
+                              "must be 'tokens' or 'moves'")
         if self.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
             raise ConfigError(
                 "trainer.loss_agg_mode",

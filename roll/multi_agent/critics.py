@@ -68,7 +68,7 @@ from roll.batch import TrajectoryBatch
 from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, CriticConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.optim import adamw, clip_gradients, schedule
+from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
 from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.utils.checkpoint import critic_dir
 
@@ -171,7 +171,7 @@ class CriticTrainer:
         for critic in critics:
             optim = critic.optim
             params = [*model.agent_parameters(critic.name), *heads.heads[critic.name].parameters()]
-            self.optimizers[critic.name] = adamw(params, optim)
+            self.optimizers[critic.name] = build_optimizer(params, optim)
             self.schedulers[critic.name] = schedule(self.optimizers[critic.name], optim)
 
     def parameters(self, name: str) -> list[torch.nn.Parameter]:

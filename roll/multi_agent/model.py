@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from roll.algorithms.choices import move_logprobs
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
@@ -397,11 +398,14 @@ class MultiAgentLoRAModel(nn.Module):
         positions: Tensor | None = None,
         temperature: float = 1.0,
         forward_rows: int | None = None,
-    ) -> Tensor:
+        choices: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Per-row log-probs (B, T), each row through its own agent's adapter, in mixed-agent
-        forwards of at most ``forward_rows`` rows (None: one forward)."""
+        forwards of at most ``forward_rows`` rows (None: one forward). Given the branching
+        points' legal tokens ``choices`` (B, T, C), the pair (those, the log-probs of the
+        policy constrained decoding plays: ``algorithms.choices.move_logprobs``)."""
         return self._chunked(input_ids, attention_mask, agent_id, positions, temperature,
-                             forward_rows)
+                             forward_rows, choices)
 
     @torch.no_grad()
     def reference_logprobs(
@@ -419,24 +423,31 @@ class MultiAgentLoRAModel(nn.Module):
                              forward_rows)
 
     def _chunked(self, input_ids, attention_mask, agent_id, positions, temperature,
-                 forward_rows) -> Tensor:
+                 forward_rows, choices=None):
         """No-grad log-probs in forwards of at most ``forward_rows`` rows, sorted by
-        agent so that each forward holds each agent's rows as one segment."""
+        agent so that each forward holds each agent's rows as one segment; with ``choices``,
+        also the constrained policy's (a pair)."""
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        moves = None if choices is None else torch.zeros_like(out)
         count = input_ids.shape[0]
         step = forward_rows or max(1, count)
         order = (torch.arange(count, device=input_ids.device) if agent_id is None
                  else torch.sort(agent_id, stable=True).indices)
         for start in range(0, count, step):
             rows = order[start : start + step]
-            out[rows], _ = self.forward(
+            scored = self.forward(
                 input_ids[rows],
                 attention_mask[rows],
                 None if agent_id is None else agent_id[rows],
                 positions=None if positions is None else positions[rows],
                 temperature=temperature,
+                choices=None if choices is None else choices[rows],
             )
-        return out
+            out[rows] = scored[0]
+            if choices is not None:
+                moves[rows] = move_logprobs(scored[0], scored[2], choices[rows],
+                                            input_ids[rows])
+        return out if choices is None else (out, moves)
 
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:

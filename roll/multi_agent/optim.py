@@ -1,4 +1,4 @@
-"""One agent's (or critic's) optimizer: AdamW, its learning-rate schedule, gradient clipping.
+"""One agent's (or critic's) optimizer: AdamW or SGD, its learning-rate schedule, gradient clipping.
 
 Every adapter gets its own of each, counted in its own optimizer steps (DESIGN.md invariant 1);
 the agents' trainer and the critics' trainer build them here, the same way.
@@ -15,9 +15,12 @@ from torch import Tensor
 from roll.multi_agent.config import OptimConfig
 
 
-def adamw(params: Sequence[Tensor], optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over ``params`` with ``optim``'s settings (fused on CUDA)."""
+def build_optimizer(params: Sequence[Tensor], optim: OptimConfig) -> torch.optim.Optimizer:
+    """``optim.name``'s optimizer over ``params``: AdamW (fused on CUDA) or SGD."""
     params = list(params)
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum,
+                               weight_decay=optim.weight_decay)
     return torch.optim.AdamW(
         params,
         lr=optim.lr,

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from roll.multi_agent.config import AgentConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.optim import adamw, clip_gradients, schedule
+from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
 
 
 class GradSync(Protocol):
@@ -124,9 +124,9 @@ class TrainStrategy(Protocol):
 
 
 class TorchStrategy:
-    """Plain torch: per agent an AdamW (``optim.adamw``) over the tensors the model says it
-    steps (``optimizer_parameters``) and its LambdaLR; gradients summed over ``grad_sync``'s
-    ranks by hand (one flat all-reduce per round)."""
+    """Plain torch: per agent its optimizer (``optim.build_optimizer``) over the tensors the
+    model says it steps (``optimizer_parameters``) and its LambdaLR; gradients summed over
+    ``grad_sync``'s ranks by hand (one flat all-reduce per round)."""
 
     def __init__(self, grad_sync: GradSync | None = None) -> None:
         self.grad_sync = grad_sync
@@ -140,7 +140,7 @@ class TorchStrategy:
         self.model = model
         for agent in agents:
             optimizer = (optimizers[agent.name] if optimizers is not None else
-                         adamw(model.optimizer_parameters(agent.name), agent.optim))
+                         build_optimizer(model.optimizer_parameters(agent.name), agent.optim))
             self.optimizers[agent.name] = optimizer
             self.schedulers[agent.name] = schedule(optimizer, agent.optim)
 

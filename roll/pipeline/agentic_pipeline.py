@@ -364,7 +364,8 @@ class AgenticPipeline:
         start = time.perf_counter()
         mask = batch.response_mask
         batch = behaviour_logprobs(self.model, batch, self.policy_temperature,
-                                   cfg.trainer.forward_rows, reference=cfg.trainer.kl_coef > 0)
+                                   cfg.trainer.forward_rows, reference=cfg.trainer.kl_coef > 0,
+                                   moves=cfg.trainer.policy_over == "moves")
         if self.engine_logprobs_comparable:
             # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
             # gap is a check that the engine served the trainer's weights.

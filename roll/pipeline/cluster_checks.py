@@ -36,6 +36,11 @@ def check_cluster(cfg: PipelineConfig) -> None:
                               "(pip install 'roll[deepspeed]')")
         if train.zero_stage not in ZERO_STAGES:
             raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 or 3")
+        for agent in cfg.team.resolved_agents():
+            if agent.optim.name != "adamw":
+                raise ConfigError("team.optim.name", agent.optim.name,
+                                  f"(agent {agent.name!r}): actor_train.strategy=deepspeed "
+                                  "steps the adapters with its AdamW only")
     if not train.cpus_per_rank > 0:
         raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
     if train.gpus_per_rank is not None and train.gpus_per_rank < 0:

@@ -267,6 +267,15 @@ def _check_choices(cfg: PipelineConfig) -> None:
                               "acts on the distribution over legal moves, which only "
                               "constrained decoding defines; set rollout.constrained_decoding="
                               "true (free text: trainer.entropy_coef)")
+    if trainer.policy_over == "moves":
+        if not cfg.rollout.constrained_decoding:
+            raise ConfigError("trainer.policy_over", "moves", "is the policy over legal moves, "
+                              "which only constrained decoding defines; set "
+                              "rollout.constrained_decoding=true")
+        if cfg.advantage.estimator == "happo":
+            raise ConfigError("trainer.policy_over", "moves", "HAPPO's factor is formed from "
+                              "token log-probs; use trainer.policy_over=tokens with "
+                              "advantage.estimator=happo")
 
 
 def _check_solvable(cfg: PipelineConfig, seatings: list[Seating]) -> None:

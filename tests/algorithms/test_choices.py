@@ -12,6 +12,7 @@ from roll.algorithms.choices import (
     choice_entropy,
     choice_kl,
     choice_logprobs,
+    move_logprobs,
     uniform_logprobs,
 )
 from roll.inference.constrained import CompletionTrie
@@ -93,3 +94,21 @@ def test_gradients_reach_only_the_legal_logits_and_match_the_hand_derivative():
     assert magnet.grad is None or magnet.grad.abs().sum() == 0
     # dKL/dz_i (uniform magnet over 2) = -dH/dz_i.
     assert logits.grad[0, 0, :2].tolist() == pytest.approx((-expected).tolist(), abs=1e-6)
+
+
+def test_move_logprobs_by_hand():
+    # Row of 5 tokens: position 1 free (no constraint), position 2 forced (one legal token),
+    # position 3 a branching point between tokens 11 and 12 with logits (ln 3, 0), and 12 was
+    # played: log pi = log 1/4; position 4 a point between 4, 5, 6 (uniform), 6 played.
+    logits, tokens = _row([(2, [0.0], [9]), (3, [math.log(3.0), 0.0], [11, 12]),
+                           (4, [0.0, 0.0, 0.0], [4, 5, 6])], length=5)
+    input_ids = torch.tensor([[1, 2, 9, 12, 6]])
+    token_logprobs = torch.tensor([[0.0, -0.7, -0.3, -2.0, -5.0]])
+    moves = move_logprobs(token_logprobs, logits, tokens, input_ids)
+    assert moves[0].tolist() == pytest.approx([0.0, -0.7, 0.0, math.log(0.25), math.log(1 / 3)])
+    # The gradient reaches only the legal tokens' logits at the points: d/dz of log(1/4) is
+    # (0 - 3/4, 1 - 1/4) at position 3, and nothing at the forced position 2.
+    logits.requires_grad_(True)
+    move_logprobs(token_logprobs, logits, tokens, input_ids)[0, 3].backward()
+    assert logits.grad[0, 3, :2].tolist() == pytest.approx([-0.75, 0.75])
+    assert logits.grad[0, 2].abs().sum() == 0

@@ -70,6 +70,11 @@ BAD_CONFIGS = [
     ),
     (lambda: MultiAgentConfig(optim=OptimConfig(lr_scheduler="exp")), "team.optim.lr_scheduler",
      "exp"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(name="adam")), "team.optim.name", "adam"),
+    (lambda: MultiAgentConfig(optim=OptimConfig(name="sgd", momentum=1.0)),
+     "team.optim.momentum", "1.0"),
+    # A momentum AdamW would ignore: a setting that does nothing is refused.
+    (lambda: MultiAgentConfig(optim=OptimConfig(momentum=0.9)), "team.optim.momentum", "0.9"),
 ]
 
 
@@ -93,6 +98,7 @@ BAD_TRAINER = [
     (TrainerConfig(ppo_mini_batch_size=0), "trainer.ppo_mini_batch_size"),
     (TrainerConfig(logprob_micro_batch_size=0), "trainer.logprob_micro_batch_size"),
     (TrainerConfig(loss_agg_mode="sum"), "trainer.loss_agg_mode"),
+    (TrainerConfig(policy_over="actions"), "trainer.policy_over"),
 ]
 
 

@@ -232,3 +232,21 @@ def test_entropy_is_measured_without_an_entropy_bonus(tiny_model_path):
     metrics = trainer.train_step(batch)["alice"]
     assert by_hand > 1.0  # far from 0: the check below can fail
     assert metrics["entropy"] == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_sgd_steps_by_hand():
+    """team.optim.name=sgd: p <- p - lr * (g + momentum buffer); two steps at momentum 0.5,
+    weight decay 0.1 (added to the gradient, torch's SGD), worked out by hand."""
+    from roll.multi_agent.optim import build_optimizer
+
+    param = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    optimizer = build_optimizer([param], OptimConfig(name="sgd", lr=0.1, momentum=0.5,
+                                                     weight_decay=0.1))
+    assert isinstance(optimizer, torch.optim.SGD)
+    for grad in ([1.0, 1.0], [0.0, 2.0]):
+        param.grad = torch.tensor(grad)
+        optimizer.step()
+    # step 1: g = (1 + 0.1, 1 - 0.2) = (1.1, 0.8); buffer = g; p = (0.89, -2.08)
+    # step 2: g = (0.089, 2 - 0.208) = (0.089, 1.792); buffer = 0.5 * (1.1, 0.8) + g
+    #         = (0.639, 2.192); p = (0.89 - 0.0639, -2.08 - 0.2192)
+    assert param.tolist() == pytest.approx([0.8261, -2.2992])

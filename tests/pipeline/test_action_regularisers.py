@@ -148,3 +148,73 @@ class _Quiet:
 
     def progress(self, done: int, total: int, what: str) -> None:
         pass
+
+
+def _move_loss_by_hand(model, turns, advantages: dict, agent_names, temperature: float):
+    """-(1/D_agent) sum over an agent's decisions of A * log pi(move), pi the model's
+    next-token distribution renormalised over the legal tokens at the turn's one branching
+    point (Kuhn), summed over agents; with its graph (model.forward, not the no-grad pass)."""
+    total = 0.0
+    for index, name in enumerate(agent_names):
+        own = [t for t in turns if t.trained_agent == name]
+        for turn in own:
+            (offset, legal, _), = turn.choices
+            prefix = turn.prompt_ids + turn.response_ids[:offset]
+            ids = torch.tensor([prefix + [token] for token in legal])
+            positions = torch.zeros(ids.shape, dtype=torch.bool)
+            positions[:, -1] = True
+            logp, _ = model(ids, torch.ones_like(ids), torch.full((len(legal),), index),
+                            positions=positions, temperature=temperature)
+            move = torch.log_softmax(logp[:, -1], 0)[legal.index(turn.response_ids[offset])]
+            total = total - advantages[id(turn)] * move / len(own)
+    return total
+
+
+@pytest.mark.parametrize("policy_over", ["moves", "tokens"])
+def test_policy_over_moves_steps_along_the_constrained_policys_gradient(tmp_path, policy_over):
+    """trainer.policy_over=moves: one SGD step (lr 1, no clipping) moves every adapter by
+    exactly minus the gradient of -mean_decisions A * log pi(move), pi the policy constrained
+    decoding plays; forced tokens add nothing. The token-level loss ('tokens') does not."""
+    cfg = _config(tmp_path / "run", "max_steps=1", f"trainer.policy_over={policy_over}",
+                  "team.optim.name=sgd", "team.optim.lr=1.0", "team.optim.max_grad_norm=0")
+    pipeline = AgenticPipeline(cfg)
+    scheduler = pipeline.scheduler(pipeline.train_seatings, evaluation=False)
+    result = pipeline.synced_rollout(scheduler, 7, _Quiet(), "episodes")[0]
+    batch = result.batch
+    trained = [t for t in result.turns if t.trained_agent is not None]
+    assert len(trained) == len(batch)  # one row per trained turn, in order
+    per_row = torch.tensor([1.0 if i % 3 else -2.0 for i in range(len(batch))])
+    advantages = {id(t): float(a) for t, a in zip(trained, per_row, strict=True)}
+    batch = batch.with_fields(advantages=per_row[:, None] * batch.response_mask.float())
+    model, names = pipeline.model, pipeline.agent_names
+    before = {name: model.export_adapter(name) for name in names}
+    params = {name: dict(model.named_agent_tensors(name)) for name in names}
+    for name in names:
+        for p in params[name].values():
+            p.grad = None
+    _move_loss_by_hand(model, trained, advantages, names, pipeline.policy_temperature).backward()
+    expected = {name: {k: before[name][k] - p.grad.detach().cpu() for k, p in
+                       params[name].items()} for name in names}
+    for name in names:
+        for p in params[name].values():
+            p.grad = None
+    pipeline.trainer.train_step(batch)
+    moved = [(name, key) for name in names for key, value in model.export_adapter(name).items()
+             if not torch.equal(value, before[name][key])]
+    assert moved  # the step did something
+    gap = max(float((model.export_adapter(name)[k] - expected[name][k]).abs().max())
+              for name in names for k in before[name])
+    if policy_over == "moves":
+        assert gap < 1e-5
+    else:
+        assert gap > 1e-3  # the token-level loss is another function of the weights
+
+
+def test_policy_over_moves_needs_constrained_decoding_and_token_happo(tmp_path):
+    with pytest.raises(CLIError, match=r"trainer\.policy_over.*constrained"):
+        _config(tmp_path / "a", "trainer.policy_over=moves", "rollout.constrained_decoding=false")
+    with pytest.raises(CLIError, match=r"trainer\.policy_over.*HAPPO"):
+        _config(tmp_path / "b", "trainer.policy_over=moves", "advantage.estimator=happo",
+                "critic.mode=shared")
+    with pytest.raises(CLIError, match=r"trainer\.policy_over='move'"):
+        _config(tmp_path / "c", "trainer.policy_over=move")

@@ -91,6 +91,8 @@ BAD = [
      ("trainer.compile=True", "dropout 0.1")),
     (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
      ("trainer.compile=True", "actor_train.strategy=torch only")),
+    (["team.optim.name=sgd", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
+     ("team.optim.name='sgd'", "AdamW only")),
     # Refused before any model loads (they used to fail after it):
     (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
     (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",

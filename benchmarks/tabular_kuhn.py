@@ -1,0 +1,168 @@
+"""The Kuhn recipe's update rule on a table instead of an LLM: which settings can converge?
+
+    python benchmarks/tabular_kuhn.py                                   # the default sweep
+    python benchmarks/tabular_kuhn.py --games 256 --entropy 0.2 --lr 0.03 --schedule linear
+
+An LLM run of 1,000 Kuhn steps costs about an hour of GPU; this costs a second. It replays
+what `examples/kuhn_poker/nash.yaml` does, with the policy held as one logit per information
+state (12 per agent: 6 per seat) instead of an adapter:
+
+- two agents play self-play in both seats (seatings [agent_0, agent_1] and [agent_1, agent_0],
+  half of the games each), ``--games`` games per update;
+- advantage = the trajectory's return minus the running baseline of its (agent, seat), read
+  before the update b <- decay * b + (1 - decay) * mean(returns) (``advantage.estimator=rae``);
+- loss per agent = mean over its decisions of -A * log pi(a|s) - h * H(pi(.|s)) (the REINFORCE
+  part of the PPO loss at ratio 1, and ``trainer.action_entropy_coef`` = h);
+- Adam (torch's update, bias-corrected) or plain SGD, constant or linearly decayed rate.
+
+What it leaves out, so its numbers are a guide, not a prediction: the LLM shares its weights
+across information states, and its token-mean policy loss divides the decision's gradient by
+the tokens of a row (about 7 for SmolLM2's Kuhn answers), so the recipe's entropy coefficient
+is worth about 7x its value here. Exploitability is exact, OpenSpiel's NashConv / 2 (uniform
+play 0.458, the best deterministic profile 0.1667). Prints one JSON line per setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import numpy as np
+
+# Information states (index into a seat's 6 logits; the logit is that of betting/calling):
+#   seat 0: 0..2 = card J/Q/K at the start, 3..5 = card after "pass, bet" (call or fold)
+#   seat 1: 0..2 = card after "pass" (bet or pass), 3..5 = card after "bet" (call or fold)
+DEALS = [(a, b) for a in range(3) for b in range(3) if a != b]
+
+
+def _showdown(card0, card1, stake):
+    """Seat 0's winnings at a showdown for ``stake`` chips (arrays or scalars)."""
+    return np.where(card0 > card1, stake, -stake)
+
+
+def exploitability(seat0: np.ndarray, seat1: np.ndarray) -> float:
+    """Exact exploitability (NashConv / 2) of the policy that plays ``seat0`` (6 probabilities
+    of betting/calling) in seat 0 and ``seat1`` in seat 1."""
+    best1 = 0.0  # seat 1's best response against seat0: one choice per (card, history)
+    for card1 in range(3):
+        bet = passed = call = fold = 0.0
+        for card0 in range(3):
+            if card0 == card1:
+                continue
+            reach_pass, reach_bet = (1 - seat0[card0]) / 6, seat0[card0] / 6
+            passed += reach_pass * -_showdown(card0, card1, 1)
+            bet += reach_pass * (seat0[3 + card0] * -_showdown(card0, card1, 2)
+                                 + (1 - seat0[3 + card0]) * 1)
+            call += reach_bet * -_showdown(card0, card1, 2)
+            fold += reach_bet * -1
+        best1 += max(bet, passed) + max(call, fold)
+    best0 = 0.0  # seat 0's best response against seat1
+    for card0 in range(3):
+        others = [c for c in range(3) if c != card0]
+        call = sum(seat1[c] * _showdown(card0, c, 2) for c in others) / 6
+        fold = sum(seat1[c] * -1 for c in others) / 6
+        passed = sum((1 - seat1[c]) * _showdown(card0, c, 1) for c in others) / 6 + max(call,
+                                                                                          fold)
+        bet = sum((1 - seat1[3 + c]) + seat1[3 + c] * _showdown(card0, c, 2) for c in others) / 6
+        best0 += max(passed, bet)
+    return float((best0 + best1) / 2)
+
+
+def _play(rng, seat0: np.ndarray, seat1: np.ndarray, games: int):
+    """``games`` games; returns seat 0's winnings (games,) and each seat's decisions as
+    (game index, state index, action taken) arrays."""
+    cards = np.array([rng.permutation(3)[:2] for _ in range(games)])
+    card0, card1 = cards[:, 0], cards[:, 1]
+    first = rng.random(games) < seat0[card0]
+    reply_state = np.where(first, 3 + card1, card1)
+    reply = rng.random(games) < seat1[reply_state]
+    third = ~first & reply  # pass, bet: seat 0 calls or folds
+    calls = rng.random(games) < seat0[3 + card0]
+    win0 = np.where(first, np.where(reply, _showdown(card0, card1, 2), 1),
+                    np.where(reply, np.where(calls, _showdown(card0, card1, 2), -1),
+                             _showdown(card0, card1, 1)))
+    games_ix = np.arange(games)
+    decisions0 = (np.concatenate([games_ix, games_ix[third]]),
+                  np.concatenate([card0, 3 + card0[third]]),
+                  np.concatenate([first, calls[third]]))
+    decisions1 = (games_ix, reply_state, reply)
+    return win0, (decisions0, decisions1)
+
+
+def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
+          decay=0.9, seed=0, every=50, betas=(0.9, 0.999)) -> list[dict]:
+    """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
+    first_moment, second_moment = np.zeros_like(logits), np.zeros_like(logits)
+    baseline = np.zeros((2, 2))  # (agent, seat)
+    curve = []
+    for step in range(steps):
+        rate = lr * (1 - step / steps) if schedule == "linear" else lr
+        prob = 1 / (1 + np.exp(-logits))
+        grad = np.zeros_like(logits)
+        decisions = np.zeros(2)
+        returns = {}
+        for seating in range(2):  # agent `seating` sits in seat 0
+            agents = (seating, 1 - seating)
+            win0, per_seat = _play(rng, prob[agents[0], 0], prob[agents[1], 1], games // 2)
+            for seat, (game, state, action) in enumerate(per_seat):
+                agent = agents[seat]
+                ret = win0 if seat == 0 else -win0
+                returns[agent, seat] = ret
+                advantage = ret[game] - baseline[agent, seat]
+                p = prob[agent, seat, state]
+                # d/dlogit of -A log pi(a) - h H(pi), pi = (p, 1 - p)
+                g = -advantage * (action - p) + entropy * p * (1 - p) * np.log(p / (1 - p))
+                np.add.at(grad[agent, seat], state, g)
+                decisions[agent] += len(game)
+        for (agent, seat), ret in returns.items():
+            baseline[agent, seat] = decay * baseline[agent, seat] + (1 - decay) * ret.mean()
+        grad /= np.maximum(decisions, 1)[:, None, None]
+        if optimizer == "adam":  # torch.optim.Adam's update (eps 1e-8)
+            beta1, beta2 = betas
+            first_moment = beta1 * first_moment + (1 - beta1) * grad
+            second_moment = beta2 * second_moment + (1 - beta2) * grad ** 2
+            m_hat = first_moment / (1 - beta1 ** (step + 1))
+            v_hat = second_moment / (1 - beta2 ** (step + 1))
+            logits -= rate * m_hat / (np.sqrt(v_hat) + 1e-8)
+        else:
+            logits -= rate * grad
+        if (step + 1) % every == 0:
+            prob = 1 / (1 + np.exp(-logits))
+            curve.append({"step": step + 1, "exploitability": [
+                round(exploitability(prob[a, 0], prob[a, 1]), 4) for a in range(2)]})
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--games", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--entropy", type=float, nargs="+", default=[0.01, 0.05, 0.2])
+    parser.add_argument("--lr", type=float, nargs="+", default=[0.03])
+    parser.add_argument("--schedule", nargs="+", default=["const", "linear"])
+    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    for games, entropy, lr, schedule in itertools.product(args.games, args.entropy, args.lr,
+                                                          args.schedule):
+        start = time.perf_counter()
+        curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed)
+                  for seed in range(args.seeds)]
+        worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
+        marks = [i for i, p in enumerate(curves[0]) if p["step"] in
+                 (args.steps // 4, args.steps // 2, args.steps)]
+        print(json.dumps({
+            "games": games, "entropy": entropy, "lr": lr, "schedule": schedule,
+            "optimizer": args.optimizer, "seeds": args.seeds,
+            "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
+                                 for i in marks},
+            "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],
+            "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
