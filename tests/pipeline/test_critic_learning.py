@@ -52,7 +52,8 @@ class ScaledPickSideEnv(PickSideEnv):
 
 
 def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
-         critic_input: str = "local", max_steps: int = 80) -> AgenticPipeline:
+         critic_input: str = "local", max_steps: int = 80,
+         num_groups: int = 4) -> AgenticPipeline:
     cfg = PipelineConfig(
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=8, alpha=16),
                               optim=OptimConfig(lr=2e-2)),
@@ -62,7 +63,7 @@ def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
                             optim=OptimConfig(lr=1e-2), micro_batch_size=16,
                             input=critic_input),
         env=EnvSchema(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
-        rollout=RolloutSchema(num_groups=4, group_size=4, constrained_decoding=True,
+        rollout=RolloutSchema(num_groups=num_groups, group_size=4, constrained_decoding=True,
                               sampling=SamplingSchema(max_new_tokens=12)),
         eval=EvalSchema(eval_steps=0),
         tracking=TrackingConfig(backends=["jsonl"]),
@@ -104,7 +105,9 @@ def test_ippo_each_critic_fits_its_own_agents_returns(tmp_path):
 @pytest.mark.parametrize("estimator", ["mappo", "happo"])
 def test_one_shared_critic_fits_every_agents_returns(tmp_path, estimator):
     """MAPPO, and HAPPO (the same critic, agents updated one after another)."""
-    pipeline = _run(tmp_path, "shared", estimator)
+    # 32 episodes a step: at 16 the 0.5-paid agent_0 ended at 0.59-0.71 with this machine's
+    # tiny model (2026-11-25, packages of that day), too close to the learning threshold.
+    pipeline = _run(tmp_path, "shared", estimator, max_steps=110, num_groups=8)
     assert pipeline.model.critic_names == ["critic"]
     p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
     assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
@@ -115,7 +118,7 @@ def test_one_shared_critic_fits_every_agents_returns(tmp_path, estimator):
 def test_vdn_critics_sum_to_the_joint_return(tmp_path):
     """VDN: one critic per agent, fitted so that their SUM predicts the joint return J (the mean
     of the two seats' returns, 0.5 x P(left) / 2 + 1.5 x P(right) / 2 for the two agents)."""
-    pipeline = _run(tmp_path, "per_agent", "vdn")
+    pipeline = _run(tmp_path, "per_agent", "vdn", num_groups=8)  # as the test above
     p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
     assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
     values = [_value_of_prompt(pipeline, critic) for critic in (0, 1)]
