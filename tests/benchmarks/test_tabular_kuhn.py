@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import pyspiel
+import pytest
 from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import exploitability as openspiel_exploitability
 
