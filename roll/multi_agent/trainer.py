@@ -357,7 +357,11 @@ class MultiAgentTrainer:
         ``decisions`` (rows with a branching point), whatever ``loss_agg_mode``."""
         cfg = self.config
         mask = micro.response_mask.float()
-        if cfg.policy_over == "moves":  # the constrained policy, one weight per decision
+        if cfg.policy_over == "moves" and micro.choice_tokens is None:  # no decision: no term
+            policy = logprobs.sum() * 0.0
+            policy_metrics = {"clip_frac": policy.detach(), "approx_kl": policy.detach()}
+            share = policy.detach()
+        elif cfg.policy_over == "moves":  # the constrained policy, one weight per decision
             policy_mask = points(micro.choice_tokens).float() * mask
             policy, policy_metrics = ppo_policy_loss(
                 move_logprobs(logprobs, choice_logits, micro.choice_tokens, micro.input_ids),

@@ -250,3 +250,19 @@ def test_sgd_steps_by_hand():
     # step 2: g = (0.089, 2 - 0.208) = (0.089, 1.792); buffer = 0.5 * (1.1, 0.8) + g
     #         = (0.639, 2.192); p = (0.89 - 0.0639, -2.08 - 0.2192)
     assert param.tolist() == pytest.approx([0.8261, -2.2992])
+
+
+def test_policy_over_moves_with_no_decision_in_the_batch_moves_nothing(tiny_model_path):
+    """trainer.policy_over=moves on rows without a branching point (every legal answer forced,
+    so the batch carries no choice_tokens): nothing to learn, the step runs and no adapter
+    moves (it used to fail on the missing choice logits)."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice")])
+    batch = make_rows([0, 0, 0], seed=5)
+    assert batch.choice_tokens is None
+    before = model.export_adapter("alice")
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=2,
+                                                               policy_over="moves"))
+    metrics = trainer.train_step(batch)["alice"]
+    assert metrics["policy_loss"] == 0.0
+    after = model.export_adapter("alice")
+    assert all(torch.equal(before[k], after[k]) for k in before)
