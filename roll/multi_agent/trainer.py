@@ -361,20 +361,22 @@ class MultiAgentTrainer:
             policy = logprobs.sum() * 0.0
             policy_metrics = {"clip_frac": policy.detach(), "approx_kl": policy.detach()}
             share = policy.detach()
-        elif cfg.policy_over == "moves":  # the constrained policy, one weight per decision
-            policy_mask = points(micro.choice_tokens).float() * mask
-            policy, policy_metrics = ppo_policy_loss(
-                move_logprobs(logprobs, choice_logits, micro.choice_tokens, micro.input_ids),
-                micro.old_move_logprobs, micro.advantages, policy_mask,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                agg="seq-mean-token-sum", normalizer=decisions)
-            share = (policy_mask.sum(-1) > 0).sum() / decisions
         else:
+            if cfg.policy_over == "moves":  # the constrained policy, one weight per decision
+                policy_mask = points(micro.choice_tokens).float() * mask
+                scored = (move_logprobs(logprobs, choice_logits, micro.choice_tokens,
+                                        micro.input_ids), micro.old_move_logprobs, policy_mask)
+                agg, denominator = "seq-mean-token-sum", decisions
+                share = (policy_mask.sum(-1) > 0).sum() / decisions
+            else:
+                scored = (logprobs, micro.old_logprobs, mask)
+                agg, denominator = cfg.loss_agg_mode, normaliser
+                share = _share(mask, normaliser, cfg.loss_agg_mode)
+            new, old, policy_mask = scored
             policy, policy_metrics = ppo_policy_loss(
-                logprobs, micro.old_logprobs, micro.advantages, mask,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                agg=cfg.loss_agg_mode, normalizer=normaliser)
-            share = _share(mask, normaliser, cfg.loss_agg_mode)
+                new, old, micro.advantages, policy_mask, clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=agg,
+                normalizer=denominator)
         loss = policy
         parts = {"policy_loss": policy.detach()}
         for key in ("clip_frac", "approx_kl"):
