@@ -49,6 +49,9 @@ RECIPES = {
     # distribution over legal moves.
     "kuhn_nash": ("examples/kuhn_poker", "nash", []),
     "leduc_nash": ("examples/leduc_poker", "nash", []),
+    # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
+    # random player; evaluated against random (both seats) and, after training, MCTS.
+    "tictactoe_mixed": ("examples/tictactoe", "mixed", []),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
         "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
@@ -62,7 +65,10 @@ RECIPES = {
         "eval.exploitability=false", "eval.seat_to_agent=[agent_0,agent_1]",
         "rollout.sampling.max_new_tokens=32", "rollout.max_turns=40"]),
 }
-VERSUS = {"tictactoe": "mcts"}
+OWN_YAML = {"nash", "mixed"}
+"""Config names of recipes that train and evaluate as their YAML says: only the tracking
+backend is set here (the shared settings below would overwrite their seatings)."""
+VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts"}
 """Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
 training."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
@@ -80,7 +86,7 @@ TRAINING = [
     "team.optim.lr=2e-4", "trainer.micro_batch_size=32",
 ]
 """The training settings of the recipes that have no YAML of their own for this benchmark (the
-`*_nash` recipes train as their nash.yaml says)."""
+recipes in OWN_YAML train as their YAML says)."""
 
 
 def run_recipe(args, name: str) -> dict:
@@ -96,14 +102,14 @@ def run_recipe(args, name: str) -> dict:
            else Path(os.environ["OUT"], run) if os.environ.get("OUT")
            else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
-    overrides = COMMON + ([] if config_name == "nash" else TRAINING) + extra + [
+    own = config_name in OWN_YAML
+    overrides = (["tracking.backends=[jsonl]"] if own else COMMON + TRAINING) + extra + [
         f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
         "model.dtype=float32", f"max_steps={args.steps}", f"eval.eval_steps={args.eval_every}",
         f"output_dir={out}",
     ]
     if args.tiny:
-        overrides += ["eval.num_episodes=4"] + ([] if config_name == "nash" else
-                                                ["rollout.num_groups=6"])
+        overrides += ["eval.num_episodes=4"] + ([] if own else ["rollout.num_groups=6"])
     overrides += list(args.override)  # the caller's word is the last
     cfg = load_config(str(ROOT / folder), config_name, overrides)
     start = time.perf_counter()

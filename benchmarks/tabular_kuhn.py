@@ -91,12 +91,41 @@ def _play(rng, seat0: np.ndarray, seat1: np.ndarray, games: int):
     return win0, (decisions0, decisions1)
 
 
+# SmolLM2-135M's log-odds of betting/calling before training (benchmarks/state_gradients.py,
+# the recipe's prompt), per (seat, state) in this file's order: the shared-feature model's start.
+SMOLLM2_LOG_ODDS = np.array([[-0.761, -0.893, -0.854, -1.776, -1.909, -1.912],
+                             [-1.292, -1.44, -1.45, -0.404, -0.535, -0.454]])
+
+
+def shared_features(common_share: float, width: int, rng) -> np.ndarray:
+    """Features (2 seats, 6 states, width) whose gradients share ``common_share`` of their
+    energy: phi_s = c + eps * d_s (c, d_s random unit vectors; the share is |mean phi|^2 /
+    mean |phi|^2, as benchmarks/state_gradients.py measures it on an adapter). Scaled so that a
+    full Adam step (lr * sign) along one state's own gradient moves its logit by ``lr``."""
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    eps = np.sqrt(max(1 - common_share, 0.0) / max(common_share - 1 / 12, 1e-9))
+    phi = unit(rng.normal(size=width)) + eps * unit(rng.normal(size=(2, 6, width)))
+    return phi / np.abs(phi).sum(-1).mean()
+
+
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
-          decay=0.9, seed=0, every=50, betas=(0.9, 0.999)) -> list[dict]:
-    """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps."""
+          decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
+          width=512) -> list[dict]:
+    """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
+
+    ``common_share`` None: one free logit per information state (a table). Else each agent's
+    12 logits are SMOLLM2_LOG_ODDS + features @ w, with one weight vector w per agent shared by
+    all its states (``shared_features``): an adapter's situation, where a step for one state
+    moves the others."""
     rng = np.random.default_rng(seed)
-    logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
-    first_moment, second_moment = np.zeros_like(logits), np.zeros_like(logits)
+    if common_share is None:
+        logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
+        weights = logits
+    else:
+        features = shared_features(common_share, width, rng)
+        weights = np.zeros((2, width))
+        logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
+    first_moment, second_moment = np.zeros_like(weights), np.zeros_like(weights)
     baseline = np.zeros((2, 2))  # (agent, seat)
     curve = []
     for step in range(steps):
@@ -121,15 +150,19 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
         for (agent, seat), ret in returns.items():
             baseline[agent, seat] = decay * baseline[agent, seat] + (1 - decay) * ret.mean()
         grad /= np.maximum(decisions, 1)[:, None, None]
+        if common_share is not None:  # chain rule through logits = offset + features @ w
+            grad = np.einsum("aki,kij->aj", grad, features)
         if optimizer == "adam":  # torch.optim.Adam's update (eps 1e-8)
             beta1, beta2 = betas
             first_moment = beta1 * first_moment + (1 - beta1) * grad
             second_moment = beta2 * second_moment + (1 - beta2) * grad ** 2
             m_hat = first_moment / (1 - beta1 ** (step + 1))
             v_hat = second_moment / (1 - beta2 ** (step + 1))
-            logits -= rate * m_hat / (np.sqrt(v_hat) + 1e-8)
+            weights -= rate * m_hat / (np.sqrt(v_hat) + 1e-8)
         else:
-            logits -= rate * grad
+            weights -= rate * grad
+        if common_share is not None:
+            logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
         if (step + 1) % every == 0:
             prob = 1 / (1 + np.exp(-logits))
             curve.append({"step": step + 1, "exploitability": [
@@ -146,18 +179,21 @@ def main() -> None:
     parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--common_share", type=float, nargs="+", default=[None],
+                        help="shared features instead of a table (see train); e.g. 0.92, "
+                        "SmolLM2's adapter on the recipe's prompt")
     args = parser.parse_args()
-    for games, entropy, lr, schedule in itertools.product(args.games, args.entropy, args.lr,
-                                                          args.schedule):
+    for games, entropy, lr, schedule, share in itertools.product(
+            args.games, args.entropy, args.lr, args.schedule, args.common_share):
         start = time.perf_counter()
-        curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed)
-                  for seed in range(args.seeds)]
+        curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
+                        common_share=share) for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
         print(json.dumps({
             "games": games, "entropy": entropy, "lr": lr, "schedule": schedule,
-            "optimizer": args.optimizer, "seeds": args.seeds,
+            "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
             "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
                                  for i in marks},
             "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Two agents on TicTacToe, strong play (mixed.yaml says how). On a GPU: model.device=cuda
+# Extra arguments are Hydra overrides, e.g. model.path=Qwen/Qwen3-0.6B
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+python examples/start_multi_agent_pipeline.py --config_path examples/tictactoe \
+  --config_name mixed "$@"
