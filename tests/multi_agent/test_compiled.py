@@ -290,3 +290,21 @@ def test_a_nan_in_one_agents_rows_is_blamed_on_that_agent_alone(tiny_model_path)
     finite = {name: all(bool(torch.isfinite(g).all()) for g in model.agent_gradients(name))
               for name in model.agent_names}
     assert finite == {"alice": True, "bob": False, "carol": True}
+
+
+def test_compiled_layers_keep_compiling_past_torchs_recompile_limit(tiny_model_path,
+                                                                     monkeypatch):
+    # torch's own limit of compiled variants per code object, lowered to 1: the trainer's
+    # forwards raise it while they run (RECOMPILE_LIMIT), so the training pass (grad) still
+    # compiles after the no-grad pass took the one variant; without the guard it would run
+    # eagerly and no new graph would appear.
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model, trainer = _team(tiny_model_path, "aot_eager")
+    batch = make_rows([0, 1, 2, 0], seed=3)
+    model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id,
+                   positions=batch.response_mask.bool(), forward_rows=4)
+    after_no_grad = compile_count()
+    trainer.train_step(batch)
+    assert after_no_grad > 0 and compile_count() > after_no_grad
+    assert torch._dynamo.config.recompile_limit == 1  # patched for the forwards only
