@@ -18,9 +18,10 @@ from torch import Tensor
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for the rendezvous of the ranks)."""
+    """A TCP port free on every interface of this host now (for the rendezvous of the ranks:
+    ranks on other nodes connect to it through this host's network address)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

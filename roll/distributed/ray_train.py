@@ -29,16 +29,25 @@ from roll.multi_agent.trainer import MultiAgentTrainer
 class TrainRank:
     """One data-parallel replica of the team and its trainer (runs inside a Ray actor)."""
 
-    def __init__(self, spec: TrainSpec, rank: int, world_size: int, address: str,
-                 cpu_threads: int) -> None:
+    def __init__(self, spec: TrainSpec, rank: int, world_size: int, cpu_threads: int) -> None:
         if spec.device == "cpu":
             torch.set_num_threads(max(1, cpu_threads))
+        self.spec, self.rank, self.world_size = spec, rank, world_size
         self.device = spec.device
-        init_ranks(rank, world_size, address, spec.device)
+
+    def rendezvous_address(self) -> str:
+        """The rendezvous of the ranks' process group, as host:port on THIS actor's node (asked
+        of rank 0: the driver's node may hold no rank at all when the cluster has several)."""
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def join(self, address: str) -> None:
+        """Join the ranks' process group at ``address``, then build the team and its trainer
+        (every rank at once: joining waits for all of them)."""
+        spec, rank = self.spec, self.rank
+        init_ranks(rank, self.world_size, address, spec.device)
         torch.manual_seed(spec.seed)
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
-        self.rank = rank
         if spec.strategy == "deepspeed":
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
@@ -116,10 +125,12 @@ class RayTrainGroup:
         self._held: tuple[dict, int] | None = None
         self.rows_per_rank: list[int] = []
         """Rows each rank ran forward/backward in the last step (their shares)."""
-        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
         self.actors = ActorGroup(
             "actor_train rank", TrainRank, world_size, cpus_per_rank, gpus_per_rank,
-            lambda rank: (spec, rank, world_size, address, max(1, int(cpus_per_rank))), shared)
+            lambda rank: (spec, rank, world_size, max(1, int(cpus_per_rank))), shared)
+        self.address = self._get([self.ranks[0].rendezvous_address.remote()], "rendezvous")[0]
+        """Where the ranks' process group rendezvoused: a free port on rank 0's node."""
+        self._get([rank.join.remote(self.address) for rank in self.ranks], "start")
         self._get([rank.digest.remote() for rank in self.ranks], "start")
 
     @property

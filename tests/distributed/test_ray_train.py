@@ -142,6 +142,11 @@ def test_resume_pushes_the_drivers_adapters_and_state_to_every_rank(
 def test_a_dead_rank_stops_the_step_with_one_line_naming_it(ray_cluster, spec_and_team):
     spec, driver_model, _ = spec_and_team()
     group = build_train_group(spec, driver_model, "ray", world_size=2)
+    # The ranks rendezvoused on rank 0's own node (the driver's may hold no rank).
+    rank0_node = ray_cluster.get(group.ranks[0].__ray_call__.remote(
+        lambda rank: ray_cluster.util.get_node_ip_address()))
+    host, port = group.address.rsplit(":", 1)
+    assert host == rank0_node and int(port) > 0
     before = adapters(driver_model)
     ray_cluster.kill(group.ranks[1])
     with pytest.raises(RuntimeError, match=r"actor_train rank 1 of 2 failed during train step 1"):
