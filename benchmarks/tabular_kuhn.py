@@ -15,11 +15,16 @@ state (12 per agent: 6 per seat) instead of an adapter:
   part of the PPO loss at ratio 1, and ``trainer.action_entropy_coef`` = h);
 - Adam (torch's update, bias-corrected) or plain SGD, constant or linearly decayed rate.
 
-What it leaves out, so its numbers are a guide, not a prediction: the LLM shares its weights
-across information states, and its token-mean policy loss divides the decision's gradient by
-the tokens of a row (about 7 for SmolLM2's Kuhn answers), so the recipe's entropy coefficient
-is worth about 7x its value here. Exploitability is exact, OpenSpiel's NashConv / 2 (uniform
-play 0.458, the best deterministic profile 0.1667). Prints one JSON line per setting.
+``--common_share s`` replaces the table by one weight vector per agent shared by its 12
+states, with the share of their gradients that an adapter has in common (SmolLM2: 0.94,
+benchmarks/state_gradients.py): there a step for one state moves the others, as on an LLM.
+
+What it leaves out, so its numbers are a guide, not a prediction: an LLM's features change as
+it trains (the stand-in's are fixed). The recipe's loss (``trainer.policy_over=moves``) weighs
+each decision once, as here; the token-level loss (``tokens``) would divide a decision's
+gradient by its answer's tokens (about 7 for SmolLM2's Kuhn answers). Exploitability is exact,
+OpenSpiel's NashConv / 2 (uniform play 0.458, the best deterministic profile 0.1667). Prints
+one JSON line per setting.
 """
 
 from __future__ import annotations
