@@ -64,6 +64,7 @@ def state_gradients(pipeline, agent: str, render) -> tuple[list[str], torch.Tens
 
     from roll.agentic.env.actions import answer_token_ids
     from roll.agentic.env.openspiel_env import OpenSpielEnv
+    from roll.inference.constrained import CompletionTrie
     from roll.models.loading import prompt_ids
 
     cfg, model, tokenizer = pipeline.cfg, pipeline.model, pipeline.tokenizer
@@ -91,11 +92,10 @@ def state_gradients(pipeline, agent: str, render) -> tuple[list[str], torch.Tens
         logprobs, _ = model(input_ids.to(device), attention.to(device), agent_id.to(device),
                             positions=positions.to(device),
                             temperature=cfg.rollout.sampling.temperature)
-        # Constrained decoding chooses at the first token where the two answers differ; every
-        # other answer token is forced (probability 1 under the constrained policy).
+        # Constrained decoding chooses at Kuhn's one branching point; every other answer token
+        # is forced (probability 1 under the constrained policy).
         bet = moves.index("Bet")
-        shared = min(len(c) for c in completions)
-        branch = next(t for t in range(shared) if completions[0][t] != completions[1][t])
+        (branch, _, _), = CompletionTrie(completions).branch_points(completions[bet])
         at = len(ids) + branch
         log_odds = logprobs[bet, at] - logprobs[1 - bet, at]
         grad = torch.autograd.grad(log_odds, params)

@@ -125,7 +125,7 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
     rng = np.random.default_rng(seed)
     if common_share is None:
         logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
-        weights = logits
+        weights = logits  # a table's weights ARE its logits: one array, stepped in place
     else:
         features = shared_features(common_share, width, rng)
         weights = np.zeros((2, width))

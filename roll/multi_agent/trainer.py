@@ -364,15 +364,14 @@ class MultiAgentTrainer:
         else:
             if cfg.policy_over == "moves":  # the constrained policy, one weight per decision
                 policy_mask = points(micro.choice_tokens).float() * mask
-                scored = (move_logprobs(logprobs, choice_logits, micro.choice_tokens,
-                                        micro.input_ids), micro.old_move_logprobs, policy_mask)
-                agg, denominator = "seq-mean-token-sum", decisions
+                new = move_logprobs(logprobs, choice_logits, micro.choice_tokens,
+                                    micro.input_ids)
+                old, agg, denominator = micro.old_move_logprobs, "seq-mean-token-sum", decisions
                 share = (policy_mask.sum(-1) > 0).sum() / decisions
             else:
-                scored = (logprobs, micro.old_logprobs, mask)
+                new, old, policy_mask = logprobs, micro.old_logprobs, mask
                 agg, denominator = cfg.loss_agg_mode, normaliser
                 share = _share(mask, normaliser, cfg.loss_agg_mode)
-            new, old, policy_mask = scored
             policy, policy_metrics = ppo_policy_loss(
                 new, old, micro.advantages, policy_mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=agg,

@@ -46,6 +46,12 @@ def test_log_odds_are_the_evaluated_policy():
     for name, value in zip(names, values, strict=True):
         probs = table.policy_for_key(name)  # actions: 0 pass, 1 bet
         assert value == pytest.approx(float(np.log(probs[1] / probs[0])), abs=2e-3)
-    # The other layout moves the seat's view to the end, and keeps every line.
-    env_text = state_gradients._render("state_last")
-    assert callable(env_text)
+    # The other layout moves the seat's view (line 1) to the end and keeps every other line.
+    from roll.agentic.env.openspiel_env import OpenSpielEnv
+
+    env = OpenSpielEnv("kuhn_poker", {})
+    env.set_state(table.states[0])
+    recipe = render(env, 0).text.split("\n")
+    last = state_gradients._render("state_last")(env, 0).text.split("\n")
+    assert last == [recipe[0], *recipe[2:], recipe[1]]
+    assert recipe[1].startswith("You are player 0. Your card:")
