@@ -115,7 +115,7 @@ def shared_features(common_share: float, width: int, rng) -> np.ndarray:
 
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
-          width=512) -> list[dict]:
+          width=512, epochs=1, clip=0.2, minibatches=1) -> list[dict]:
     """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
 
     ``common_share`` None: one free logit per information state (a table). Else each agent's
@@ -136,8 +136,7 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
     for step in range(steps):
         rate = lr * (1 - step / steps) if schedule == "linear" else lr
         prob = 1 / (1 + np.exp(-logits))
-        grad = np.zeros_like(logits)
-        decisions = np.zeros(2)
+        played = []  # (agent, seat, state, action, advantage) per decision, this rollout
         returns = {}
         for seating in range(2):  # agent `seating` sits in seat 0
             agents = (seating, 1 - seating)
@@ -146,28 +145,45 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
                 agent = agents[seat]
                 ret = win0 if seat == 0 else -win0
                 returns[agent, seat] = ret
-                advantage = ret[game] - baseline[agent, seat]
-                p = prob[agent, seat, state]
-                # d/dlogit of -A log pi(a) - h H(pi), pi = (p, 1 - p)
-                g = -advantage * (action - p) + entropy * p * (1 - p) * np.log(p / (1 - p))
-                np.add.at(grad[agent, seat], state, g)
-                decisions[agent] += len(game)
+                played.append((agent, seat, game, state, action,
+                               ret[game] - baseline[agent, seat]))
         for (agent, seat), ret in returns.items():
             baseline[agent, seat] = decay * baseline[agent, seat] + (1 - decay) * ret.mean()
-        grad /= np.maximum(decisions, 1)[:, None, None]
-        if common_share is not None:  # chain rule through logits = offset + features @ w
-            grad = np.einsum("aki,kij->aj", grad, features)
-        if optimizer == "adam":  # torch.optim.Adam's update (eps 1e-8)
-            beta1, beta2 = betas
-            first_moment = beta1 * first_moment + (1 - beta1) * grad
-            second_moment = beta2 * second_moment + (1 - beta2) * grad ** 2
-            m_hat = first_moment / (1 - beta1 ** (step + 1))
-            v_hat = second_moment / (1 - beta2 ** (step + 1))
-            weights -= rate * m_hat / (np.sqrt(v_hat) + 1e-8)
-        else:
-            weights -= rate * grad
-        if common_share is not None:
-            logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
+        old = prob.copy()  # the behaviour policy, fixed over the epochs
+        # trainer.ppo_epochs x mini-batches optimizer steps, the games split by index
+        for update, minibatch in itertools.product(range(epochs), range(minibatches)):
+            prob = 1 / (1 + np.exp(-logits))
+            grad = np.zeros_like(logits)
+            decisions = np.zeros(2)
+            for agent, seat, game, state, action, advantage in played:
+                keep = game % minibatches == minibatch
+                state, action, advantage = state[keep], action[keep], advantage[keep]
+                p, p_old = prob[agent, seat, state], old[agent, seat, state]
+                ratio = np.where(action, p / p_old, (1 - p) / (1 - p_old))
+                # PPO's clipped surrogate: no gradient where the ratio left [1-clip, 1+clip]
+                # in the advantage's own direction (always active at ratio 1: one epoch)
+                active = ~(((advantage > 0) & (ratio > 1 + clip))
+                           | ((advantage < 0) & (ratio < 1 - clip)))
+                # d/dlogit of -A r(a) - h H(pi), pi = (p, 1 - p)
+                g = (-advantage * ratio * (action - p) * active
+                     + entropy * p * (1 - p) * np.log(p / (1 - p)))
+                np.add.at(grad[agent, seat], state, g)
+                decisions[agent] += len(state)
+            grad /= np.maximum(decisions, 1)[:, None, None]
+            if common_share is not None:  # chain rule through logits = offset + features @ w
+                grad = np.einsum("aki,kij->aj", grad, features)
+            t = (step * epochs + update) * minibatches + minibatch + 1
+            if optimizer == "adam":  # torch.optim.Adam's update (eps 1e-8)
+                beta1, beta2 = betas
+                first_moment = beta1 * first_moment + (1 - beta1) * grad
+                second_moment = beta2 * second_moment + (1 - beta2) * grad ** 2
+                m_hat = first_moment / (1 - beta1 ** t)
+                v_hat = second_moment / (1 - beta2 ** t)
+                weights -= rate * m_hat / (np.sqrt(v_hat) + 1e-8)
+            else:
+                weights -= rate * grad
+            if common_share is not None:
+                logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
         if (step + 1) % every == 0:
             prob = 1 / (1 + np.exp(-logits))
             curve.append({"step": step + 1, "exploitability": [
@@ -184,21 +200,29 @@ def main() -> None:
     parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, nargs="+", default=[1],
+                        help="optimizer steps per rollout (trainer.ppo_epochs)")
+    parser.add_argument("--clip", type=float, default=0.2)
+    parser.add_argument("--minibatches", type=int, nargs="+", default=[1],
+                        help="optimizer steps per epoch (rows / trainer.ppo_mini_batch_size)")
     parser.add_argument("--common_share", type=float, nargs="+", default=[None],
                         help="shared features instead of a table (see train); e.g. 0.92, "
                         "SmolLM2's adapter on the recipe's prompt")
     args = parser.parse_args()
-    for games, entropy, lr, schedule, share in itertools.product(
-            args.games, args.entropy, args.lr, args.schedule, args.common_share):
+    for games, entropy, lr, schedule, share, epochs, minibatches in itertools.product(
+            args.games, args.entropy, args.lr, args.schedule, args.common_share, args.epochs,
+            args.minibatches):
         start = time.perf_counter()
         curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
-                        common_share=share) for seed in range(args.seeds)]
+                        common_share=share, epochs=epochs, clip=args.clip,
+                        minibatches=minibatches) for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
         print(json.dumps({
             "games": games, "entropy": entropy, "lr": lr, "schedule": schedule,
             "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
+            "epochs": epochs, "minibatches": minibatches, "clip": args.clip,
             "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
                                  for i in marks},
             "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],

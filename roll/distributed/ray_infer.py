@@ -57,7 +57,8 @@ class InferRank:
             return
         from roll.inference.hf.engine import HFEngine
 
-        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
+        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device,
+                          tf32=spec.tf32)
         self.engine = HFEngine(base, tokenizer, device=spec.device, seed=spec.seed,
                                slot_capacity=len(spec.agents),
                                rank_capacity=max(agent.lora.rank for agent in spec.agents),

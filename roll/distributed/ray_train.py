@@ -46,7 +46,8 @@ class TrainRank:
         spec, rank = self.spec, self.rank
         init_ranks(rank, self.world_size, address, spec.device)
         torch.manual_seed(spec.seed)
-        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device)
+        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device,
+                          tf32=spec.tf32)
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
         if spec.strategy == "deepspeed":
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy

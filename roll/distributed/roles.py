@@ -40,6 +40,8 @@ class TrainSpec:
     'deepspeed' (the same gradients, the optimizer sharded by a ZeRO engine)."""
     zero_stage: int = 2
     """ZeRO stage of the 'deepspeed' strategy (2 or 3)."""
+    tf32: bool = True
+    """On CUDA, float32 matmuls use TensorFloat-32 (``model.tf32``)."""
 
 
 class TrainGroup(Protocol):

@@ -243,9 +243,10 @@ class TrainerConfig:
     """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
     generating kernels: a quick check when a compiled run misbehaves)."""
     ppo_mini_batch_size: int | None = None
-    """Rows of one agent per optimizer step: each pass shuffles the agent's rows (its own
-    generator) and takes one optimizer step per mini-batch of this many rows (the last may be
-    smaller). None: one optimizer step per pass over all of the agent's rows."""
+    """At most this many rows of one agent per optimizer step: each pass shuffles the agent's
+    rows (its own generator) and cuts them into ceil(rows / this) mini-batches of nearly equal
+    size (10 rows at 4: 4, 3, 3), one optimizer step each. None: one optimizer step per pass
+    over all of the agent's rows."""
     clip_low: float = 0.2
     """PPO lower clip: ratio >= 1 - clip_low."""
     clip_high: float = 0.2

@@ -6,7 +6,8 @@ forward, no ``optimizer.step()`` (AdamW would still decay its weights and advanc
 no scheduler step — so its weights and optimizer state stay bitwise equal (DESIGN.md invariant 1).
 
 One train step, per agent: ``ppo_epochs`` passes over its rows; each pass shuffles them with the
-agent's own generator and cuts them into mini-batches of ``ppo_mini_batch_size`` rows; each
+agent's own generator and cuts them into nearly equal mini-batches of at most
+``ppo_mini_batch_size`` rows; each
 mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
 by the mini-batch). Fused (the default), micro-batches of several agents are packed into ONE
 forward/backward of at most micro_batch_size rows in which each row uses its own agent's
@@ -229,9 +230,12 @@ class MultiAgentTrainer:
         generator = torch.Generator().manual_seed(
             agent_stream_seed(self.model.seed, name, done, "shuffle")
         )
+        # ceil(rows / size) mini-batches of nearly equal size (10 rows, size 4: 4, 3, 3): a
+        # last mini-batch of a few rows would take as large an Adam step on far more noise
+        count = -(-num_rows // size)
         minis: list[Tensor] = []
         for _ in range(self.config.ppo_epochs):
-            minis.extend(torch.randperm(num_rows, generator=generator).split(size))
+            minis.extend(torch.randperm(num_rows, generator=generator).tensor_split(count))
         return minis
 
     def _micro_groups(self, minis: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:

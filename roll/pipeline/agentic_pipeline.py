@@ -109,7 +109,8 @@ class AgenticPipeline:
             # A first prompt that cannot fit would cut every episode: refused before the load.
             check_first_prompts(cfg, self.env_setup, self.train_seatings, self.tokenizer,
                                 env_factory, render)
-            base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device)
+            base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device,
+                              tf32=cfg.model.tf32)
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
@@ -125,7 +126,7 @@ class AgenticPipeline:
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
         self.engine_logprobs_comparable = engine_reports_policy_logprobs(cfg)
         spec = TrainSpec(
-            model_path=str(path), dtype=cfg.model.dtype,
+            model_path=str(path), dtype=cfg.model.dtype, tf32=cfg.model.tf32,
             device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
             agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
             temperature=self.policy_temperature,

@@ -156,3 +156,20 @@ def test_wide_embeddings_widen_the_reachable_logit_gap(tmp_path):
 
     assert bound(e1) > 4 * bound(e0)
     assert bound(e0) < 3.0  # at most ~e^3 between two moves: no move can be made near-certain
+
+
+def test_tf32_is_set_for_cuda_devices_only(tiny_model_path):
+    from roll.models.loading import use_tf32
+
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        load_model(tiny_model_path, device="cpu", tf32=True)  # a CPU load leaves them alone
+        assert not torch.backends.cuda.matmul.allow_tf32
+        use_tf32("cuda:1", True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        use_tf32("cuda", False)
+        assert not torch.backends.cuda.matmul.allow_tf32
+        assert not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags

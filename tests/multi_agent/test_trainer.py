@@ -266,3 +266,16 @@ def test_policy_over_moves_with_no_decision_in_the_batch_moves_nothing(tiny_mode
     assert metrics["policy_loss"] == 0.0
     after = model.export_adapter("alice")
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_mini_batches_are_balanced_and_cover_every_row_once_per_epoch(tiny_model_path):
+    """10 rows at most 4 per optimizer step: 3 mini-batches of 4, 3, 3 rows (not 4, 4, 2: a
+    two-row step would be as large an Adam step on far noisier gradients)."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice")])
+    trainer = MultiAgentTrainer(model, resolved,
+                                TrainerConfig(ppo_mini_batch_size=4, ppo_epochs=2))
+    minis = trainer._mini_batches("alice", 10)
+    assert [len(m) for m in minis] == [4, 3, 3, 4, 3, 3]
+    for epoch in (minis[:3], minis[3:]):
+        assert sorted(torch.cat(epoch).tolist()) == list(range(10))
+    assert [len(m) for m in trainer._mini_batches("alice", 8)] == [4, 4, 4, 4]
