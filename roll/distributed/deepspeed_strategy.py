@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 
@@ -265,10 +264,6 @@ class DeepSpeedStrategy:
             self.engine.backward(surrogate)
         self.engine.step()
         self.inner.active = set()
-        with warnings.catch_warnings():  # the per-agent AdamW never step: LambdaLR warns
-            warnings.simplefilter("ignore", UserWarning)
-            for name in names:
-                self.schedulers[name].step()
         for name in stepping:
             self.adam_steps[name] += 1
 

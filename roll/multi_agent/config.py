@@ -77,9 +77,11 @@ class OptimConfig:
     lr_scheduler: str = "constant"
     """'constant', 'linear' (decay to 0 at total_steps) or 'cosine' (to 0 at total_steps)."""
     warmup_steps: int = 0
-    """Linear warm-up over this many of the agent's own optimizer steps."""
+    """Linear warm-up over this many of the agent's own train steps (steps in which it had
+    rows; one schedule step per train step, whatever its mini-batches and epochs)."""
     total_steps: int = 0
-    """Length of the decay for 'linear'/'cosine' (in the agent's own optimizer steps)."""
+    """Length of the decay for 'linear'/'cosine', in the agent's own train steps (so
+    ``${max_steps}`` decays to 0 at the run's last step)."""
 
     def validate(self, where: str) -> None:
         if self.name not in OPTIMIZERS:

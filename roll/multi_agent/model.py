@@ -10,7 +10,7 @@ name PEFT can hold is safe (``model``, ``mlp``, ``q_proj``, ``weight`` included)
 
 Dropout. PEFT's LoRA dropout draws masks from the global RNG, so an agent's masks would depend
 on which other agents trained before it. Each agent's dropout here draws from its own
-generator, reseeded from (run seed, agent name, the agent's own optimizer step) at every
+generator, reseeded from (run seed, agent name, the agent's own train step, round) at every
 training mini-batch, and is active only inside ``training_forward`` — never in rollouts,
 old-log-prob or reference passes. The base model is kept in eval mode throughout (its own
 dropout, if any, stays off, as in verl and OpenRLHF for RL fine-tuning).
@@ -73,7 +73,7 @@ class MultiAgentLoRAModel(nn.Module):
         base_model: a loaded causal LM (its weights are frozen here and never copied).
         agents: resolved agent configs (each with ``lora`` set), in agent-id order.
         seed: run seed; each adapter's init depends on (seed, agent name) only, and so do its
-            dropout masks (with the agent's optimizer step).
+            dropout masks (with the agent's train step and mini-batch round).
     """
 
     def __init__(self, base_model: nn.Module, agents: Sequence[AgentConfig], seed: int = 0,
@@ -238,8 +238,9 @@ class MultiAgentLoRAModel(nn.Module):
     def training_forward(self, optimizer_steps: dict[str, int],
                          stream: str = "dropout") -> Iterator[None]:
         """Forwards with these agents' LoRA dropout on, each agent's masks drawn from its own
-        generator seeded by (run seed, agent name, its optimizer step in ``optimizer_steps``,
-        ``stream``: data-parallel ranks name their own, so they draw different masks).
+        generator seeded by (run seed, agent name, its train step in ``optimizer_steps``,
+        ``stream``: the trainer names each mini-batch round and data-parallel rank its own, so
+        they draw different masks).
 
         Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
         ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active

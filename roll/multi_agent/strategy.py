@@ -56,7 +56,8 @@ class TrainStrategy(Protocol):
 
     @property
     def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LambdaLR]:
-        """Per agent: its learning-rate schedule, stepped once per optimizer step of the agent."""
+        """Per agent: its learning-rate schedule, stepped by the trainer once per train step in
+        which the agent has rows (however many optimizer steps that step takes)."""
         ...
 
     def setup(self, model: MultiAgentLoRAModel, agents: Sequence[AgentConfig]) -> None:
@@ -93,8 +94,8 @@ class TrainStrategy(Protocol):
         ...
 
     def step(self, names: list[str]) -> None:
-        """Apply these agents' (summed, clipped) gradients: one optimizer and one scheduler
-        step each."""
+        """Apply these agents' (summed, clipped) gradients: one optimizer step each (the
+        trainer steps the schedules, once per train step)."""
         ...
 
     def export_adapters(self, names: Sequence[str]) -> dict[str, dict[str, Tensor]]:
@@ -184,7 +185,6 @@ class TorchStrategy:
     def step(self, names: list[str]) -> None:
         for name in names:
             self.optimizers[name].step()
-            self.schedulers[name].step()
 
     # ------------------------------------------------------------------ state
     def export_adapters(self, names: Sequence[str]) -> dict[str, dict[str, Tensor]]:

@@ -1,7 +1,8 @@
 """Per-agent training: split a batch by ``agent_id`` and update each adapter on its own rows.
 
 Each agent has its own AdamW, its own gradient-norm clipping and its own learning-rate schedule,
-counted in its own optimizer steps. An agent with no rows in a step is not touched at all: no
+counted in its own train steps (one schedule step per train step with rows, whatever its
+mini-batches). An agent with no rows in a step is not touched at all: no
 forward, no ``optimizer.step()`` (AdamW would still decay its weights and advance its moments),
 no scheduler step — so its weights and optimizer state stay bitwise equal (DESIGN.md invariant 1).
 
@@ -35,6 +36,7 @@ mini-batch and stay identical on every rank. Equal to one process up to the orde
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -139,7 +141,7 @@ class MultiAgentTrainer:
 
     @property
     def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LambdaLR]:
-        """Each agent's learning-rate schedule (``last_epoch``: its optimizer steps)."""
+        """Each agent's learning-rate schedule (``last_epoch``: its train steps with rows)."""
         return self.strategy.schedulers
 
     @property
@@ -172,7 +174,7 @@ class MultiAgentTrainer:
             for round_index in range(rounds):
                 minis = {name: plan[name][round_index] for name in own
                          if round_index < len(plan[name])}
-                checks = self._backward(batch, minis, sums)
+                checks = self._backward(batch, minis, sums, round_index)
                 self._refuse_non_finite(checks, round_index, rounds)
                 self.strategy.step(list(minis))
         except NonFiniteLossError:
@@ -181,6 +183,13 @@ class MultiAgentTrainer:
             raise
         finally:
             self.strategy.zero_grad(list(own))
+        # One schedule step per train step, however many mini-batches and epochs it took, so a
+        # schedule's total_steps is the run's max_steps. (DeepSpeed's per-agent AdamW never
+        # step themselves, and LambdaLR warns about that.)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for name in own:
+                self.schedulers[name].step()
         self.global_step += 1
         return self._metrics(batch, own, sums, {name: len(plan[name]) for name in own})
 
@@ -221,7 +230,7 @@ class MultiAgentTrainer:
         """Positions (among the agent's rows) of each of its optimizer steps, epoch by epoch.
 
         Shuffled per epoch by a generator seeded from (run seed, agent name, the agent's own
-        optimizer steps so far): the same alone or in any team, and after a resume.
+        train steps so far): the same alone or in any team, and after a resume.
         """
         size = self.config.ppo_mini_batch_size or num_rows
         if size >= num_rows:
@@ -265,7 +274,7 @@ class MultiAgentTrainer:
 
     # ------------------------------------------------------------------ one round
     def _backward(
-        self, batch: TrajectoryBatch, minis: dict[str, Tensor], sums: dict
+        self, batch: TrajectoryBatch, minis: dict[str, Tensor], sums: dict, round_index: int = 0
     ) -> dict[str, tuple[Tensor, Tensor]]:
         """Gradients of every agent's mini-batch of this round, clipped per agent.
 
@@ -286,12 +295,15 @@ class MultiAgentTrainer:
                 decisions[name] = points(batch.choice_tokens[rows]).any(-1).sum().float().clamp(
                     min=1.0)
         parts_of = {name: dict.fromkeys(_SUMMED_PARTS, 0.0) for name in minis}  # this round
+        # dropout masks: one stream per (agent, its train steps so far, round, rank)
         steps = {name: self.schedulers[name].last_epoch for name in minis}
         sync, mine, stream = self.grad_sync, minis, "dropout"
         if sync is not None and sync.world_size > 1:  # this rank's share of each mini-batch
             mine = {name: rows[sync.rank::sync.world_size] for name, rows in minis.items()}
             mine = {name: rows for name, rows in mine.items() if len(rows)}
             stream = f"dropout/rank{sync.rank}"
+        if round_index:
+            stream = f"{stream}/round{round_index}"
         groups = self._micro_groups(mine) if mine else []
         padding = self.strategy.padding_passes(len(groups))
         with self.model.training_forward(steps, stream):

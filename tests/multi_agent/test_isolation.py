@@ -155,8 +155,25 @@ def test_each_mini_batch_is_one_optimizer_step(tiny_model_path, size, epochs, ro
     trainer = MultiAgentTrainer(model, resolved, config)
     metrics = trainer.train_step(make_rows([0] * rows, seed=2))
     assert metrics["alice"]["optimizer_steps"] == expected_steps
-    assert trainer.schedulers["alice"].last_epoch == expected_steps
     assert trainer.optimizers["alice"].state_dict()["state"][0]["step"] == expected_steps
+    assert trainer.schedulers["alice"].last_epoch == 1  # the schedule counts train steps
+
+
+def test_a_linear_schedule_ends_at_total_steps_train_steps_whatever_the_mini_batches(
+        tiny_model_path):
+    """total_steps 4 at lr 0.01, 3 mini-batches per train step: after train step 1 the rate is
+    0.01 x (1 - 1/4) = 0.0075 and after step 4 it is 0 (counted in optimizer steps the decay
+    would have ended inside the second train step)."""
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice")],
+                                optim=OptimConfig(lr=0.01, lr_scheduler="linear",
+                                                  total_steps=4))
+    trainer = MultiAgentTrainer(model, resolved, TrainerConfig(ppo_mini_batch_size=2))
+    rates = []
+    for step in range(4):
+        metrics = trainer.train_step(make_rows([0] * 5, seed=step))
+        assert metrics["alice"]["optimizer_steps"] == 3
+        rates.append(metrics["alice"]["lr"])
+    assert rates == pytest.approx([0.0075, 0.005, 0.0025, 0.0])
 
 
 def test_mini_batches_make_the_ratio_move_so_clipping_binds(tiny_model_path):
