@@ -2,6 +2,8 @@
 
     python benchmarks/learning.py --recipes kuhn leduc          # GPU: SmolLM2-135M-Instruct
     python benchmarks/learning.py --tiny --recipes kuhn --steps 2   # CPU smoke check
+    python benchmarks/learning.py --from_metrics s0/metrics.jsonl s1/metrics.jsonl \
+        --seeds_of kuhn_nash                                   # seeds: mean + 95% interval
 
 Each recipe trains two agents (LoRA r 16) by self-play in both seats (seatings
 [agent_0, agent_1] and [agent_1, agent_0], so each agent learns each seat), constrained answers,
@@ -178,6 +180,67 @@ def summarize(files: list[str], model: str) -> list[dict]:
     return results
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262}
+
+
+def across_seeds(files: list[str], name: str) -> dict:
+    """Runs of one recipe that differ only in their seed (``--seeds_of NAME`` with
+    ``--from_metrics``): at each evaluation step all runs share, the WORSE agent's exact
+    exploitability in each run (the goal holds for both agents), their mean and the 95%
+    t-interval of that mean (t with seeds - 1 degrees of freedom; 1.96 from 11 seeds on)."""
+    curves = [{p["step"]: p for p in curve_of(Path(file))} for file in files]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    points = []
+    for step in steps:
+        worse = [max(c[step][f"{agent}/exploitability"] for agent in ("agent_0", "agent_1"))
+                 for c in curves]
+        mean = sum(worse) / len(worse)
+        half = 0.0
+        if len(worse) > 1:
+            spread = (sum((w - mean) ** 2 for w in worse) / (len(worse) - 1)) ** 0.5
+            half = T95.get(len(worse) - 1, 1.96) * spread / len(worse) ** 0.5
+        points.append({"step": step, "worse_agent": [round(w, 4) for w in worse],
+                       "mean": round(mean, 4), "low": round(mean - half, 4),
+                       "high": round(mean + half, 4)})
+    result = {"recipe": name, "seeds": len(files), "metric": "exploitability of the worse "
+              "agent (OpenSpiel's NashConv / 2)", "curve": points}
+    _plot_seeds(result, Path(os.environ.get("OUT", Path(files[0]).parent)))
+    return result
+
+
+def _plot_seeds(result: dict, folder: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        result["plot"] = "matplotlib not installed"
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    steps = [p["step"] for p in result["curve"]]
+    for seed in range(result["seeds"]):
+        axis.plot(steps, [p["worse_agent"][seed] for p in result["curve"]], lw=0.8,
+                  alpha=0.5, label=f"run {seed}")
+    axis.plot(steps, [p["mean"] for p in result["curve"]], color="k", marker="o", label="mean")
+    axis.fill_between(steps, [max(p["low"], 0) for p in result["curve"]],
+                      [p["high"] for p in result["curve"]], color="k", alpha=0.15,
+                      label="95% interval of the mean")
+    axis.axhline(1 / 6, color="r", ls="--", lw=0.8, label="best deterministic (1/6)")
+    axis.set(title=f"{result['recipe']}\nworse agent's exploitability, {result['seeds']} seeds",
+             xlabel="step", ylim=(0, 0.7))
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    path = folder / f"learning_{result['recipe']}_seeds.png"
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    result["plot"] = str(path.name)
+
+
 def _versus(pipeline, opponent: str, out: Path) -> dict:
     """Each agent in both seats against ``opponent``, with the pipeline's current adapters:
     ``{agent: {win_rate, non_loss_rate, loss_rate (+ _low/_high), seat0/.., seat1/..}}``."""
@@ -258,7 +321,13 @@ def main() -> None:
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
+    parser.add_argument("--seeds_of", default=None, metavar="NAME",
+                        help="with --from_metrics: the files are seeds of one recipe NAME; "
+                        "their mean curve with a 95%% interval")
     args = parser.parse_args()
+    if args.from_metrics and args.seeds_of:
+        print(json.dumps(across_seeds(args.from_metrics, args.seeds_of), indent=2))
+        return
     if args.from_metrics:
         print(json.dumps(summarize(args.from_metrics, args.model), indent=2))
         return

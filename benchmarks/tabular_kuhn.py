@@ -13,7 +13,10 @@ state (12 per agent: 6 per seat) instead of an adapter:
   before the update b <- decay * b + (1 - decay) * mean(returns) (``advantage.estimator=rae``);
 - loss per agent = mean over its decisions of -A * log pi(a|s) - h * H(pi(.|s)) (the REINFORCE
   part of the PPO loss at ratio 1, and ``trainer.action_entropy_coef`` = h);
-- Adam (torch's update, bias-corrected) or plain SGD, constant or linearly decayed rate.
+- Adam (torch's update, bias-corrected) or plain SGD, constant or linearly decayed rate;
+- ``--epochs`` x ``--minibatches`` optimizer steps per rollout (``trainer.ppo_epochs``,
+  ``ppo_mini_batch_size``), each on PPO's clipped surrogate (``--clip``) against the rollout's
+  policy: at one step per rollout the ratio is 1 and this is the REINFORCE loss above.
 
 ``--common_share s`` replaces the table by one weight vector per agent shared by its 12
 states, with the share of their gradients that an adapter has in common (SmolLM2: 0.94,
@@ -113,6 +116,17 @@ def shared_features(common_share: float, width: int, rng) -> np.ndarray:
     return phi / np.abs(phi).sum(-1).mean()
 
 
+def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float):
+    """d/dlogit of one decision's loss -min(r A, clip(r, 1 - clip, 1 + clip) A) - h H(pi),
+    pi = (p, 1 - p) the probability of betting, r = pi(action) / pi_old(action): PPO's clipped
+    surrogate, whose gradient is 0 where the ratio left [1 - clip, 1 + clip] in the advantage's
+    own direction (never at r = 1), plus the entropy bonus. Arrays or scalars."""
+    ratio = np.where(action, p / p_old, (1 - p) / (1 - p_old))
+    active = ~(((advantage > 0) & (ratio > 1 + clip)) | ((advantage < 0) & (ratio < 1 - clip)))
+    return (-advantage * ratio * (action - p) * active
+            + entropy * p * (1 - p) * np.log(p / (1 - p)))
+
+
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
           width=512, epochs=1, clip=0.2, minibatches=1) -> list[dict]:
@@ -158,15 +172,8 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
             for agent, seat, game, state, action, advantage in played:
                 keep = game % minibatches == minibatch
                 state, action, advantage = state[keep], action[keep], advantage[keep]
-                p, p_old = prob[agent, seat, state], old[agent, seat, state]
-                ratio = np.where(action, p / p_old, (1 - p) / (1 - p_old))
-                # PPO's clipped surrogate: no gradient where the ratio left [1-clip, 1+clip]
-                # in the advantage's own direction (always active at ratio 1: one epoch)
-                active = ~(((advantage > 0) & (ratio > 1 + clip))
-                           | ((advantage < 0) & (ratio < 1 - clip)))
-                # d/dlogit of -A r(a) - h H(pi), pi = (p, 1 - p)
-                g = (-advantage * ratio * (action - p) * active
-                     + entropy * p * (1 - p) * np.log(p / (1 - p)))
+                g = surrogate_gradient(prob[agent, seat, state], old[agent, seat, state],
+                                       action, advantage, entropy, clip)
                 np.add.at(grad[agent, seat], state, g)
                 decisions[agent] += len(state)
             grad /= np.maximum(decisions, 1)[:, None, None]

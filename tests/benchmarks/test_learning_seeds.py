@@ -1,0 +1,42 @@
+"""benchmarks/learning.py --seeds_of: the seeds' mean curve and its 95% interval, by hand."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning import across_seeds  # noqa: E402
+
+
+def _metrics(path: Path, points: dict[int, tuple[float, float]]) -> str:
+    """A metrics.jsonl: each evaluation row followed by a training row."""
+    rows = []
+    for step, (first, second) in points.items():
+        rows.append({"step": step, "time/eval": 1.0, "eval/agent_0/exploitability": first,
+                     "eval/agent_1/exploitability": second})
+        rows.append({"step": step + 1, "agent_0/loss": 0.3})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_worse_agent_mean_and_t_interval_across_seeds(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    files = [_metrics(tmp_path / "a.jsonl", {0: (0.6, 0.6), 10: (0.1, 0.05), 20: (0.3, 0.3)}),
+             _metrics(tmp_path / "b.jsonl", {0: (0.6, 0.6), 10: (0.15, 0.2)}),
+             _metrics(tmp_path / "c.jsonl", {0: (0.6, 0.6), 10: (0.3, 0.25)})]
+    result = across_seeds(files, "kuhn_nash")
+    assert result["seeds"] == 3
+    assert [p["step"] for p in result["curve"]] == [0, 10]  # only steps every run has
+    start, end = result["curve"]
+    assert start["mean"] == pytest.approx(0.6) and start["low"] == start["high"] == 0.6
+    # worse agents 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(2) = 4.303 -> 0.2 +- 4.303 * 0.1 / sqrt 3
+    assert end["worse_agent"] == [0.1, 0.2, 0.3]
+    assert end["mean"] == pytest.approx(0.2)
+    assert end["low"] == pytest.approx(0.2 - 0.248434, abs=1e-4)
+    assert end["high"] == pytest.approx(0.2 + 0.248434, abs=1e-4)
+    if result["plot"] != "matplotlib not installed":
+        assert (tmp_path / "out" / "learning_kuhn_nash_seeds.png").stat().st_size > 1000
