@@ -49,6 +49,12 @@ class TrainGroup(Protocol):
 
     global_step: int
 
+    def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` with its old log-probs (and over moves, and reference ones, as the trainer
+        config asks) under the adapters as they are now: the no-grad passes, run where the
+        train role runs (Ray: each rank on its share of the rows)."""
+        ...
+
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """Update every agent that has rows; afterwards the pipeline's model holds the new
         adapters. Returns metrics keyed by agent name."""

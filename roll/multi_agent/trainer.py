@@ -150,12 +150,18 @@ class MultiAgentTrainer:
         return self.strategy.grad_sync
 
     # ------------------------------------------------------------------ public
+    def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` with the log-probs this trainer's loss reads (``behaviour_logprobs``: old,
+        old over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0); fields the
+        batch already has are kept."""
+        return behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
+                                  reference=self.config.kl_coef > 0,
+                                  moves=self.config.policy_over == "moves")
+
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """One update of every agent that has rows; returns metrics keyed by agent name."""
         batch.require("advantages")
-        batch = behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
-                                   reference=self.config.kl_coef > 0,
-                                   moves=self.config.policy_over == "moves")
+        batch = self.logprob_passes(batch)
         if self.config.magnet_coef > 0:
             batch = self._with_magnet(batch)
         own: dict[str, Tensor] = {}  # agent -> its rows (indices into batch)

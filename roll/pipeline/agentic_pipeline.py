@@ -43,7 +43,6 @@ from roll.inference.base import SamplingParams
 from roll.models import load_model, load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.trainer import behaviour_logprobs
 from roll.pipeline.builders import (
     build_engine,
     build_env_host,
@@ -364,9 +363,7 @@ class AgenticPipeline:
 
         start = time.perf_counter()
         mask = batch.response_mask
-        batch = behaviour_logprobs(self.model, batch, self.policy_temperature,
-                                   cfg.trainer.forward_rows, reference=cfg.trainer.kl_coef > 0,
-                                   moves=cfg.trainer.policy_over == "moves")
+        batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
         if self.engine_logprobs_comparable:
             # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
             # gap is a check that the engine served the trainer's weights.
