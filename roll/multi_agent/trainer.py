@@ -152,8 +152,7 @@ class MultiAgentTrainer:
     # ------------------------------------------------------------------ public
     def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """``batch`` with the log-probs this trainer's loss reads (``behaviour_logprobs``: old,
-        old over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0); fields the
-        batch already has are kept."""
+        over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0)."""
         return behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
                                   reference=self.config.kl_coef > 0,
                                   moves=self.config.policy_over == "moves")
@@ -189,9 +188,8 @@ class MultiAgentTrainer:
             raise
         finally:
             self.strategy.zero_grad(list(own))
-        # One schedule step per train step, however many mini-batches and epochs it took, so a
-        # schedule's total_steps is the run's max_steps. (DeepSpeed's per-agent AdamW never
-        # step themselves, and LambdaLR warns about that.)
+        # One schedule step per train step, whatever its mini-batches (total_steps = max_steps);
+        # LambdaLR warns that DeepSpeed's per-agent AdamW never step themselves.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             for name in own:
