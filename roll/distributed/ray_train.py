@@ -23,7 +23,7 @@ from roll.distributed.roles import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.strategy import TorchStrategy
-from roll.multi_agent.trainer import MultiAgentTrainer, behaviour_logprobs
+from roll.multi_agent.trainer import MultiAgentTrainer
 
 PASS_FIELDS = ("old_logprobs", "old_move_logprobs", "ref_logprobs")
 """What the no-grad passes write (roll/multi_agent/trainer.py ``behaviour_logprobs``)."""
@@ -130,14 +130,13 @@ class RayTrainGroup:
             raise RuntimeError("cluster.backend=ray: call ray.init() (the pipeline does) before "
                                "building the train group")
         self.model = model
-        self.spec = spec
         self.world_size = world_size
         self.global_step = 0
         self._held: tuple[dict, int] | None = None
         self.rows_per_rank: list[int] = []
         """Rows each rank ran forward/backward in the last step (their shares)."""
         self.pass_rows_per_rank: list[int] = []
-        """Rows each rank ran through the last no-grad passes (empty: the driver ran them)."""
+        """Real rows of each rank's share in the last no-grad passes (padding not counted)."""
         self.actors = ActorGroup(
             "actor_train rank", TrainRank, world_size, cpus_per_rank, gpus_per_rank,
             lambda rank: (spec, rank, world_size, max(1, int(cpus_per_rank))), shared)
@@ -156,25 +155,25 @@ class RayTrainGroup:
 
     def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """The no-grad passes on the ranks, each on a contiguous share of the rows (the batch
-        travels once, through the object store), put back together in row order. Under ZeRO-3
-        every rank must join every forward (each gathers its partitions), and shares of
-        different lengths would forward different numbers of chunks: there the pipeline's own
-        copy of the team runs them (what is left of issue 32 item 1)."""
-        trainer = self.spec.trainer
-        if self.spec.strategy == "deepspeed" and self.spec.zero_stage == 3:
-            self.pass_rows_per_rank = []
-            return behaviour_logprobs(self.model, batch, self.spec.temperature,
-                                      trainer.forward_rows, reference=trainer.kl_coef > 0,
-                                      moves=trainer.policy_over == "moves")
-        device = batch.input_ids.device
-        shares = torch.arange(len(batch)).tensor_split(self.world_size)
-        self.pass_rows_per_rank = [len(rows) for rows in shares]
+        travels once, through the object store), put back together in row order. Every rank
+        gets ceil(rows / k) rows, the last shares padded with copies of row 0 whose results
+        are dropped: under ZeRO-3 every rank must join every forward (each gathers its
+        partitions), so all must forward the same number of chunks of the same size."""
+        device, rows = batch.input_ids.device, len(batch)
+        size = -(-rows // self.world_size)
+        shares = [torch.arange(rank * size, min((rank + 1) * size, rows))
+                  for rank in range(self.world_size)]
+        self.pass_rows_per_rank = [len(share) for share in shares]
+        padded = [torch.cat([share, torch.zeros(size - len(share), dtype=torch.long)])
+                  for share in shares]
         batch_ref = ray.put(batch.to("cpu"))
-        parts = self._get([rank.logprob_passes.remote(batch_ref, rows)
-                           for rank, rows in zip(self.ranks, shares, strict=True) if len(rows)],
+        parts = self._get([rank.logprob_passes.remote(batch_ref, share)
+                           for rank, share in zip(self.ranks, padded, strict=True)],
                           "log-prob passes")
-        return batch.with_fields(**{key: torch.cat([part[key] for part in parts]).to(device)
-                                    for key in parts[0]})
+        return batch.with_fields(**{
+            key: torch.cat([part[key][:len(share)] for part, share in zip(parts, shares,
+                                                                           strict=True)]
+                           ).to(device) for key in parts[0]})
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         batch_ref = ray.put(batch.to("cpu"))
