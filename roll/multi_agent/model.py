@@ -235,10 +235,10 @@ class MultiAgentLoRAModel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     @contextmanager
-    def training_forward(self, optimizer_steps: dict[str, int],
+    def training_forward(self, train_steps: dict[str, int],
                          stream: str = "dropout") -> Iterator[None]:
         """Forwards with these agents' LoRA dropout on, each agent's masks drawn from its own
-        generator seeded by (run seed, agent name, its train step in ``optimizer_steps``,
+        generator seeded by (run seed, agent name, its train step in ``train_steps``,
         ``stream``: the trainer names each mini-batch round and data-parallel rank its own, so
         they draw different masks).
 
@@ -252,7 +252,7 @@ class MultiAgentLoRAModel(nn.Module):
         factors = self._team_factors
         if factors is not None:
             factors.open_round()
-        for name, step in optimizer_steps.items():
+        for name, step in train_steps.items():
             seed = agent_stream_seed(self.seed, name, step, stream)
             device = next(self.named_agent_tensors(name))[1].device
             self._dropout_generators[name][device] = torch.Generator(device=device).manual_seed(
@@ -264,11 +264,11 @@ class MultiAgentLoRAModel(nn.Module):
             with nullcontext() if factors is None else layout_warning_ignored():
                 yield
         finally:
-            for name in optimizer_steps:
+            for name in train_steps:
                 for layer in self._dropouts[name]:
                     layer.active = False
             if factors is not None:
-                factors.close_round(list(optimizer_steps))
+                factors.close_round(list(train_steps))
 
     def forward(
         self,
