@@ -210,7 +210,9 @@ def across_seeds(files: list[str], name: str) -> dict:
     return result
 
 
-def _plot_seeds(result: dict, folder: Path) -> None:
+def _pyplot(result: dict, folder: Path):
+    """matplotlib's pyplot (headless) with ``folder`` made, or None with ``result["plot"]``
+    saying why."""
     try:
         import matplotlib
 
@@ -218,8 +220,15 @@ def _plot_seeds(result: dict, folder: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         result["plot"] = "matplotlib not installed"
-        return
+        return None
     folder.mkdir(parents=True, exist_ok=True)
+    return plt
+
+
+def _plot_seeds(result: dict, folder: Path) -> None:
+    plt = _pyplot(result, folder)
+    if plt is None:
+        return
     figure, axis = plt.subplots(figsize=(6, 4))
     steps = [p["step"] for p in result["curve"]]
     for seed in range(result["seeds"]):
@@ -262,15 +271,9 @@ def _versus(pipeline, opponent: str, out: Path) -> dict:
 
 
 def _plot(result: dict, folder: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        result["plot"] = "matplotlib not installed"
+    plt = _pyplot(result, folder)
+    if plt is None:
         return
-    folder.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     steps = [p["step"] for p in result["curve"]]
     exact = any("agent_0/exploitability" in p for p in result["curve"])

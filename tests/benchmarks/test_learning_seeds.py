@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from learning import across_seeds  # noqa: E402
+from learning import across_seeds, summarize  # noqa: E402
 
 
 def _metrics(path: Path, points: dict[int, tuple[float, float]]) -> str:
@@ -40,3 +40,14 @@ def test_worse_agent_mean_and_t_interval_across_seeds(tmp_path, monkeypatch):
     assert end["high"] == pytest.approx(0.2 + 0.248434, abs=1e-4)
     if result["plot"] != "matplotlib not installed":
         assert (tmp_path / "out" / "learning_kuhn_nash_seeds.png").stat().st_size > 1000
+
+
+def test_one_run_from_its_metrics_keeps_every_agent_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    file = _metrics(tmp_path / "metrics_x.jsonl", {0: (0.6, 0.5), 10: (0.2, 0.1)})
+    (result,) = summarize([file], "tiny")
+    assert result["recipe"] == "x" and result["steps"] == 10
+    assert [(p["agent_0/exploitability"], p["agent_1/exploitability"])
+            for p in result["curve"]] == [(0.6, 0.5), (0.2, 0.1)]
+    if result["plot"] != "matplotlib not installed":
+        assert (tmp_path / "out" / "learning_x.png").stat().st_size > 1000
