@@ -225,6 +225,14 @@ def _pyplot(result: dict, folder: Path):
     return plt
 
 
+def _save(plt, figure, path: Path, result: dict) -> None:
+    """Write ``figure`` to ``path``, close it, and name it in ``result["plot"]``."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    result["plot"] = str(path.name)
+
+
 def _plot_seeds(result: dict, folder: Path) -> None:
     plt = _pyplot(result, folder)
     if plt is None:
@@ -243,11 +251,7 @@ def _plot_seeds(result: dict, folder: Path) -> None:
              xlabel="step", ylim=(0, 0.7))
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
-    path = folder / f"learning_{result['recipe']}_seeds.png"
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    result["plot"] = str(path.name)
+    _save(plt, figure, folder / f"learning_{result['recipe']}_seeds.png", result)
 
 
 def _versus(pipeline, opponent: str, out: Path) -> dict:
@@ -300,11 +304,7 @@ def _plot(result: dict, folder: Path) -> None:
     for axis in axes:
         axis.legend()
         axis.grid(alpha=0.3)
-    path = folder / f"learning_{result['recipe']}.png"
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    result["plot"] = str(path.name)
+    _save(plt, figure, folder / f"learning_{result['recipe']}.png", result)
 
 
 def main() -> None:
