@@ -16,7 +16,10 @@ state (12 per agent: 6 per seat) instead of an adapter:
 - Adam (torch's update, bias-corrected) or plain SGD, constant or linearly decayed rate;
 - ``--epochs`` x ``--minibatches`` optimizer steps per rollout (``trainer.ppo_epochs``,
   ``ppo_mini_batch_size``), each on PPO's clipped surrogate (``--clip``) against the rollout's
-  policy: at one step per rollout the ratio is 1 and this is the REINFORCE loss above.
+  policy: at one step per rollout the ratio is 1 and this is the REINFORCE loss above;
+- ``--magnet m --magnet_refresh K``: plus m * KL(pi(.|s) || rho(.|s)) per decision, rho the
+  agent's own policy as it was K steps ago, refreshed every K steps (``trainer.magnet_coef``,
+  ``magnet=snapshot``, ``magnet_refresh``: magnetic mirror descent with a moving magnet).
 
 ``--common_share s`` replaces the table by one weight vector per agent shared by its 12
 states, with the share of their gradients that an adapter has in common (SmolLM2: 0.94,
@@ -116,20 +119,26 @@ def shared_features(common_share: float, width: int, rng) -> np.ndarray:
     return phi / np.abs(phi).sum(-1).mean()
 
 
-def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float):
-    """d/dlogit of one decision's loss -min(r A, clip(r, 1 - clip, 1 + clip) A) - h H(pi),
-    pi = (p, 1 - p) the probability of betting, r = pi(action) / pi_old(action): PPO's clipped
-    surrogate, whose gradient is 0 where the ratio left [1 - clip, 1 + clip] in the advantage's
-    own direction (never at r = 1), plus the entropy bonus. Arrays or scalars."""
+def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float,
+                       magnet: float = 0.0, p_magnet=0.5):
+    """d/dlogit of one decision's loss -min(r A, clip(r, 1 - clip, 1 + clip) A) - h H(pi)
+    + m KL(pi || rho), pi = (p, 1 - p) the probability of betting, r = pi(action) /
+    pi_old(action), rho = (p_magnet, 1 - p_magnet): PPO's clipped surrogate, whose gradient is
+    0 where the ratio left [1 - clip, 1 + clip] in the advantage's own direction (never at
+    r = 1), plus the entropy bonus and the magnet's pull. With z = log(p / (1 - p)):
+    d(-H)/dz = p (1 - p) z and dKL/dz = p (1 - p) (z - log(p_magnet / (1 - p_magnet))).
+    Arrays or scalars."""
     ratio = np.where(action, p / p_old, (1 - p) / (1 - p_old))
     active = ~(((advantage > 0) & (ratio > 1 + clip)) | ((advantage < 0) & (ratio < 1 - clip)))
-    return (-advantage * ratio * (action - p) * active
-            + entropy * p * (1 - p) * np.log(p / (1 - p)))
+    logit = np.log(p / (1 - p))
+    return (-advantage * ratio * (action - p) * active + entropy * p * (1 - p) * logit
+            + magnet * p * (1 - p) * (logit - np.log(p_magnet / (1 - p_magnet))))
 
 
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
-          width=512, epochs=1, clip=0.2, minibatches=1) -> list[dict]:
+          width=512, epochs=1, clip=0.2, minibatches=1, magnet=0.0,
+          magnet_refresh=50) -> list[dict]:
     """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
 
     ``common_share`` None: one free logit per information state (a table). Else each agent's
@@ -150,6 +159,8 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
     for step in range(steps):
         rate = lr * (1 - step / steps) if schedule == "linear" else lr
         prob = 1 / (1 + np.exp(-logits))
+        if step % magnet_refresh == 0:
+            rho = prob.copy()  # the snapshot magnet: the policy at the last refresh
         played = []  # (agent, seat, state, action, advantage) per decision, this rollout
         returns = {}
         for seating in range(2):  # agent `seating` sits in seat 0
@@ -173,7 +184,8 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
                 keep = game % minibatches == minibatch
                 state, action, advantage = state[keep], action[keep], advantage[keep]
                 g = surrogate_gradient(prob[agent, seat, state], old[agent, seat, state],
-                                       action, advantage, entropy, clip)
+                                       action, advantage, entropy, clip, magnet,
+                                       rho[agent, seat, state])
                 np.add.at(grad[agent, seat], state, g)
                 decisions[agent] += len(state)
             grad /= np.maximum(decisions, 1)[:, None, None]
@@ -215,14 +227,20 @@ def main() -> None:
     parser.add_argument("--common_share", type=float, nargs="+", default=[None],
                         help="shared features instead of a table (see train); e.g. 0.92, "
                         "SmolLM2's adapter on the recipe's prompt")
+    parser.add_argument("--magnet", type=float, nargs="+", default=[0.0],
+                        help="weight of KL(policy || snapshot magnet) (trainer.magnet_coef)")
+    parser.add_argument("--magnet_refresh", type=int, nargs="+", default=[50],
+                        help="steps between refreshes of the magnet (trainer.magnet_refresh)")
     args = parser.parse_args()
-    for games, entropy, lr, schedule, share, epochs, minibatches in itertools.product(
+    for (games, entropy, lr, schedule, share, epochs, minibatches, magnet,
+         refresh) in itertools.product(
             args.games, args.entropy, args.lr, args.schedule, args.common_share, args.epochs,
-            args.minibatches):
+            args.minibatches, args.magnet, args.magnet_refresh):
         start = time.perf_counter()
         curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
                         common_share=share, epochs=epochs, clip=args.clip,
-                        minibatches=minibatches) for seed in range(args.seeds)]
+                        minibatches=minibatches, magnet=magnet, magnet_refresh=refresh)
+                  for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
@@ -230,6 +248,7 @@ def main() -> None:
             "games": games, "entropy": entropy, "lr": lr, "schedule": schedule,
             "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
             "epochs": epochs, "minibatches": minibatches, "clip": args.clip,
+            "magnet": magnet, "magnet_refresh": refresh,
             "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
                                  for i in marks},
             "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],

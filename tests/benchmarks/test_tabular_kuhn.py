@@ -89,6 +89,24 @@ def test_clipped_surrogate_gradient_by_hand():
     assert grad(0.8, 0.8, 1, 0.0, 0.1, 0.2) == pytest.approx(0.1 * 0.16 * np.log(4.0))
 
 
+def test_magnet_pull_by_hand():
+    grad = tabular_kuhn.surrogate_gradient
+    # m p (1 - p) (log(p / (1 - p)) - log(q / (1 - q))), p = 0.8 (log-odds log 4), m = 0.5
+    assert grad(0.8, 0.8, 1, 0.0, 0.0, 0.2, 0.5, 0.5) == pytest.approx(0.5 * 0.16 * np.log(4.0))
+    assert grad(0.8, 0.8, 1, 0.0, 0.0, 0.2, 0.5, 0.8) == pytest.approx(0.0)  # at the magnet
+    assert grad(0.8, 0.8, 1, 0.0, 0.0, 0.2, 0.5, 0.2) == pytest.approx(0.5 * 0.16 * 2 * np.log(4.0))
+    # against a uniform magnet the pull is the entropy bonus's gradient at the same weight
+    assert grad(0.3, 0.3, 0, 0.0, 0.0, 0.2, 0.7) == pytest.approx(grad(0.3, 0.3, 0, 0.0, 0.7, 0.2))
+
+
+def test_a_magnet_refreshed_every_step_changes_nothing_before_the_first_step():
+    # a magnet that is the policy itself pulls with zero force at the refresh: with refresh 1
+    # and one optimizer step per rollout, every step starts at the magnet, so the run equals the
+    # magnet-free run exactly
+    kwargs = dict(games=64, entropy=0.2, lr=0.3, steps=20, seed=0, every=10)
+    assert tabular_kuhn.train(magnet=1.0, magnet_refresh=1, **kwargs) == tabular_kuhn.train(**kwargs)
+
+
 def test_four_steps_per_rollout_beat_one_on_shared_features():
     # benchmarks/README.md ("kuhn_nash, four steps per rollout"): at share 0.94 and lr 0.7, one
     # step per rollout is at ~0.17 at step 250; four mini-batches at the same compute ~0.10.
