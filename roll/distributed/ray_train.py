@@ -21,6 +21,7 @@ from roll.distributed.data_parallel import TorchDistributedSync, free_port, init
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.roles import TrainSpec
 from roll.models import load_model
+from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.strategy import TorchStrategy
 from roll.multi_agent.trainer import MultiAgentTrainer
@@ -51,7 +52,12 @@ class TrainRank:
         torch.manual_seed(spec.seed)
         base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device,
                           tf32=spec.tf32)
-        self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed)
+        critics = ([] if spec.critic is None else
+                   critic_agents(spec.critic, [agent.name for agent in spec.agents]))
+        self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed,
+                                         critics=critics)
+        self.critics = (Critics(spec.critic, self.model, critics, TorchDistributedSync())
+                        if critics else None)
         if spec.strategy == "deepspeed":
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
@@ -66,6 +72,32 @@ class TrainRank:
         share = self.trainer.logprob_passes(batch.select(rows).to(self.device))
         return {key: getattr(share, key).cpu() for key in PASS_FIELDS
                 if getattr(share, key) is not None}
+
+    def critic_values(self, batch: TrajectoryBatch, rows: torch.Tensor) -> torch.Tensor:
+        """The critics' values (share, T) of ``batch``'s ``rows`` (this rank's share), on CPU."""
+        return self.critics.with_values(batch.select(rows).to(self.device)).values.cpu()
+
+    def critic_backward(self, batch: TrajectoryBatch) -> tuple[dict, int]:
+        """Every critic's gradient, summed over the ranks and checked; held until
+        ``critic_step`` or ``critic_discard``. (The critics' metrics, rows this rank ran.)"""
+        metrics = self.critics.backward(batch.to(self.device))
+        return metrics, self.critics.trainer.rows_forwarded
+
+    def critic_step(self) -> dict | None:
+        """Step the prepared critics; rank 0 returns their tensors (``export_tensors``)."""
+        self.critics.step()
+        return self.critics.export_tensors() if self.rank == 0 else None
+
+    def critic_discard(self) -> None:
+        self.critics.discard()
+
+    def critic_state(self) -> dict | None:
+        """The critics' optimizers and schedulers (rank 0's; every replica holds the same)."""
+        return self.critics.trainer.state_dict() if self.rank == 0 else None
+
+    def load_critics(self, tensors: dict, trainer_state: dict) -> None:
+        self.critics.load_tensors(tensors)
+        self.critics.trainer.load_state_dict(trainer_state)
 
     def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
         """(metrics per agent, global step, rows this rank ran forward/backward)."""
@@ -137,6 +169,8 @@ class RayTrainGroup:
         """Rows each rank ran forward/backward in the last step (their shares)."""
         self.pass_rows_per_rank: list[int] = []
         """Real rows of each rank's share in the last no-grad passes (padding not counted)."""
+        self.critic_rows_per_rank: list[int] = []
+        """Rows each rank ran through the critics' update in the last step (their shares)."""
         self.actors = ActorGroup(
             "actor_train rank", TrainRank, world_size, cpus_per_rank, gpus_per_rank,
             lambda rank: (spec, rank, world_size, max(1, int(cpus_per_rank))), shared)
@@ -155,11 +189,23 @@ class RayTrainGroup:
 
     def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """The no-grad passes on the ranks, each on a contiguous share of the rows (the batch
-        travels once, through the object store), put back together in row order. Every rank
-        gets ceil(rows / k) rows, the last shares padded with copies of row 0 whose results
-        are dropped: under ZeRO-3 every rank must join every forward (each gathers its
-        partitions), so all must forward the same number of chunks of the same size."""
-        device, rows = batch.input_ids.device, len(batch)
+        travels once, through the object store), put back together in row order."""
+        parts = self._by_shares(batch, "logprob_passes", "log-prob passes")
+        return batch.with_fields(**{key: torch.cat([part[key] for part in parts]).to(
+            batch.input_ids.device) for key in parts[0]})
+
+    def critic_values(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """The critics' values (B, T) (``Critics.with_values``), each rank on its share."""
+        parts = self._by_shares(batch, "critic_values", "critic values")
+        return torch.cat(parts).to(batch.input_ids.device)
+
+    def _by_shares(self, batch: TrajectoryBatch, method: str, what: str) -> list:
+        """Rank r runs ``method(batch, rows)`` on rows r*s … (r+1)*s - 1, s = ceil(rows / k);
+        its answer (a tensor or a dict of tensors, one row each) comes back cut to the real
+        rows. The last shares are padded with copies of row 0 whose results are dropped: under
+        ZeRO-3 every rank must join every forward (each gathers its partitions), so all must
+        forward the same number of chunks of the same size."""
+        rows = len(batch)
         size = -(-rows // self.world_size)
         shares = [torch.arange(rank * size, min((rank + 1) * size, rows))
                   for rank in range(self.world_size)]
@@ -167,13 +213,35 @@ class RayTrainGroup:
         padded = [torch.cat([share, torch.zeros(size - len(share), dtype=torch.long)])
                   for share in shares]
         batch_ref = ray.put(batch.to("cpu"))
-        parts = self._get([rank.logprob_passes.remote(batch_ref, share)
-                           for rank, share in zip(self.ranks, padded, strict=True)],
-                          "log-prob passes")
-        return batch.with_fields(**{
-            key: torch.cat([part[key][:len(share)] for part, share in zip(parts, shares,
-                                                                           strict=True)]
-                           ).to(device) for key in parts[0]})
+        parts = self._get([getattr(rank, method).remote(batch_ref, share)
+                           for rank, share in zip(self.ranks, padded, strict=True)], what)
+        return [{key: value[:len(share)] for key, value in part.items()}
+                if isinstance(part, dict) else part[:len(share)]
+                for part, share in zip(parts, shares, strict=True)]
+
+    def critic_backward(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """Every critic's gradient on the ranks (each its share of every critic's rows,
+        summed over the ranks); nothing steps until ``critic_step``. The critics' metrics."""
+        batch_ref = ray.put(batch.to("cpu"))
+        results = self._get([rank.critic_backward.remote(batch_ref) for rank in self.ranks],
+                            "critic update")
+        self.critic_rows_per_rank = [rows for _, rows in results]
+        return results[0][0]
+
+    def critic_step(self) -> dict:
+        """Step the critics on every rank; rank 0's critic tensors (``export_tensors``)."""
+        return self._get([rank.critic_step.remote() for rank in self.ranks], "critic update")[0]
+
+    def critic_discard(self) -> None:
+        if self.ranks:
+            self._get([rank.critic_discard.remote() for rank in self.ranks], "critic discard")
+
+    def critic_state(self) -> dict:
+        return self._get([rank.critic_state.remote() for rank in self.ranks], "state export")[0]
+
+    def load_critics(self, tensors: dict, trainer_state: dict) -> None:
+        self._get([rank.load_critics.remote(tensors, trainer_state) for rank in self.ranks],
+                  "resume")
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         batch_ref = ray.put(batch.to("cpu"))
@@ -226,3 +294,45 @@ class RayTrainGroup:
     def close(self) -> None:
         """Kill the ranks and free their placement group (idempotent)."""
         self.actors.close()
+
+
+class RayCritics:
+    """The run's critics when the agents train on Ray ranks (``critic.mode`` != none): their
+    values and updates run on the ranks (``RayTrainGroup``), each rank on its share of the
+    rows; after each update rank 0's critic tensors are copied into ``local`` (the pipeline's
+    ``Critics`` on its own model), which saves checkpoints as in one process. Same interface as
+    ``Critics`` where the pipeline calls it."""
+
+    def __init__(self, local: Critics, group: RayTrainGroup) -> None:
+        self.local, self.group = local, group
+        self._metrics: dict[str, float] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return self.local.names
+
+    def with_values(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        return batch.with_fields(values=self.group.critic_values(batch))
+
+    def backward(self, batch: TrajectoryBatch) -> None:
+        self._metrics = self.group.critic_backward(batch)
+
+    def step(self) -> dict[str, float]:
+        metrics, self._metrics = self._metrics, None
+        self.local.load_tensors(self.group.critic_step())
+        return metrics
+
+    def discard(self) -> None:
+        self._metrics = None
+        self.group.critic_discard()
+
+    def save(self, checkpoint) -> None:
+        self.local.save(checkpoint)
+
+    def state_dict(self) -> dict:
+        return {"mode": self.local.mode, "names": self.names, "trainer": self.group.critic_state()}
+
+    def load(self, checkpoint, state: dict | None) -> None:
+        """Resume: the checkpoint into the pipeline's critics, then theirs to every rank."""
+        self.local.load(checkpoint, state)
+        self.group.load_critics(self.local.export_tensors(), state["trainer"])

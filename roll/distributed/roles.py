@@ -16,7 +16,7 @@ from typing import Protocol
 
 from roll.batch import TrajectoryBatch
 from roll.inference.base import InferenceEngine
-from roll.multi_agent.config import AgentConfig, TrainerConfig
+from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.trainer import MultiAgentTrainer
 
@@ -42,6 +42,9 @@ class TrainSpec:
     """ZeRO stage of the 'deepspeed' strategy (2 or 3)."""
     tf32: bool = True
     """On CUDA, float32 matmuls use TensorFloat-32 (``model.tf32``)."""
+    critic: CriticConfig | None = None
+    """The run's critics (``critic.*``), built on every rank beside the agents; None or mode
+    'none': no critics."""
 
 
 class TrainGroup(Protocol):

@@ -70,9 +70,12 @@ from roll.multi_agent.config import AgentConfig, CriticConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
 from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.strategy import GradSync, sum_gradients
 from roll.utils.checkpoint import critic_dir
 
 VALUE_HEAD = "value_head.safetensors"
+SUMMED = ("value_loss", "value_clip_frac", "value_error")
+"""A critic's loss parts, summed over its micro-batches (and data-parallel ranks)."""
 
 
 class ValueHeads(nn.Module):
@@ -159,12 +162,17 @@ class CriticTrainer:
     """
 
     def __init__(self, model: MultiAgentLoRAModel, heads: ValueHeads,
-                 critics: Sequence[AgentConfig], config: CriticConfig) -> None:
+                 critics: Sequence[AgentConfig], config: CriticConfig,
+                 grad_sync: GradSync | None = None) -> None:
         if [c.name for c in critics] != model.critic_names:
             raise ValueError(f"critic trainer critics {[c.name for c in critics]} differ from "
                              f"the model's {model.critic_names}")
         self.model, self.heads, self.config = model, heads, config.validate()
         self.names = list(model.critic_names)
+        self.grad_sync = grad_sync
+        """Data-parallel ranks summing the critics' gradients (None: this process alone)."""
+        self.rows_forwarded = 0
+        """Rows this process ran forward/backward in the last ``backward`` (its share)."""
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         self.max_grad_norm = {critic.name: critic.optim.max_grad_norm for critic in critics}
@@ -184,8 +192,8 @@ class CriticTrainer:
         (B,)), in forwards of one critic's rows at a time."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32,
                           device=batch.input_ids.device)
-        for rows in self._micro_batches(critic_id).values():
-            for micro in rows:
+        for rows in self._rows(critic_id).values():
+            for micro in rows.split(self.config.micro_batch_size):
                 out[micro] = self._forward(batch, critic_id, micro)
         return out
 
@@ -198,33 +206,54 @@ class CriticTrainer:
         """The first half of ``train_step``: every critic's gradient, clipped and checked
         (a non-finite loss or norm raises ``NonFiniteLossError`` with every gradient dropped);
         nothing is stepped until ``step`` (or dropped by ``discard``). Returns the metrics
-        so far."""
+        so far.
+
+        Data parallel (``grad_sync`` of k ranks, each given the whole batch): each rank
+        forwards rows rank, rank + k, … of each critic, the normaliser is the whole batch's,
+        and gradients and loss sums are summed over the ranks in one all-reduce before the
+        clip and the check, so every rank steps the same gradient as one process would."""
         batch.require("values", "returns")
-        plan = self._micro_batches(critic_id)
+        rows_of = self._rows(critic_id)
         mask = batch.response_mask.float()
-        metrics: dict[str, dict[str, float]] = {}
-        norms: dict[str, Tensor] = {}
-        losses: dict[str, Tensor] = {}
-        steps = {name: self.schedulers[name].last_epoch for name in plan}
-        for name, micros in plan.items():
-            self.optimizers[name].zero_grad(set_to_none=True)
-            normaliser = mask[torch.cat(micros)].sum().clamp(min=1.0)
-            sums = dict.fromkeys(("value_loss", "value_clip_frac", "value_error"), 0.0)
-            with self.model.training_forward({name: steps[name]}, "critic_dropout"):
-                for micro in micros:
+        sync, stream = self.grad_sync, "critic_dropout"
+        parallel = sync is not None and sync.world_size > 1
+        if parallel:
+            stream = f"critic_dropout/rank{sync.rank}"
+        sums = {name: dict.fromkeys(SUMMED, 0.0) for name in rows_of}
+        steps = {name: self.schedulers[name].last_epoch for name in rows_of}
+        self.discard()
+        self.rows_forwarded = 0
+        for name, rows in rows_of.items():
+            normaliser = mask[rows].sum().clamp(min=1.0)
+            mine = rows[sync.rank::sync.world_size] if parallel else rows
+            self.rows_forwarded += len(mine)
+            with self.model.training_forward({name: steps[name]}, stream):
+                for micro in mine.split(self.config.micro_batch_size):
                     values = self._forward(batch, critic_id, micro)
                     loss, parts = value_loss(values, batch.values[micro], batch.returns[micro],
                                              mask[micro], clip=self.config.value_clip,
                                              normalizer=normaliser)
                     loss.backward()
                     share = mask[micro].sum() / normaliser
-                    sums["value_loss"] += loss.detach()
-                    sums["value_clip_frac"] += parts["value_clip_frac"] * share
-                    sums["value_error"] += parts["value_error"] * share
-            losses[name] = sums["value_loss"]
+                    sums[name]["value_loss"] += loss.detach()
+                    sums[name]["value_clip_frac"] += parts["value_clip_frac"] * share
+                    sums[name]["value_error"] += parts["value_error"] * share
+        if parallel:
+            device = mask.device
+            extra = torch.stack([torch.as_tensor(sums[name][key], device=device).float()
+                                 for name in rows_of for key in SUMMED])
+            params = [param for name in rows_of for param in self.parameters(name)]
+            summed = sum_gradients(params, extra, sync).view(len(rows_of), len(SUMMED))
+            sums = {name: dict(zip(SUMMED, summed[index], strict=True))
+                    for index, name in enumerate(rows_of)}
+        metrics: dict[str, dict[str, float]] = {}
+        norms: dict[str, Tensor] = {}
+        losses: dict[str, Tensor] = {}
+        for name, rows in rows_of.items():
+            losses[name] = torch.as_tensor(sums[name]["value_loss"])
             norms[name] = self._clip(name)
-            metrics[name] = {key: float(value) for key, value in sums.items()}
-            metrics[name]["num_rows"] = float(sum(len(m) for m in micros))
+            metrics[name] = {key: float(value) for key, value in sums[name].items()}
+            metrics[name]["num_rows"] = float(len(rows))
             metrics[name]["grad_norm"] = float(norms[name])
         self._refuse_non_finite(losses, norms)
         return metrics
@@ -253,14 +282,14 @@ class CriticTrainer:
             self.schedulers[name].load_state_dict(state["schedulers"][name])
 
     # ------------------------------------------------------------------ internals
-    def _micro_batches(self, critic_id: Tensor) -> dict[str, list[Tensor]]:
-        """Each critic with rows -> its rows (indices, in batch order) in micro-batches."""
-        plan = {}
+    def _rows(self, critic_id: Tensor) -> dict[str, Tensor]:
+        """Each critic with rows -> its rows (indices, in batch order)."""
+        rows_of = {}
         for index, name in enumerate(self.names):
             rows = (critic_id == index).nonzero().squeeze(-1)
             if rows.numel():
-                plan[name] = list(rows.split(self.config.micro_batch_size))
-        return plan
+                rows_of[name] = rows
+        return rows_of
 
     def _forward(self, batch: TrajectoryBatch, critic_id: Tensor, rows: Tensor) -> Tensor:
         return critic_values(self.model, self.heads, batch.input_ids[rows],
@@ -308,14 +337,14 @@ class Critics:
     """The run's critics on ``model`` (which must hold ``critic_agents(cfg, ...)``)."""
 
     def __init__(self, cfg: CriticConfig, model: MultiAgentLoRAModel,
-                 critics: list[AgentConfig]) -> None:
+                 critics: list[AgentConfig], grad_sync: GradSync | None = None) -> None:
         self._prepared: tuple[dict, dict[str, float]] | None = None
         self.mode = cfg.mode
         self.input = cfg.input
         self.model = model
         device = model.base_model.get_input_embeddings().weight.device
         self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size, device)
-        self.trainer = CriticTrainer(model, self.heads, critics, cfg)
+        self.trainer = CriticTrainer(model, self.heads, critics, cfg, grad_sync)
 
     @property
     def names(self) -> list[str]:
@@ -342,9 +371,10 @@ class Critics:
         self.backward(batch)
         return self.step()
 
-    def backward(self, batch: TrajectoryBatch) -> None:
+    def backward(self, batch: TrajectoryBatch) -> dict[str, float]:
         """``train_step``'s first half: every critic's gradient, checked (``NonFiniteLossError``
-        names the critic, nothing kept); no critic steps until ``step()`` or ``discard()``."""
+        names the critic, nothing kept); no critic steps until ``step()`` or ``discard()``.
+        Returns the metrics ``step()`` will."""
         view = self._view(batch)
         if view is not batch:
             view = view.with_fields(**{
@@ -361,6 +391,7 @@ class Critics:
             metrics["critic/explained_variance"] = float(
                 1.0 - residual / variance) if variance > 0 else 0.0
         self._prepared = (per_critic, metrics)
+        return metrics
 
     def step(self) -> dict[str, float]:
         """Step the critics ``backward`` prepared; their metrics."""
@@ -386,7 +417,24 @@ class Critics:
                                  attention_mask=batch.critic_attention_mask,
                                  response_mask=batch.critic_response_mask)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ tensors, checkpoints
+    def export_tensors(self) -> dict[str, dict[str, dict[str, Tensor]]]:
+        """Every critic's trained tensors on CPU: ``{critic: {"adapter": PEFT-keyed LoRA
+        tensors, "head": {"weight", "bias"}}}`` (what travels between Ray ranks and the
+        pipeline: KBs to MBs, never the base)."""
+        return {name: {"adapter": self.model.export_adapter(name),
+                       "head": {key: param.detach().cpu().clone() for key, param
+                                in self.heads.heads[name].named_parameters()}}
+                for name in self.names}
+
+    @torch.no_grad()
+    def load_tensors(self, tensors: dict[str, dict[str, dict[str, Tensor]]]) -> None:
+        """Overwrite critics' adapters and heads with ``export_tensors()``'s output."""
+        for name, parts in tensors.items():
+            self.model.import_adapter(name, parts["adapter"])
+            for key, param in self.heads.heads[name].named_parameters():
+                param.copy_(parts["head"][key])
+
     def save(self, checkpoint: Path) -> None:
         """Each critic's folder (PEFT adapter + value head) under ``checkpoint/critics/``."""
         for name in self.names:

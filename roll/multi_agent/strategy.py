@@ -160,20 +160,8 @@ class TorchStrategy:
         torch.autograd.grad(loss, self.model.agent_parameters(name), allow_unused=True)
 
     def sum_over_ranks(self, names: list[str], extra: Tensor) -> Tensor:
-        params = [param for name in names for param in self.carriers(name)]
-        device = extra.device
-        has_grad = [param.grad is not None for param in params]
-        flat = torch.cat(
-            [(param.grad if param.grad is not None else torch.zeros_like(param))
-             .reshape(-1).float().to(device) for param in params]
-            + [torch.tensor(has_grad, dtype=torch.float32, device=device), extra])
-        summed = self.grad_sync.all_reduce(flat)
-        sizes = [param.numel() for param in params]
-        grads = summed[:sum(sizes)].split(sizes)
-        any_grad = summed[sum(sizes):sum(sizes) + len(params)].tolist()  # one host sync
-        for param, grad, has in zip(params, grads, any_grad, strict=True):
-            param.grad = grad.view_as(param).to(param.dtype) if has > 0 else None
-        return summed[sum(sizes) + len(params):]
+        return sum_gradients([param for name in names for param in self.carriers(name)],
+                             extra, self.grad_sync)
 
     def clip(self, name: str, limit: float) -> Tensor:
         return clip_gradients(self.carriers(name), limit)
@@ -226,4 +214,24 @@ class TorchStrategy:
             self.schedulers[name].load_state_dict(scheduler_state)
 
 
-__all__ = ["GradSync", "TorchStrategy", "TrainStrategy"]
+def sum_gradients(params: list[Tensor], extra: Tensor, grad_sync: GradSync) -> Tensor:
+    """Sum the ``.grad`` of ``params`` and the flat float ``extra`` over ``grad_sync``'s ranks
+    in one all-reduce (gradients in place; a tensor keeps ``grad=None`` only if it has none on
+    every rank); returns the summed ``extra``. Every rank must pass the same tensors, in the
+    same order."""
+    device = extra.device
+    has_grad = [param.grad is not None for param in params]
+    flat = torch.cat(
+        [(param.grad if param.grad is not None else torch.zeros_like(param))
+         .reshape(-1).float().to(device) for param in params]
+        + [torch.tensor(has_grad, dtype=torch.float32, device=device), extra])
+    summed = grad_sync.all_reduce(flat)
+    sizes = [param.numel() for param in params]
+    grads = summed[:sum(sizes)].split(sizes)
+    any_grad = summed[sum(sizes):sum(sizes) + len(params)].tolist()  # one host sync
+    for param, grad, has in zip(params, grads, any_grad, strict=True):
+        param.grad = grad.view_as(param).to(param.dtype) if has > 0 else None
+    return summed[sum(sizes) + len(params):]
+
+
+__all__ = ["GradSync", "TorchStrategy", "TrainStrategy", "sum_gradients"]

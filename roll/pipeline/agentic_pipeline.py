@@ -130,6 +130,7 @@ class AgenticPipeline:
             agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
             temperature=self.policy_temperature,
             strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
+            critic=cfg.critic if critics else None,
         )
         self.shared_bundles = build_shared_bundles(cfg)
         """actor_infer.colocate: the placement group whose bundle i holds train rank i and
@@ -142,6 +143,11 @@ class AgenticPipeline:
             )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
+        if self.critics is not None and cfg.cluster.backend == "ray":
+            from roll.distributed.ray_train import RayCritics
+
+            # values and critic updates on the ranks; their tensors come back for checkpoints
+            self.critics = RayCritics(self.critics, self.trainer)
         self.cooperative = self.env_setup.cooperative
         self.items = (ItemSampler(self.env_setup.train_items, cfg.seed, cfg.env.data.shuffle)
                       if self.env_setup.is_task else None)

@@ -218,10 +218,11 @@ def _check_critic(cfg: PipelineConfig, model_modules: set[str] | None) -> None:
                           f"advantage.estimator={estimator} reads no values, so the critics "
                           "would train for nothing; use critic.mode=none (or estimator gae, "
                           "ippo, mappo, happo, vdn)")
-    if cfg.cluster.backend != "local":
+    if cfg.cluster.backend == "ray" and cfg.actor_train.strategy != "torch":
         raise ConfigError("critic.mode", critic.mode,
-                          "critics run with cluster.backend=local only so far (the Ray train "
-                          f"ranks hold no critics); got cluster.backend={cfg.cluster.backend!r}")
+                          "critics train on Ray ranks with actor_train.strategy=torch only so "
+                          "far (a DeepSpeed engine does not hold the critics' optimizers); got "
+                          f"actor_train.strategy={cfg.actor_train.strategy!r}")
 
 
 def _check_training_seats(cfg: PipelineConfig, train: list[Seating], agents: list[str]) -> None:

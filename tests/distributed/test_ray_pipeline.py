@@ -52,6 +52,60 @@ def test_ray_ranks_train_what_the_local_run_trains(ray_cluster, tmp_path, one_th
     assert moved > 1e-4  # the comparison is between trained adapters
 
 
+def critic_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """``{critic}/{file}/{key}`` -> tensor: each critic's PEFT adapter and value head."""
+    from safetensors.torch import load_file
+
+    return {f"{folder.name}/{file.stem}/{key}": value
+            for folder in sorted((checkpoint / "critics").iterdir())
+            for file in sorted(folder.glob("*.safetensors"))
+            for key, value in load_file(file).items()}
+
+
+@pytest.mark.parametrize("learner", [
+    pytest.param(("advantage.estimator=ippo", "critic.mode=per_agent"), id="ippo"),
+    pytest.param(("advantage.estimator=mappo", "critic.mode=shared", "critic.input=global"),
+                 id="mappo_global")])
+def test_critics_on_ray_ranks_train_and_resume_as_in_one_process(
+        ray_cluster, tmp_path, one_thread, learner):
+    # critic.optim.eps 1e-3 for the reason KUHN_SMALL gives the agents'
+    args = (*learner, "critic.optim.eps=1e-3", "critic.optim.lr=1e-2")
+    AgenticPipeline(config(tmp_path / "local", "max_steps=2", *args)).run()
+    ray_args = ("cluster.backend=ray", "actor_train.world_size=2", *args)
+    first = AgenticPipeline(config(tmp_path / "ray", "max_steps=1", *ray_args))
+    first.run()
+    # the second step on fresh ranks, from the checkpoint: critics' adapters, heads, AdamW
+    resumed = AgenticPipeline(config(tmp_path / "ray", "max_steps=2", "resume=latest",
+                                     *ray_args))
+    resumed.run()
+    # the critics' values and update ran on the ranks, each on its share of the rows
+    values_rows, update_rows = (resumed.trainer.pass_rows_per_rank,
+                                resumed.trainer.critic_rows_per_rank)
+    assert len(values_rows) == len(update_rows) == 2
+    assert min(update_rows) > 0 and abs(update_rows[0] - update_rows[1]) <= len(
+        resumed.critics.names)
+    assert sum(values_rows) == sum(update_rows)  # every row has a critic, each counted once
+    local_ckpt = latest_checkpoint(tmp_path / "local")
+    ray_ckpt = latest_checkpoint(tmp_path / "ray")
+    assert ray_ckpt.name == local_ckpt.name == "step_00000002"
+    for read in (checkpoint_adapters, critic_tensors):
+        local, remote = read(local_ckpt), read(ray_ckpt)
+        assert local.keys() == remote.keys() and local
+        gap = max(float((local[key] - remote[key]).abs().max()) for key in local)
+        assert gap < 1e-6, read.__name__
+    heads = {key: value for key, value in critic_tensors(ray_ckpt).items() if "value_head" in key}
+    assert heads and max(float(value.abs().max()) for value in heads.values()) > 1e-4  # trained
+    states = [torch.load(path / "trainer_state.pt", weights_only=False)["critics"]
+              for path in (local_ckpt, ray_ckpt)]
+    assert states[0]["names"] == states[1]["names"]
+    for name in states[0]["names"]:
+        moments = [state["trainer"]["optimizers"][name]["state"] for state in states]
+        assert moments[0].keys() == moments[1].keys() and moments[0]
+        for index in moments[0]:
+            gap = (moments[0][index]["exp_avg"] - moments[1][index]["exp_avg"]).abs().max()
+            assert float(gap) < 1e-6
+
+
 def test_a_dead_rank_stops_with_the_last_checkpoint_and_resume_continues(
         ray_cluster, tmp_path, one_thread):
     out = tmp_path / "run"
