@@ -4,7 +4,9 @@ Each ``EnvWorker`` actor holds its share of a rollout's episodes (``LocalEpisode
 episode ``i`` of ``k`` workers lives on worker ``i mod k``. There the envs step, built-in
 opponents (random, MCTS) choose their moves and prompts are rendered; the rollout in the
 pipeline's process sends each answer's text and gets back what it did and the episode's next
-prompt. Only text and numbers travel, so the same seeds give the same episodes as in-process
+prompt. Env steps of different workers run side by side, and beside the decoding: the rollout
+starts a step and takes its result when it is ready (``start`` / ``done``). Only text and
+numbers travel, so the same seeds give the same episodes as in-process
 play (tested). A worker that dies stops the rollout with one line naming it (``RoleFailed``),
 and the pipeline adds the last good checkpoint to continue from.
 """
@@ -51,6 +53,9 @@ class RayEpisodes:
         self.actors = ActorGroup("env worker", EnvWorker, num_workers, cpus_per_worker, 0.0,
                                  lambda index: ())
         self.count = 0
+        self.started: dict = {}
+        """Env steps under way (each worker plays its calls in order, workers side by side):
+        their result's ref -> the episode's index."""
 
     @property
     def workers(self) -> list:
@@ -60,16 +65,32 @@ class RayEpisodes:
     def open(self, setup: EpisodeSetup, specs: list[EpisodeSpec]) -> list[Ask | None]:
         k = self.num_workers
         self.count = len(specs)
+        self.started = {}
         setup_ref = ray.put(setup)
         shares = self.actors.get(
             [worker.open.remote(setup_ref, specs[index::k])
              for index, worker in enumerate(self.workers)], "episode start")
         return self._merge(shares)
 
-    def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
+    def start(self, index: int, text: str) -> None:
         worker = index % self.num_workers
-        ref = self.workers[worker].play.remote(index // self.num_workers, text)
-        return self.actors.get([ref], "an env step", [worker])[0]
+        self.started[self.workers[worker].play.remote(index // self.num_workers, text)] = index
+
+    def done(self, wait: bool) -> list[tuple[int, Played, Ask | None]]:
+        if not self.started:
+            return []
+        refs = list(self.started)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if not ready and wait:
+            ready, _ = ray.wait(refs, num_returns=1)
+        ready = sorted(ready, key=self.started.__getitem__)  # by episode
+        indices = [self.started.pop(ref) for ref in ready]
+        results = self.actors.get(ready, "an env step", [i % self.num_workers for i in indices])
+        return [(index, played, ask)
+                for index, (played, ask) in zip(indices, results, strict=True)]
+
+    def outstanding(self) -> int:
+        return len(self.started)
 
     def cut(self, index: int) -> None:
         worker = index % self.num_workers

@@ -152,6 +152,23 @@ number the requests in the order they were made: ``first`` 0..n-1, then every re
 ``Follow`` call returns, in the order returned."""
 
 
+class Later(Protocol):
+    """Follow-up requests that arrive after ``follow`` returned: the caller's own work for a
+    finished request (e.g. an env step on an env worker) runs while the engine goes on
+    decoding. An engine's ``serve`` takes the requests ``ready`` gives whenever it can, keeps
+    serving while any are ``outstanding``, and waits for them only when it has nothing else
+    to do. Their keys continue the count in the order they are taken."""
+
+    def outstanding(self) -> int:
+        """Follow-ups still to come (0: all taken)."""
+        ...
+
+    def ready(self, wait: bool) -> list[GenerationRequest]:
+        """The follow-up requests available now; ``wait``: block until at least one piece of
+        outstanding work is done (it may bring no request)."""
+        ...
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """A generation engine holding adapter slots over one base model."""
@@ -168,9 +185,9 @@ class InferenceEngine(Protocol):
         ...
 
     def serve(self, first: list[GenerationRequest], follow: Follow,
-              context_len: int | None = None) -> int:
-        """Generate for ``first`` and for every request ``follow`` returns, until none is left;
-        returns how many requests were served (see ``serve`` below)."""
+              context_len: int | None = None, later: Later | None = None) -> int:
+        """Generate for ``first`` and for every request ``follow`` (and ``later``) returns,
+        until none is left; returns how many requests were served (see ``serve`` below)."""
         ...
 
     def load_adapter(
@@ -214,9 +231,10 @@ def load_adapter_folder(
 
 
 def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow,
-          context_len: int | None = None, continuous: bool = True) -> int:
-    """Generate for ``first`` and for every request ``follow`` returns, until none is left;
-    returns how many requests were served.
+          context_len: int | None = None, continuous: bool = True,
+          later: Later | None = None) -> int:
+    """Generate for ``first`` and for every request ``follow`` (or ``later``) returns, until
+    none is left; returns how many requests were served.
 
     A continuous engine (the hf engine, vLLM) runs its own ``serve``, so a new request joins
     the running batch as soon as it exists; any other engine plays rounds (``serve_rounds``).
@@ -224,20 +242,25 @@ def serve(engine: InferenceEngine, first: list[GenerationRequest], follow: Follo
     their cache by it). ``continuous=False`` plays rounds on any engine.
     """
     if continuous and engine.continuous:
-        return engine.serve(first, follow, context_len=context_len)
-    return serve_rounds(engine, first, follow)
+        return engine.serve(first, follow, context_len=context_len, later=later)
+    return serve_rounds(engine, first, follow, later)
 
 
-def serve_rounds(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow) -> int:
+def serve_rounds(engine: InferenceEngine, first: list[GenerationRequest], follow: Follow,
+                 later: Later | None = None) -> int:
     """``serve`` in lock-step rounds: one ``generate`` call per round, follow-ups in the next
-    round. Returns how many requests were served."""
+    round (with those of ``later`` ready by then, or waited for when the round would be
+    empty). Returns how many requests were served."""
     served, queue = 0, list(first)
-    while queue:
-        outputs = engine.generate(queue)
+    while queue or (later is not None and later.outstanding()):
         following: list[GenerationRequest] = []
-        for key, output in enumerate(outputs, start=served):
-            following += follow(key, output)
-        served += len(queue)
+        if queue:
+            outputs = engine.generate(queue)
+            for key, output in enumerate(outputs, start=served):
+                following += follow(key, output)
+            served += len(queue)
+        if later is not None:
+            following += later.ready(wait=not following)
         queue = following
     return served
 
@@ -254,8 +277,8 @@ class RoundsEngine:
         return {}
 
     def serve(self, first: list[GenerationRequest], follow: Follow,
-              context_len: int | None = None) -> int:
-        return serve_rounds(self, first, follow)
+              context_len: int | None = None, later: Later | None = None) -> int:
+        return serve_rounds(self, first, follow, later)
 
     def sleep(self) -> None:
         """Nothing to free."""

@@ -55,6 +55,7 @@ from roll.inference.base import (
     Follow,
     GenerationOutput,
     GenerationRequest,
+    Later,
     SamplingParams,
     cut_at_stop,
 )
@@ -292,10 +293,11 @@ class VLLMEngine:
         return [self._output(r, res.outputs[0]) for r, res in zip(requests, results, strict=True)]
 
     def serve(self, first: list[GenerationRequest], follow: Follow,
-              context_len: int | None = None) -> int:
+              context_len: int | None = None, later: Later | None = None) -> int:
         """Continuous batching through vLLM's own scheduler: every request is added to the
         engine at once, the engine is stepped, and each request that finishes goes to ``follow``
-        at once; what it returns joins the running batch in the same step loop (no rounds).
+        at once; what it returns (and what ``later`` has ready after each step, waited for
+        only when nothing is left to step) joins the running batch in the same step loop.
         Keys number requests in submission order (base.Follow). Returns how many were served.
         Same seeds + same follow → same outputs (vLLM's per-request seeded sampling)."""
         if self._sleeping:
@@ -320,7 +322,11 @@ class VLLMEngine:
 
         try:
             submit(list(first))
-            while pending:
+            while pending or (later is not None and later.outstanding()):
+                if later is not None and later.outstanding():
+                    submit(later.ready(wait=not pending))
+                if not pending:
+                    continue
                 peak = max(peak, len(pending))
                 steps += 1
                 for result in core.step():

@@ -105,6 +105,51 @@ def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
     assert host.workers == []
 
 
+def _overlaps(log: Path) -> int:
+    """Pairs of env steps (from the spans a sleepy env logged) that ran at the same time in
+    different processes."""
+    spans = [line.split() for line in log.read_text().splitlines()]
+    spans = [(pid, float(start), float(end)) for pid, start, end in spans]
+    return sum(1 for i, (pid, start, end) in enumerate(spans) for other, a, b in spans[i + 1:]
+               if other != pid and start < b and a < end)
+
+
+def test_env_steps_of_different_workers_run_side_by_side(ray_cluster, tiny_model_path,
+                                                         tmp_path):
+    """Each answer's env step starts on its worker and the rollout takes it when ready: the
+    steps of the two workers overlap in time (they never did when every step was a blocking
+    call), and the episodes are the in-process ones. (benchmarks/env_workers.py measures the
+    speed-up.)"""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from env_workers import rollout_scheduler, sleepy_env_factory
+
+    from roll.distributed.ray_env import RayEpisodes
+
+    team, _ = make_team(tiny_model_path, [AgentConfig(a) for a in AGENTS])
+    tokenizer = load_tokenizer(tiny_model_path)
+    engine = hf_engine_for(team, tokenizer)
+    for name in AGENTS:
+        engine.load_adapter(name, team.export_adapter(name), team.peft_config(name), 1)
+    here_log, there_log = tmp_path / "here.txt", tmp_path / "there.txt"
+    here = rollout_scheduler(engine, tokenizer, sleepy_env_factory("kuhn_poker", 0.05, here_log),
+                             num_groups=4).rollout(seed=3)
+    host = RayEpisodes(num_workers=2, cpus_per_worker=0.25)
+    try:
+        there = rollout_scheduler(engine, tokenizer,
+                                  sleepy_env_factory("kuhn_poker", 0.05, there_log),
+                                  num_groups=4, episodes=host).rollout(seed=3)
+    finally:
+        host.close()
+    assert _turns(here) == _turns(there)
+    steps = len(there_log.read_text().splitlines())
+    assert steps == len(here_log.read_text().splitlines()) >= 8
+    assert len({line.split()[0] for line in there_log.read_text().splitlines()}) == 2
+    assert _overlaps(here_log) == 0  # one process: one step at a time
+    assert _overlaps(there_log) >= 2
+
+
 def _config(out: Path, *extra: str):
     return kuhn_config(out, "save_steps=1", "keep_last=5", *extra)
 
@@ -180,7 +225,7 @@ def test_an_env_worker_or_engine_killed_mid_step_stops_with_one_line_and_resume_
     for role, what in (("env worker", "an env step"), ("actor_infer engine", "generate")):
         pipeline = AgenticPipeline(_config(out, "max_steps=3", "resume=latest", *layout))
         if role == "env worker":
-            calls = _kill_during(ray_cluster, pipeline.env_host, "play",
+            calls = _kill_during(ray_cluster, pipeline.env_host, "start",
                                  pipeline.env_host.workers[1], after=3)
         else:
             calls = _kill_during(ray_cluster, pipeline.engine, "generate",

@@ -50,12 +50,12 @@ class RecordingEngine:
         self._record(outputs)
         return outputs
 
-    def serve(self, first, follow, context_len=None):
+    def serve(self, first, follow, context_len=None, later=None):
         def recorded(key, output):
             self._record([output])
             return follow(key, output)
 
-        return self.inner.serve(first, recorded, context_len=context_len)
+        return self.inner.serve(first, recorded, context_len=context_len, later=later)
 
 
 def _pipeline(out: Path, *extra: str) -> AgenticPipeline:

@@ -211,8 +211,18 @@ class EpisodeHost(Protocol):
         before any LLM turn)."""
         ...
 
-    def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
-        """Play episode ``index``'s answer; what it did and the episode's next ``Ask``."""
+    def start(self, index: int, text: str) -> None:
+        """Begin playing episode ``index``'s answer (it may run elsewhere meanwhile; one answer
+        per episode at a time)."""
+        ...
+
+    def done(self, wait: bool) -> list[tuple[int, Played, Ask | None]]:
+        """The answers played since the last call, by episode index: (index, what it did, the
+        episode's next ``Ask``); ``wait``: block until at least one is, if any is started."""
+        ...
+
+    def outstanding(self) -> int:
+        """Answers started and not yet returned by ``done``."""
         ...
 
     def cut(self, index: int) -> None:
@@ -229,15 +239,28 @@ class LocalEpisodes:
 
     def __init__(self) -> None:
         self.episodes: list[Episode] = []
+        self.played: list[tuple[int, Played, Ask | None]] = []
 
     def open(self, setup: EpisodeSetup, specs: list[EpisodeSpec]) -> list[Ask | None]:
         self.episodes = [Episode(setup, spec) for spec in specs]
+        self.played = []
         return [episode.next_ask() for episode in self.episodes]
 
     def play(self, index: int, text: str) -> tuple[Played, Ask | None]:
+        """Play episode ``index``'s answer now: what it did and its next ``Ask``."""
         episode = self.episodes[index]
         played = episode.play(text)
         return played, episode.next_ask()
+
+    def start(self, index: int, text: str) -> None:
+        self.played.append((index, *self.play(index, text)))  # here and now
+
+    def done(self, wait: bool) -> list[tuple[int, Played, Ask | None]]:
+        played, self.played = self.played, []
+        return played
+
+    def outstanding(self) -> int:
+        return len(self.played)
 
     def cut(self, index: int) -> None:
         self.episodes[index].cut()

@@ -237,41 +237,57 @@ class RolloutScheduler:
             waiting[next(keys)] = (index, ask, prompt_ids, critic_ids, made)
             return [made]
 
+        stepping: dict[int, tuple[Ask, list[int], list[int] | None, GenerationRequest,
+                                  GenerationOutput]] = {}
+        """episode index -> its answer whose env step is under way (one per episode)."""
+
         def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
-            nonlocal done
+            """An answer is done: its env step starts (here, or on an env worker while the
+            engine goes on); the follow-ups of every env step done by now."""
             index, ask, prompt_ids, critic_ids, made = waiting.pop(key)
             self._check_output_version(made, output)
-            played, following = self.episodes.play(index, output.text)
-            spec = specs[index].seating[ask.seat]
-            counted = turns_per_seat[index]
-            turn_index = counted.get(ask.seat, 0)
-            counted[ask.seat] = turn_index + 1
-            self.counters.record(spec.agent_name if spec.is_trained else spec.raw,
-                                 played.format_error, played.fallback)
-            turns.append(Turn(
-                env_index=index, seat=ask.seat, slot=made.adapter,
-                trained_agent=spec.agent_name if spec.is_trained else None,
-                turn_index=turn_index, prompt_ids=prompt_ids,
-                response_ids=list(output.token_ids), logprobs=list(output.logprobs),
-                choices=(None if made.allowed_completions is None else CompletionTrie(
-                    made.allowed_completions).branch_points(list(output.token_ids))),
-                critic_prompt_ids=critic_ids,
-                format_error=played.format_error,
-                truncated=output.finish_reason == "length" and played.no_answer,
-            ))
-            if following is not None:
-                return request(index, following)
-            done += 1
-            if progress is not None:
-                progress(done, len(specs))
-            return []
+            stepping[index] = (ask, prompt_ids, critic_ids, made, output)
+            self.episodes.start(index, output.text)
+            return played(wait=False)
+
+        def played(wait: bool) -> list[GenerationRequest]:
+            """Turns of the env steps done by now; each episode's next request, if any."""
+            nonlocal done
+            new: list[GenerationRequest] = []
+            for index, result, following in self.episodes.done(wait):
+                ask, prompt_ids, critic_ids, made, output = stepping.pop(index)
+                spec = specs[index].seating[ask.seat]
+                counted = turns_per_seat[index]
+                turn_index = counted.get(ask.seat, 0)
+                counted[ask.seat] = turn_index + 1
+                self.counters.record(spec.agent_name if spec.is_trained else spec.raw,
+                                     result.format_error, result.fallback)
+                turns.append(Turn(
+                    env_index=index, seat=ask.seat, slot=made.adapter,
+                    trained_agent=spec.agent_name if spec.is_trained else None,
+                    turn_index=turn_index, prompt_ids=prompt_ids,
+                    response_ids=list(output.token_ids), logprobs=list(output.logprobs),
+                    choices=(None if made.allowed_completions is None else CompletionTrie(
+                        made.allowed_completions).branch_points(list(output.token_ids))),
+                    critic_prompt_ids=critic_ids,
+                    format_error=result.format_error,
+                    truncated=output.finish_reason == "length" and result.no_answer,
+                ))
+                if following is not None:
+                    new += request(index, following)
+                    continue
+                done += 1
+                if progress is not None:
+                    progress(done, len(specs))
+            return new
 
         first = [made for index, ask in enumerate(asks) if ask is not None
                  for made in request(index, ask)]
         if first:
             serve(self.engine, first, follow,
                   context_len=self.config.max_prompt_tokens + self.sampling.max_new_tokens,
-                  continuous=self.config.continuous)
+                  continuous=self.config.continuous,
+                  later=_Later(self.episodes, played))
         return sorted(turns, key=lambda t: (t.env_index, t.seat, t.turn_index))
 
     def _request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int,
@@ -343,3 +359,17 @@ class RolloutScheduler:
                 f"{len(longest)} tokens"
             )
         return completions
+
+
+class _Later:
+    """The env steps still under way, as the engine's ``serve`` sees them (base.Later)."""
+
+    def __init__(self, episodes: EpisodeHost, played: Callable[[bool], list[GenerationRequest]]
+                 ) -> None:
+        self.episodes, self.played = episodes, played
+
+    def outstanding(self) -> int:
+        return self.episodes.outstanding()
+
+    def ready(self, wait: bool) -> list[GenerationRequest]:
+        return self.played(wait)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from roll.inference.base import Follow, GenerationRequest
+from roll.inference.base import Follow, GenerationRequest, Later
 from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.cuda_graph import CapturedStep, compile_step, upload
 from roll.inference.hf.lanes import Lane, Step, constrain
@@ -124,9 +124,11 @@ class ContinuousDecoder:
 
     # ------------------------------------------------------------------ the loop
     def serve(self, first: list[GenerationRequest], follow: Follow,
-              limit: int | None = None) -> int:
+              limit: int | None = None, later: Later | None = None) -> int:
         """Run until no request is left; returns how many requests were served. The ring
-        grows as requests need (up to ``limit`` tokens of prompt + max_new_tokens each)."""
+        grows as requests need (up to ``limit`` tokens of prompt + max_new_tokens each).
+        ``later``'s ready follow-ups are taken before every step, and waited for only when
+        nothing is left to decode."""
         self.limit = limit
         queue: deque[tuple[int, GenerationRequest]] = deque()
         submitted = 0
@@ -152,7 +154,14 @@ class ContinuousDecoder:
         # (finishing requests, the caller's follow, admitting new ones) overlaps the device's.
         # A lane whose request ended at the step read late runs one more step for nothing.
         pending: list[Step] = []
-        while queue or pending or any(lane is not None for lane in self.running):
+        while True:
+            if later is not None and later.outstanding():
+                idle = not (queue or pending or any(lane is not None for lane in self.running))
+                submit(later.ready(wait=idle))
+            if not (queue or pending or any(lane is not None for lane in self.running)):
+                if later is None or not later.outstanding():
+                    break
+                continue
             free = [i for i, lane in enumerate(self.running) if lane is None]
             if queue and free:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]

@@ -35,6 +35,7 @@ from roll.inference.base import (
     Follow,
     GenerationOutput,
     GenerationRequest,
+    Later,
     SamplingParams,
     cut_at_stop,
 )
@@ -260,14 +261,15 @@ class HFEngine:
         return self._outputs(requests, finish, host, logprobs)
 
     def serve(self, first: list[GenerationRequest], follow: Follow,
-              context_len: int | None = None) -> int:
+              context_len: int | None = None, later: Later | None = None) -> int:
         """Continuous batching (continuous.py): generate for ``first`` and for every request
         ``follow(key, output)`` returns as outputs finish, on at most ``max_batch_size`` lanes
         over a ring KV cache that starts a quarter above the longest prompt + max_new_tokens
         of ``first`` and grows as requests need; a request needing more than ``context_len``
-        tokens is refused. Returns how many requests were served."""
+        tokens is refused. ``later``: follow-ups that come after ``follow`` returned (base.Later),
+        taken between decode steps. Returns how many requests were served."""
         if not first:
-            return 0
+            return 0  # nothing started, so nothing of ``later`` can be outstanding
         longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in first)
         lanes = min(self.max_batch_size, len(first))
         decoder = self._decoder
@@ -280,7 +282,7 @@ class HFEngine:
         else:
             decoder.reset()
         with self._generation_mode():
-            served = decoder.serve(first, follow, limit=context_len)
+            served = decoder.serve(first, follow, limit=context_len, later=later)
         self.forward_calls += decoder.prefills + decoder.decode_steps
         self.graph_captures = decoder.captures
         self.last_serve = {"lanes": lanes, "capacity": decoder.capacity, "served": served,
