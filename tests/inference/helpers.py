@@ -79,3 +79,42 @@ def stock_peft_model(path, team, name: str, folder):
     """The agent as stock PEFT loads it from its saved folder, on a fresh base model."""
     team.save_agent(name, folder)
     return PeftModel.from_pretrained(load_model(path), folder).eval()
+
+
+class LateFollowUps:
+    """A ``Later`` (roll/inference/base.py) whose follow-ups arrive after ``follow`` returned,
+    as env steps on env workers do: request i + ``ahead`` is made when request i finishes but
+    becomes ready only ``delay`` polls later (or at once when the engine waits). Outputs are
+    kept by request index; ``waits`` counts the engine's blocking calls, ``polled`` the
+    requests it took without waiting."""
+
+    def __init__(self, requests: list, ahead: int, delay: int = 3) -> None:
+        self.requests, self.ahead, self.delay = requests, ahead, delay
+        self.outputs: dict[int, object] = {}
+        self.order = list(range(min(ahead, len(requests))))  # key -> request index
+        self.pending: list[list] = []  # [polls left, request index]
+        self.waits = self.polled = 0
+
+    def first(self) -> list:
+        return [self.requests[index] for index in self.order]
+
+    def follow(self, key: int, output) -> list:
+        self.outputs[self.order[key]] = output
+        made = len(self.order) + len(self.pending)
+        if made < len(self.requests):
+            self.pending.append([self.delay, made])
+        return []
+
+    def outstanding(self) -> int:
+        return len(self.pending)
+
+    def ready(self, wait: bool) -> list:
+        if wait:
+            self.waits += 1
+        for item in self.pending:
+            item[0] = 0 if wait else item[0] - 1
+        due = [index for polls, index in self.pending if polls <= 0]
+        self.pending = [item for item in self.pending if item[0] > 0]
+        self.order += due
+        self.polled += 0 if wait else len(due)
+        return [self.requests[index] for index in due]

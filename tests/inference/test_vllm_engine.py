@@ -26,7 +26,7 @@ from roll.inference.vllm_engine import ALLOWED_RANKS, VLLMEngine, round_lora_ran
 from roll.models import load_tokenizer  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
-from .helpers import chat_prompts, perturb, perturbed_team, sequence_logprobs  # noqa: E402
+from .helpers import LateFollowUps, chat_prompts, perturb, perturbed_team, sequence_logprobs  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 MAX_LORAS = 6  # 4 agents + 2 snapshots
@@ -281,6 +281,24 @@ def test_serve_batches_continuously_and_equals_generate(tiny_model_path, team, e
         assert outputs[key].adapter == request.adapter
         assert max(abs(a - b) for a, b in zip(outputs[key].logprobs, alone.logprobs,
                                               strict=True)) < 1e-4
+
+
+def test_serve_takes_follow_ups_that_arrive_later(tiny_model_path, team, engine):
+    """Follow-ups handed over after ``follow`` returned (base.Later, as env workers' steps
+    are) join vLLM's running batch; each output equals a plain generate of its request."""
+    _sync_both(team, [engine])
+    prompts = chat_prompts(tiny_model_path)
+    # unequal lengths, so that some finish while others still run
+    requests = [GenerationRequest(prompts[i % len(prompts)], ("alice", "bob", None)[i % 3],
+                                  SamplingParams(temperature=0.0, max_new_tokens=3 + 5 * (i % 2),
+                                                 ignore_eos=True)) for i in range(7)]
+    for delay in (1, 10**6):  # taken between engine steps / only when the engine waits
+        late = LateFollowUps(requests, ahead=2, delay=delay)
+        assert engine.serve(late.first(), late.follow, context_len=512, later=late) == 7
+        assert late.outstanding() == 0 and sorted(late.outputs) == list(range(7))
+        assert (late.polled > 0) if delay == 1 else (late.waits >= 1 and late.polled == 0)
+        for index, request in enumerate(requests):
+            assert late.outputs[index].token_ids == engine.generate([request])[0].token_ids
 
 
 def test_serve_refuses_a_request_longer_than_the_context_and_leaves_the_engine_empty(

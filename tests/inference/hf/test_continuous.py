@@ -12,7 +12,7 @@ from roll.inference.base import RoundsEngine
 from roll.models import load_tokenizer
 from roll.pipeline.builders import hf_engine_for
 
-from ..helpers import chat_prompts, perturbed_team
+from ..helpers import LateFollowUps, chat_prompts, perturbed_team
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,28 @@ def _chain(requests, ahead: int):
         return []
 
     return requests[:ahead], follow, outputs
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+@pytest.mark.parametrize("delay", [2, 10**6])
+def test_follow_ups_that_arrive_later_are_served_and_equal_lockstep(tiny_model_path, team,
+                                                                    engine, continuous, delay):
+    """Follow-ups handed over after ``follow`` returned (base.Later, as env workers' steps
+    are), continuously or in rounds, ready soon (taken between steps) or only when waited
+    for: every request is served once and the outputs are the lock-step path's."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)[:12]
+    expected = engine.generate(requests)
+    late = LateFollowUps(requests, ahead=3, delay=delay)
+    assert serve(engine, late.first(), late.follow, continuous=continuous,
+                 later=late) == len(requests)
+    assert late.outstanding() == 0 and sorted(late.outputs) == list(range(len(requests)))
+    if delay > 100:  # never ready by polling: every follow-up came from a wait
+        assert late.polled == 0 and late.waits >= 1
+    elif continuous:  # taken between decode steps, without waiting
+        assert late.polled > 0
+    for index, output in late.outputs.items():
+        assert output.token_ids == expected[index].token_ids, index
 
 
 def test_continuous_equals_lockstep_request_by_request(tiny_model_path, team, engine):
