@@ -37,10 +37,13 @@ class ActorGroup:
     """``count`` actors of ``cls`` for the role ``role`` (e.g. "actor_train rank"), each
     taking ``cpus`` CPUs and ``gpus`` GPUs: in a bundle of its own in a new PACKed placement
     group, or in bundle ``index`` of ``shared`` (colocated with another role's actors there);
-    ``make_args(index)`` gives each actor's constructor arguments."""
+    ``make_args(index)`` gives each actor's constructor arguments; ``max_concurrency`` > 1
+    lets an actor run that many calls at once (threads: a long-running call beside short
+    ones)."""
 
     def __init__(self, role: str, cls: type, count: int, cpus: float, gpus: float,
-                 make_args, shared: SharedBundles | None = None) -> None:
+                 make_args, shared: SharedBundles | None = None,
+                 max_concurrency: int = 1) -> None:
         self.role = role
         self.count = count
         self.owned = shared is None
@@ -54,7 +57,7 @@ class ActorGroup:
         actor = ray.remote(cls)
         self.actors = [
             actor.options(
-                num_cpus=cpus, num_gpus=gpus,
+                num_cpus=cpus, num_gpus=gpus, max_concurrency=max_concurrency,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=index),
             ).remote(*make_args(index))

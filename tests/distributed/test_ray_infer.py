@@ -67,6 +67,55 @@ def test_engines_as_actors_generate_what_the_local_engine_does(
         group.remove_adapter("b")
 
 
+def test_engine_actors_serve_continuously_and_balance_follow_ups(
+        tiny_model_path, team_and_group):
+    """serve over 2 engine actors: each runs its own continuous loop, so a chain of short
+    follow-ups finishes while a long request on the same actor still decodes (no rounds);
+    follow-ups go to the actor with the fewest requests in flight; late follow-ups (base.Later,
+    env workers' steps) are taken too; every output is the local engine's."""
+    from tests.inference.helpers import LateFollowUps
+
+    model, group = team_and_group
+    local = hf_engine_for(model, load_tokenizer(tiny_model_path), max_batch_size=8)
+    push_adapters(local, model, version=2)
+    push_adapters(group, model, version=2)
+    tokenizer = load_tokenizer(tiny_model_path)
+
+    def request(i: int, tokens: int) -> GenerationRequest:
+        return GenerationRequest(tokenizer.encode(f"play move {i}"), ["a", "b", None][i % 3],
+                                 SamplingParams(temperature=1.0, max_new_tokens=tokens,
+                                                seed=100 + i, ignore_eos=True))
+
+    first = [request(0, 2), request(1, 2), request(2, 60), request(3, 2)]  # 2: long, actor 0
+    made, finished, outputs = list(first), [], {}
+
+    def follow(key, output):
+        finished.append(key)
+        outputs[key] = output
+        if key in (0, 4, 6) :  # a chain of short turns: 0 -> 4 -> 6 -> 8
+            made.append(request(len(made), 2))
+            return [made[-1]]
+        if key == 1:
+            made.append(request(len(made), 2))
+            return [made[-1]]
+        return []
+
+    assert group.serve(first, follow, context_len=256) == len(made) == 8
+    assert sorted(finished) == list(range(8))
+    assert finished.index(7) < finished.index(2)  # the chain ended while 2 still decoded
+    assert group.last_serve["engines"] == 2 and group.last_serve["per_engine"] == 8
+    for key, request_made in enumerate(made):
+        assert outputs[key].token_ids == local.generate([request_made])[0].token_ids, key
+        assert outputs[key].adapter_version == (2 if request_made.adapter else None)
+
+    late_requests = [request(10 + i, 3 + (i % 2) * 5) for i in range(9)]
+    late = LateFollowUps(late_requests, ahead=3, delay=2)
+    assert group.serve(late.first(), late.follow, later=late) == 9
+    assert late.outstanding() == 0 and sorted(late.outputs) == list(range(9))
+    for index, output in late.outputs.items():
+        assert output.token_ids == local.generate([late_requests[index]])[0].token_ids
+
+
 def test_a_dead_engine_stops_the_call_with_one_line(tiny_model_path, team_and_group,
                                                     ray_cluster):
     model, group = team_and_group
@@ -179,10 +228,10 @@ def test_pipeline_with_a_vllm_engine_actor_serves_each_new_adapter(ray_cluster, 
     ])
     pipeline = AgenticPipeline(cfg)
     assert isinstance(pipeline.engine, RayInferGroup) and pipeline.engine.kind == "vllm"
-    served: list[set] = []
-    generate = pipeline.engine.generate
-    monkeypatch.setattr(pipeline.engine, "generate", lambda requests: (
-        served.append(set(pipeline.engine.slots)), generate(requests))[1])
+    served: list[set] = []  # the slots loaded at each rollout (continuous: one serve each)
+    serve = pipeline.engine.serve
+    monkeypatch.setattr(pipeline.engine, "serve", lambda *args, **kwargs: (
+        served.append(set(pipeline.engine.slots)), serve(*args, **kwargs))[1])
     pipeline.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/engine_logprob_gap" in r]
