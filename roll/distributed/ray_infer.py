@@ -109,11 +109,11 @@ class InferRank:
         engine's own (continuous) ``serve``, until ``close_stream``; outputs go to ``take``.
         Runs in its own thread of the actor while ``submit``/``take`` come in (after
         ``open_stream``). Returns how many requests it served."""
-        inbox = self._inbox
+        inbox, outbox = self._inbox, self._outbox  # this stream's, whatever opens next
         inbox.keys[:0] = [key for key, _ in first]
 
         def follow(local_key: int, output: GenerationOutput) -> list[GenerationRequest]:
-            self._outbox.put((inbox.keys[local_key], output))
+            outbox.put((inbox.keys[local_key], output))
             return []
 
         try:
@@ -122,7 +122,7 @@ class InferRank:
             return self.engine.serve([request for _, request in first], follow,
                                      context_len=context_len, later=inbox)
         except BaseException as error:
-            self._outbox.put(error)  # a waiting ``take`` raises it
+            outbox.put(error)  # a waiting ``take`` raises it
             raise
 
     def submit(self, keyed: list[tuple[int, GenerationRequest]]) -> None:

@@ -48,6 +48,7 @@ from roll.pipeline.builders import (
     build_env_host,
     build_shared_bundles,
     build_train_group,
+    critics_where_trained,
     engine_reports_policy_logprobs,
     model_path,
     start_ray,
@@ -143,11 +144,7 @@ class AgenticPipeline:
             )
         """In this process, or data-parallel Ray ranks that copy the new adapters into
         ``self.model`` after each step (roll/distributed)."""
-        if self.critics is not None and cfg.cluster.backend == "ray":
-            from roll.distributed.ray_train import RayCritics
-
-            # values and critic updates on the ranks; their tensors come back for checkpoints
-            self.critics = RayCritics(self.critics, self.trainer)
+        self.critics = critics_where_trained(cfg, self.critics, self.trainer)
         self.cooperative = self.env_setup.cooperative
         self.items = (ItemSampler(self.env_setup.train_items, cfg.seed, cfg.env.data.shuffle)
                       if self.env_setup.is_task else None)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
 from roll.models.aliases import resolve_model_path
+from roll.multi_agent.critics import Critics
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.cluster_checks import (
     check_ray_resources,
@@ -153,3 +154,14 @@ def build_train_group(spec: TrainSpec, model: MultiAgentLoRAModel, backend: str,
 
         return RayTrainGroup(spec, model, world_size, cpus_per_rank, gpus_per_rank, shared)
     raise ValueError(f"cluster.backend={backend!r}: must be 'local' or 'ray'")
+
+
+def critics_where_trained(cfg: PipelineConfig, critics: Critics | None, trainer: TrainGroup):
+    """The run's critics where its agents train: ``critics`` itself (local), or on the Ray
+    ranks (``RayCritics``: values and updates there, their tensors copied back into
+    ``critics`` for checkpoints)."""
+    if critics is None or cfg.cluster.backend != "ray":
+        return critics
+    from roll.distributed.ray_train import RayCritics
+
+    return RayCritics(critics, trainer)
