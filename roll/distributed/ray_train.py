@@ -330,7 +330,8 @@ class RayCritics:
         self.local.save(checkpoint)
 
     def state_dict(self) -> dict:
-        return {"mode": self.local.mode, "names": self.names, "trainer": self.group.critic_state()}
+        """``Critics.state_dict``'s format, with the ranks' optimizers and schedulers."""
+        return {**self.local.state_dict(), "trainer": self.group.critic_state()}
 
     def load(self, checkpoint, state: dict | None) -> None:
         """Resume: the checkpoint into the pipeline's critics, then theirs to every rank."""

@@ -155,10 +155,11 @@ class ContinuousDecoder:
         # A lane whose request ended at the step read late runs one more step for nothing.
         pending: list[Step] = []
         while True:
+            busy = bool(queue or pending or any(lane is not None for lane in self.running))
             if later is not None and later.outstanding():
-                idle = not (queue or pending or any(lane is not None for lane in self.running))
-                submit(later.ready(wait=idle))
-            if not (queue or pending or any(lane is not None for lane in self.running)):
+                submit(later.ready(wait=not busy))
+                busy = busy or bool(queue)
+            if not busy:
                 if later is None or not later.outstanding():
                     break
                 continue
