@@ -134,6 +134,19 @@ class CompiledForward:
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
                kwargs: dict) -> Tensor:
+        if input_ids.shape[0] == 1:
+            # A one-row batch runs as that row twice, and the copy's logits are dropped (no
+            # gradient reaches it): dynamic shapes specialise a size of 1 into graphs of its
+            # own, and inductor's CPU backward of that graph corrupted the heap (double free,
+            # torch 2.13; a 1-row tail of a mini-batch crashed a Kuhn run at step 11). Two rows
+            # reuse the general graph; no extra compile.
+            twice = (agent_id.repeat(2) if agent_id is not None else None)
+            return self._logits(input_ids.repeat(2, 1), attention_mask.repeat(2, 1), twice,
+                                kwargs)[:1]
+        return self._logits(input_ids, attention_mask, agent_id, kwargs)
+
+    def _logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
+                kwargs: dict) -> Tensor:
         # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
         # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
         # with 8 agents those flips (and undoing them) cost more host time than the forward.
