@@ -42,7 +42,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from roll.distributed.data_parallel import TorchDistributedSync, init_ranks
-    from roll.distributed.deepspeed_strategy import resident_elements
+    from roll.distributed.resident import resident_elements
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
     from roll.multi_agent.strategy import TorchStrategy

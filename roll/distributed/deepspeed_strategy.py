@@ -88,9 +88,10 @@ class AgentGroupAdamW(torch.optim.AdamW):
             self.param_groups = every
 
 
-def deepspeed_config(stage: int) -> dict:
+def deepspeed_config(stage: int, live_elements: int | None = None) -> dict:
     """The engine's config: ZeRO ``stage``, no clipping or scaling of its own (the trainer
-    clips per agent), fp32 reduction."""
+    clips per agent), fp32 reduction; stage 3: at most ``live_elements`` gathered at once and
+    prefetched (None: DeepSpeed's defaults)."""
     if stage not in ZERO_STAGES:
         raise ValueError(f"actor_train.zero_stage={stage!r}: must be 2 or 3")
     zero = {"stage": stage, "reduce_bucket_size": 50_000_000}
@@ -99,6 +100,12 @@ def deepspeed_config(stage: int) -> dict:
         # whole by default): the frozen base is sharded all the way, and the adapters are
         # gathered where the trainer reads them.
         zero["stage3_param_persistence_threshold"] = 0
+        if live_elements is not None:
+            # Live: gathered at once; prefetch: fetched ahead; reuse distance: a gathered
+            # weight used again within this many elements (the backward after a forward) is
+            # kept, which by default keeps a small model whole through a step.
+            for key in ("max_live_parameters", "prefetch_bucket_size", "max_reuse_distance"):
+                zero[f"stage3_{key}"] = live_elements
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -118,8 +125,11 @@ class DeepSpeedStrategy:
     collective: call the trainer's public methods on every rank.
     """
 
-    def __init__(self, zero_stage: int, grad_sync: GradSync | None = None) -> None:
+    def __init__(self, zero_stage: int, grad_sync: GradSync | None = None,
+                 live_elements: int | None = None) -> None:
         self.zero_stage = zero_stage
+        self.live_elements = live_elements
+        """ZeRO-3: the most elements gathered at once and prefetched (``deepspeed_config``)."""
         self.carriers = TorchStrategy(grad_sync)
         """Per agent an AdamW over stand-ins of its adapter tensors (one element of memory
         each) that never steps: they carry the gradients (the real tensors' .grad belongs to
@@ -165,7 +175,8 @@ class DeepSpeedStrategy:
             for agent in agents])
         deepspeed.init_distributed(dist_backend="gloo" if self._on_cpu() else "nccl")
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.inner,
-                                               config=deepspeed_config(zero_stage))
+                                               config=deepspeed_config(zero_stage,
+                                                                       self.live_elements))
         if zero_stage == 3:
             for handle in self.engine.optimizer._leaf_module_hooks:
                 handle.remove()
@@ -366,17 +377,9 @@ class DeepSpeedStrategy:
         self.adam_steps = dict(snapshot["adam_steps"])
 
 
-def resident_elements(module: torch.nn.Module) -> int:
-    """Parameter elements a process holds at rest: under ZeRO-3 its partitions (plus whatever
-    is gathered now), otherwise every parameter whole."""
-    return sum(param.numel() + (param.ds_tensor.numel() if hasattr(param, "ds_tensor") else 0)
-               for param in module.parameters())
-
-
 def _whole_shape(param: Tensor) -> torch.Size:
     """A parameter's shape, also while ZeRO-3 holds only this rank's partition of it."""
     return getattr(param, "ds_shape", param.shape)
 
 
-__all__ = ["AgentGroupAdamW", "DeepSpeedStrategy", "ZERO_STAGES", "deepspeed_config",
-           "resident_elements"]
+__all__ = ["AgentGroupAdamW", "DeepSpeedStrategy", "ZERO_STAGES", "deepspeed_config"]

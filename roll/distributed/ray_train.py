@@ -12,6 +12,7 @@ object store, never the base). A rank that dies stops the step with one line nam
 from __future__ import annotations
 
 import hashlib
+from contextlib import nullcontext
 
 import ray
 import torch
@@ -19,6 +20,7 @@ import torch
 from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
+from roll.distributed.resident import ResidentPeak, resident_elements
 from roll.distributed.roles import TrainSpec
 from roll.models import load_model
 from roll.multi_agent.critics import Critics, critic_agents
@@ -50,8 +52,20 @@ class TrainRank:
         spec, rank = self.spec, self.rank
         init_ranks(rank, self.world_size, address, spec.device)
         torch.manual_seed(spec.seed)
-        base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device,
-                          tf32=spec.tf32)
+        self.meter = ResidentPeak() if spec.measure_resident else None
+        with self.meter.recording() if self.meter else nullcontext():
+            self._build()
+        self.load_peak = self.meter.peak if self.meter else None
+
+    def _build(self) -> None:
+        spec = self.spec
+        if spec.strategy == "deepspeed" and spec.zero_stage == 3:
+            from roll.distributed.zero3_load import load_partitioned
+
+            base = load_partitioned(spec.model_path, spec.dtype, spec.device, spec.tf32)
+        else:
+            base = load_model(spec.model_path, dtype=spec.dtype, device=spec.device,
+                              tf32=spec.tf32)
         critics = ([] if spec.critic is None else
                    critic_agents(spec.critic, [agent.name for agent in spec.agents]))
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed,
@@ -61,7 +75,8 @@ class TrainRank:
         if spec.strategy == "deepspeed":
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
-            strategy = DeepSpeedStrategy(spec.zero_stage, TorchDistributedSync())
+            strategy = DeepSpeedStrategy(spec.zero_stage, TorchDistributedSync(),
+                                         spec.zero3_live_elements)
         else:
             strategy = TorchStrategy(TorchDistributedSync())
         self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
@@ -101,7 +116,8 @@ class TrainRank:
 
     def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
         """(metrics per agent, global step, rows this rank ran forward/backward)."""
-        metrics = self.trainer.train_step(batch.to(self.device))
+        with self.meter.recording() if self.meter else nullcontext():
+            metrics = self.trainer.train_step(batch.to(self.device))
         return metrics, self.trainer.global_step, self.trainer.rows_forwarded
 
     # Every method below is called on every rank (under ZeRO they are collectives); the
@@ -128,12 +144,13 @@ class TrainRank:
         state = self.trainer.state_dict()
         return state if self.rank == 0 else None
 
-    def resident_elements(self) -> int:
-        """Parameter elements this rank holds at rest (ZeRO-3: its partitions of the base and
-        the adapters; otherwise the whole model)."""
-        from roll.distributed.deepspeed_strategy import resident_elements
-
-        return resident_elements(self.model)
+    def resident_elements(self) -> dict[str, int | None]:
+        """Parameter elements this rank holds at rest ("held"; ZeRO-3: its partitions of the
+        base and the adapters, otherwise the whole model), and the most it held at once while
+        building the team ("load_peak") and since ("peak"; both None unless
+        ``TrainSpec.measure_resident``)."""
+        return {"held": resident_elements(self.model), "load_peak": self.load_peak,
+                "peak": self.meter.peak if self.meter else None}
 
     def digest(self) -> str:
         """SHA-256 of every adapter tensor and optimizer state tensor (replicas must agree)."""
@@ -283,8 +300,9 @@ class RayTrainGroup:
         self._get([rank.load.remote(adapters, state) for rank in self.ranks], "resume")
         self.global_step = state["global_step"]
 
-    def resident_elements(self) -> list[int]:
-        """Each rank's parameter elements at rest (what ZeRO-3 shards)."""
+    def resident_elements(self) -> list[dict[str, int | None]]:
+        """Each rank's parameter elements at rest (what ZeRO-3 shards) and the most it held at
+        once while loading and since (``TrainRank.resident_elements``)."""
         return self._get([rank.resident_elements.remote() for rank in self.ranks], "memory")
 
     def digests(self) -> list[str]:

@@ -40,11 +40,17 @@ class TrainSpec:
     'deepspeed' (the same gradients, the optimizer sharded by a ZeRO engine)."""
     zero_stage: int = 2
     """ZeRO stage of the 'deepspeed' strategy (2 or 3)."""
+    zero3_live_elements: int | None = None
+    """ZeRO-3: the most elements gathered at once and prefetched (``actor_train.*``)."""
     tf32: bool = True
     """On CUDA, float32 matmuls use TensorFloat-32 (``model.tf32``)."""
     critic: CriticConfig | None = None
     """The run's critics (``critic.*``), built on every rank beside the agents; None or mode
     'none': no critics."""
+    measure_resident: bool = False
+    """Each rank records the most parameter elements it held at once, while loading and in
+    every step after (roll/distributed/resident.py; for tests and benchmarks: it costs a
+    census of the parameters per module call)."""
 
 
 class TrainGroup(Protocol):

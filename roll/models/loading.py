@@ -58,24 +58,28 @@ def use_tf32(device: str | torch.device, enabled: bool) -> None:
 def load_model(
     name_or_path: str | os.PathLike,
     dtype: str | torch.dtype = "float32",
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = "cpu",
     tf32: bool = True,
 ):
     """A causal LM in eval mode with frozen weights (the shared base of every agent).
 
+    ``device`` None: the weights stay where loading put them (a ZeRO-3 partitioned load
+    places each rank's partitions itself: roll/distributed/zero3_load.py).
     ``tf32``: on CUDA, let this process's float32 matmuls and convolutions use TensorFloat-32
     (inputs rounded to a 10-bit mantissa, fp32 accumulation; about 8x the fp32 matmul rate on
     an H100); false keeps full fp32 products. No effect on CPU or on bf16/fp16 weights."""
     from transformers import AutoModelForCausalLM
 
-    use_tf32(device, tf32)
+    if device is not None:
+        use_tf32(device, tf32)
 
     model = AutoModelForCausalLM.from_pretrained(
         str(name_or_path),
         dtype=resolve_dtype(dtype),
         local_files_only=_is_local(name_or_path),
     )
-    model.to(device)
+    if device is not None:
+        model.to(device)
     model.eval()
     for param in model.parameters():
         param.requires_grad_(False)

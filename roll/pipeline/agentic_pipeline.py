@@ -131,6 +131,7 @@ class AgenticPipeline:
             agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
             temperature=self.policy_temperature,
             strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
+            zero3_live_elements=cfg.actor_train.zero3_live_elements,
             critic=cfg.critic if critics else None,
         )
         self.shared_bundles = build_shared_bundles(cfg)

@@ -41,6 +41,11 @@ def check_cluster(cfg: PipelineConfig) -> None:
                 raise ConfigError("team.optim.name", agent.optim.name,
                                   f"(agent {agent.name!r}): actor_train.strategy=deepspeed "
                                   "steps the adapters with its AdamW only")
+    if train.zero3_live_elements is not None:
+        if train.strategy != "deepspeed" or train.zero_stage != 3:
+            raise ConfigError("actor_train.zero3_live_elements", train.zero3_live_elements,
+                              "needs actor_train.strategy=deepspeed and zero_stage=3")
+        require_int("actor_train.zero3_live_elements", train.zero3_live_elements, 1)
     if not train.cpus_per_rank > 0:
         raise ConfigError("actor_train.cpus_per_rank", train.cpus_per_rank, "must be > 0")
     if train.gpus_per_rank is not None and train.gpus_per_rank < 0:

@@ -244,7 +244,15 @@ class ActorTrainSchema:
     optimizer (one param group per agent) sharded by a DeepSpeed ZeRO engine."""
     zero_stage: int = 2
     """ZeRO stage of strategy=deepspeed: 2 (optimizer state and fp32 masters sharded) or 3
-    (the parameters too, the frozen base included: each rank holds 1/world_size of it)."""
+    (the parameters too, the frozen base included: each rank holds 1/world_size of it, also
+    while it loads)."""
+    zero3_live_elements: int | None = None
+    """zero_stage=3: the most parameter elements a rank keeps gathered at once, prefetches
+    ahead, and keeps gathered for a reuse within that distance (DeepSpeed's
+    stage3_max_live_parameters, stage3_prefetch_bucket_size, stage3_max_reuse_distance); null:
+    DeepSpeed's defaults (1e9 live and reuse, 5e7 prefetched). Lower it when the gathered
+    weights would not fit beside a rank's partition (a rank then holds about its
+    1/world_size plus this)."""
     cpus_per_rank: float = 1.0
     """CPUs reserved per rank (and its torch threads on CPU)."""
     gpus_per_rank: float | None = None
@@ -259,8 +267,9 @@ class ActorInferSchema:
     num_engines: int = 0
     """0: the rollout engine lives in the pipeline's process (shares the trainer's base on the
     hf engine). k > 0: k engines of rollout.engine (hf or vllm) as Ray actors, each with its own
-    base copy; each generate call is split over them, adapters reach them as tensors (lock-step
-    rounds, no serve); vLLM ones sleep between rollouts under rollout.vllm.sleep_between_phases."""
+    base copy, each batching its turns continuously (rollout.continuous; false: lock-step
+    rounds split over them); adapters reach them as tensors; vLLM ones sleep between rollouts
+    under rollout.vllm.sleep_between_phases."""
     cpus_per_engine: float = 1.0
     """CPUs reserved per engine (and its torch threads on CPU)."""
     gpus_per_engine: float | None = None

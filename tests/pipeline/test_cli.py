@@ -94,6 +94,11 @@ BAD = [
      ("trainer.compile=True", "actor_train.strategy=torch only")),
     (["team.optim.name=sgd", "actor_train.strategy=deepspeed", "cluster.backend=ray"],
      ("team.optim.name='sgd'", "AdamW only")),
+    (["actor_train.zero3_live_elements=1000", "actor_train.strategy=deepspeed",
+      "cluster.backend=ray"], ("actor_train.zero3_live_elements=1000", "zero_stage=3")),
+    (["actor_train.zero3_live_elements=0", "actor_train.strategy=deepspeed",
+      "actor_train.zero_stage=3", "cluster.backend=ray"],
+     ("actor_train.zero3_live_elements=0", ">= 1")),
     # Refused before any model loads (they used to fail after it):
     (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
     (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",
