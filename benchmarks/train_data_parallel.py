@@ -64,7 +64,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     if args.strategy == "deepspeed":
         from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
-        strategy = DeepSpeedStrategy(args.zero_stage, TorchDistributedSync())
+        strategy = DeepSpeedStrategy(args.zero_stage, TorchDistributedSync(), args.live)
     else:
         strategy = TorchStrategy(TorchDistributedSync() if world_size > 1 else None)
     trainer = MultiAgentTrainer(model, agents, config, strategy=strategy)
@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategy", default="torch", choices=["torch", "deepspeed"])
     parser.add_argument("--zero_stage", type=int, default=2, choices=[2, 3])
+    parser.add_argument("--live", type=int, default=None,
+                        help="ZeRO-3: actor_train.zero3_live_elements (default: DeepSpeed's)")
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.tokens, args.prompt = 8, 64, 32
