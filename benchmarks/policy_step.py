@@ -39,11 +39,10 @@ def _policies(pipeline) -> dict[str, np.ndarray]:
     cfg = pipeline.cfg
     tables = {}
     for agent in pipeline.agent_names:
-        table = llm_policy(cfg.env.game, dict(cfg.env.params), pipeline.model, pipeline.tokenizer,
-                           lambda seat, agent=agent: agent,
+        table = llm_policy(cfg.env.game, dict(cfg.env.params), pipeline.trainer,
+                           pipeline.tokenizer, lambda seat, agent=agent: agent,
                            pipeline.render or render_prompt,
-                           cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking,
-                           forward_rows=cfg.trainer.forward_rows)
+                           cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking)
         tables[agent] = np.array(table.action_probability_array)
     return tables
 

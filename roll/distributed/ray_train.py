@@ -88,6 +88,11 @@ class TrainRank:
         return {key: getattr(share, key).cpu() for key in PASS_FIELDS
                 if getattr(share, key) is not None}
 
+    def policy_logprobs(self, batch: TrajectoryBatch, rows: torch.Tensor, temperature: float
+                        ) -> torch.Tensor:
+        """``MultiAgentTrainer.policy_logprobs`` of ``batch``'s ``rows`` (this rank's share)."""
+        return self.trainer.policy_logprobs(batch.select(rows).to(self.device), temperature).cpu()
+
     def critic_values(self, batch: TrajectoryBatch, rows: torch.Tensor) -> torch.Tensor:
         """The critics' values (share, T) of ``batch``'s ``rows`` (this rank's share), on CPU."""
         return self.critics.with_values(batch.select(rows).to(self.device)).values.cpu()
@@ -216,12 +221,22 @@ class RayTrainGroup:
         parts = self._by_shares(batch, "critic_values", "critic values")
         return torch.cat(parts).to(batch.input_ids.device)
 
-    def _by_shares(self, batch: TrajectoryBatch, method: str, what: str) -> list:
-        """Rank r runs ``method(batch, rows)`` on rows r*s … (r+1)*s - 1, s = ceil(rows / k);
-        its answer (a tensor or a dict of tensors, one row each) comes back cut to the real
-        rows. The last shares are padded with copies of row 0 whose results are dropped: under
-        ZeRO-3 every rank must join every forward (each gathers its partitions), so all must
-        forward the same number of chunks of the same size."""
+    @property
+    def agent_names(self) -> list[str]:
+        return self.model.agent_names
+
+    def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+        """(B, T) log-probs of the response tokens under the adapters as they are now (HAPPO's
+        ratios, exploitability tables), each rank on its share of the rows."""
+        parts = self._by_shares(batch, "policy_logprobs", "policy log-probs", temperature)
+        return torch.cat(parts).to(batch.input_ids.device)
+
+    def _by_shares(self, batch: TrajectoryBatch, method: str, what: str, *args) -> list:
+        """Rank r runs ``method(batch, rows, *args)`` on rows r*s … (r+1)*s - 1,
+        s = ceil(rows / k); its answer (a tensor or a dict of tensors, one row each) comes
+        back cut to the real rows. The last shares are padded with copies of row 0 whose
+        results are dropped: under ZeRO-3 every rank must join every forward (each gathers
+        its partitions), so all must forward the same number of chunks of the same size."""
         rows = len(batch)
         size = -(-rows // self.world_size)
         shares = [torch.arange(rank * size, min((rank + 1) * size, rows))
@@ -230,7 +245,7 @@ class RayTrainGroup:
         padded = [torch.cat([share, torch.zeros(size - len(share), dtype=torch.long)])
                   for share in shares]
         batch_ref = ray.put(batch.to("cpu"))
-        parts = self._get([getattr(rank, method).remote(batch_ref, share)
+        parts = self._get([getattr(rank, method).remote(batch_ref, share, *args)
                            for rank, share in zip(self.ranks, padded, strict=True)], what)
         return [{key: value[:len(share)] for key, value in part.items()}
                 if isinstance(part, dict) else part[:len(share)]

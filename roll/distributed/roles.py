@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from torch import Tensor
+
 from roll.batch import TrajectoryBatch
 from roll.inference.base import InferenceEngine
 from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
@@ -62,6 +64,14 @@ class TrainGroup(Protocol):
         """``batch`` with its old log-probs (and over moves, and reference ones, as the trainer
         config asks) under the adapters as they are now: the no-grad passes, run where the
         train role runs (Ray: each rank on its share of the rows)."""
+        ...
+
+    agent_names: list[str]
+
+    def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> Tensor:
+        """(B, T) log-probs of ``batch``'s response tokens, each row under its agent's adapter
+        as it is now, at ``temperature``, where the train role runs (Ray: each rank on its
+        share of the rows)."""
         ...
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:

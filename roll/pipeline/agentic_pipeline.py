@@ -420,7 +420,7 @@ class AgenticPipeline:
         if self.cfg.eval.exploitability:
             from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
 
-            metrics.update(agent_exploitabilities(self.cfg, self.model, self.tokenizer,
+            metrics.update(agent_exploitabilities(self.cfg, self.trainer, self.tokenizer,
                                                   self.agent_names, self.render))
         metrics["time/eval"] = time.perf_counter() - start
         return metrics

@@ -15,18 +15,17 @@ from roll.algorithms.happo_ratios import episode_log_ratio, happo_factors, happo
 from roll.batch import TrajectoryBatch
 from roll.distributed.roles import TrainGroup
 from roll.errors import NonFiniteLossError, RoleFailed
-from roll.multi_agent.model import MultiAgentLoRAModel
 
 
-def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: TrajectoryBatch,
-                 seed: int, step: int, temperature: float, forward_rows: int,
-                 factor_clip: float | None = None) -> dict[str, dict[str, float]]:
+def happo_update(trainer: TrainGroup, batch: TrajectoryBatch, seed: int, step: int,
+                 temperature: float, factor_clip: float | None = None
+                 ) -> dict[str, dict[str, float]]:
     """Update every agent with rows, in HAPPO's order; per-agent metrics of each update plus
     ``happo_position`` (0 = first) and ``happo_factor`` / ``happo_factor_min`` /
     ``happo_factor_max`` (the mean, least and largest M its rows were weighted by, M bounded to
     [1/factor_clip, factor_clip]). ``batch`` carries old log-probs and advantages."""
     batch.require("old_logprobs", "advantages", "env_id")
-    names = list(model.agent_names)
+    names = list(trainer.agent_names)
     updated = torch.zeros(len(batch), dtype=torch.bool, device=batch.agent_id.device)
     log_ratio = torch.zeros(len(batch), dtype=torch.float32, device=batch.agent_id.device)
     metrics: dict[str, dict[str, float]] = {}
@@ -46,10 +45,7 @@ def happo_update(trainer: TrainGroup, model: MultiAgentLoRAModel, batch: Traject
             metrics[name]["happo_factor"] = float(factor.mean())
             metrics[name]["happo_factor_min"] = float(factor.min())
             metrics[name]["happo_factor_max"] = float(factor.max())
-            with torch.no_grad():
-                new = model.logprobs(own.input_ids, own.attention_mask, own.agent_id,
-                                     positions=own.response_mask.bool(), temperature=temperature,
-                                     forward_rows=forward_rows)
+            new = trainer.policy_logprobs(own, temperature)  # where the ranks train
             log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
             updated[rows] = True
     except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused

@@ -135,8 +135,8 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
             model, policy_batch, temperature, cfg.trainer.forward_rows))
     try:
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
-            per_agent = happo_update(trainer, model, policy_batch, cfg.seed, step, temperature,
-                                     cfg.trainer.forward_rows, cfg.advantage.happo_factor_clip)
+            per_agent = happo_update(trainer, policy_batch, cfg.seed, step, temperature,
+                                     cfg.advantage.happo_factor_clip)
         else:
             per_agent = trainer.train_step(policy_batch)
     except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused

@@ -86,10 +86,17 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
         fresh = batches()[1]
         passed = group.logprob_passes(fresh)
         pass_rows = group.pass_rows_per_rank
+        # HAPPO's ratios and the exploitability tables score on the ranks too, at any
+        # temperature
+        scored = group.policy_logprobs(fresh, 0.7)
+        score_rows = group.pass_rows_per_rank
     finally:
         group.close()
 
-    assert pass_rows == [5, 4]
+    assert pass_rows == score_rows == [5, 4]
+    expected_scores = local.policy_logprobs(fresh, 0.7)
+    assert float((scored - expected_scores).abs().max()) < 1e-5
+    assert float((expected_scores - local.logprob_passes(fresh).old_logprobs).abs().max()) > 1e-3
     expected = local.logprob_passes(fresh).old_logprobs
     assert float((passed.old_logprobs - expected).abs().max()) < 1e-5
     assert float(expected.abs().sum()) > 0 and passed.ref_logprobs is None  # kl_coef 0
@@ -267,8 +274,7 @@ def test_happo_over_ray_ranks_undoes_the_first_agent_when_the_second_is_refused(
         with pytest.raises(RoleFailed, match=(
                 r"^actor_train rank [01] of 2 failed during train step 2: NonFiniteLossError: "
                 f"agent '{AGENTS[second]}': loss is nan")):
-            happo_update(group, driver_model, batch.with_fields(advantages=advantages), 0, 1,
-                         1.0, 4)
+            happo_update(group, batch.with_fields(advantages=advantages), 0, 1, 1.0)
     finally:
         group.close()
     assert max_gap(adapters(driver_model), before) == 0.0

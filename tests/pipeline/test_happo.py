@@ -38,7 +38,7 @@ def test_happo_update_equals_the_sequential_algorithm_by_hand(tiny_model_path):
 
     model, trainer = _team(tiny_model_path)
     batch = _batch(model)
-    metrics = happo_update(trainer, model, batch, SEED, STEP, 1.0, 4)
+    metrics = happo_update(trainer, batch, SEED, STEP, 1.0)
     assert metrics[order[0]]["happo_position"] == 0 and metrics[order[1]]["happo_position"] == 1
     assert metrics[order[0]]["happo_factor"] == 1.0
 
@@ -78,7 +78,7 @@ def test_happo_update_logs_a_factor_within_its_bound(tiny_model_path):
     order = happo_order(["alice", "bob"], SEED, STEP)
     model, trainer = _team(tiny_model_path)
     bound = 1.0001
-    metrics = happo_update(trainer, model, _batch(model), SEED, STEP, 1.0, 4, factor_clip=bound)
+    metrics = happo_update(trainer, _batch(model), SEED, STEP, 1.0, factor_clip=bound)
     second = metrics[order[1]]
     low, mean, high = (second[f"happo_factor{k}"] for k in ("_min", "", "_max"))
     assert 1 / bound - 1e-6 <= low <= mean + 1e-6 and mean <= high + 1e-6 <= bound + 2e-6
@@ -100,8 +100,7 @@ def test_a_refusal_of_the_second_agent_undoes_the_first_agents_step(tiny_model_p
     advantages[batch.agent_id == second] = float("nan")
     before = {name: model.export_adapter(name) for name in ("alice", "bob")}
     with pytest.raises(NonFiniteLossError, match=f"agent '{order[1]}'.*no agent was updated"):
-        happo_update(trainer, model, batch.with_fields(advantages=advantages), SEED, STEP,
-                     1.0, 4)
+        happo_update(trainer, batch.with_fields(advantages=advantages), SEED, STEP, 1.0)
     for name in ("alice", "bob"):
         for key, value in model.export_adapter(name).items():
             assert torch.equal(value, before[name][key]), (name, key)
@@ -109,5 +108,5 @@ def test_a_refusal_of_the_second_agent_undoes_the_first_agents_step(tiny_model_p
         assert trainer.schedulers[name].last_epoch == 0
     assert trainer.global_step == 0
     # The same team then takes a clean step from where it was.
-    metrics = happo_update(trainer, model, batch, SEED, STEP, 1.0, 4)
+    metrics = happo_update(trainer, batch, SEED, STEP, 1.0)
     assert set(metrics) == {"alice", "bob"} and trainer.global_step == 2
