@@ -21,7 +21,7 @@ from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.resident import ResidentPeak, resident_elements
-from roll.distributed.roles import TrainSpec
+from roll.distributed.roles import TrainSpec, response_logprobs
 from roll.models import load_model
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -90,8 +90,9 @@ class TrainRank:
 
     def policy_logprobs(self, batch: TrajectoryBatch, rows: torch.Tensor, temperature: float
                         ) -> torch.Tensor:
-        """``MultiAgentTrainer.policy_logprobs`` of ``batch``'s ``rows`` (this rank's share)."""
-        return self.trainer.policy_logprobs(batch.select(rows).to(self.device), temperature).cpu()
+        """``roles.response_logprobs`` of ``batch``'s ``rows`` (this rank's share), on CPU."""
+        return response_logprobs(self.model, batch.select(rows), temperature,
+                                 self.trainer.config.forward_rows).cpu()
 
     def critic_values(self, batch: TrajectoryBatch, rows: torch.Tensor) -> torch.Tensor:
         """The critics' values (share, T) of ``batch``'s ``rows`` (this rank's share), on CPU."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from roll.batch import TrajectoryBatch
@@ -100,8 +101,23 @@ class TrainGroup(Protocol):
         ...
 
 
+@torch.no_grad()
+def response_logprobs(model: MultiAgentLoRAModel, batch: TrajectoryBatch, temperature: float,
+                      forward_rows: int | None) -> Tensor:
+    """(B, T) log-probs of ``batch``'s response tokens (``response_mask``), each row under its
+    own agent's adapter as it is now, at ``temperature``, in forwards of ``forward_rows`` rows,
+    on the model's device: what HAPPO's ratios and the exploitability tables read."""
+    batch = batch.to(model.base_model.get_input_embeddings().weight.device)
+    return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id,
+                          positions=batch.response_mask.bool(), temperature=temperature,
+                          forward_rows=forward_rows)
+
+
 class LocalTrainGroup(MultiAgentTrainer):
     """This process trains the pipeline's own model (``cluster.backend=local``)."""
+
+    def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> Tensor:
+        return response_logprobs(self.model, batch, temperature, self.config.forward_rows)
 
     def close(self) -> None:
         """Nothing to release."""

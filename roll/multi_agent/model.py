@@ -409,17 +409,6 @@ class MultiAgentLoRAModel(nn.Module):
                              forward_rows, choices)
 
     @torch.no_grad()
-    def policy_logprobs(self, batch, temperature: float, forward_rows: int | None = None
-                        ) -> Tensor:
-        """(B, T) log-probs of ``batch``'s response tokens (``response_mask``), each row under
-        its own agent's adapter as it is now, at ``temperature``, no gradient: what HAPPO's
-        ratios and the exploitability tables read. On the model's device."""
-        batch = batch.to(self.base_model.get_input_embeddings().weight.device)
-        return self.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id,
-                             positions=batch.response_mask.bool(), temperature=temperature,
-                             forward_rows=forward_rows)
-
-    @torch.no_grad()
     def reference_logprobs(
         self,
         input_ids: Tensor,

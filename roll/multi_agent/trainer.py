@@ -157,11 +157,6 @@ class MultiAgentTrainer:
                                   reference=self.config.kl_coef > 0,
                                   moves=self.config.policy_over == "moves")
 
-    def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> Tensor:
-        """(B, T) log-probs of ``batch``'s response tokens under the adapters as they are now
-        (``MultiAgentLoRAModel.policy_logprobs``, in forwards of ``forward_rows`` rows)."""
-        return self.model.policy_logprobs(batch, temperature, self.config.forward_rows)
-
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """One update of every agent that has rows; returns metrics keyed by agent name."""
         batch.require("advantages")

@@ -41,7 +41,7 @@ def test_log_odds_are_the_evaluated_policy():
     names, grads, values = state_gradients.state_gradients(pipeline, "agent_0", render)
     assert len(names) == 12 and grads.shape[0] == 12 and torch.isfinite(grads).all()
     assert grads.abs().sum(1).min() > 0  # every state's log-odds reach the adapter
-    table = llm_policy(cfg.env.game, {}, pipeline.model, pipeline.tokenizer,
+    table = llm_policy(cfg.env.game, {}, pipeline.trainer, pipeline.tokenizer,
                        lambda seat: "agent_0", render, cfg.rollout.sampling.temperature)
     for name, value in zip(names, values, strict=True):
         probs = table.policy_for_key(name)  # actions: 0 pass, 1 bet

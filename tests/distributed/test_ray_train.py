@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from roll.distributed.roles import TrainSpec
+from roll.distributed.roles import TrainSpec, response_logprobs
 from roll.errors import RoleFailed
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.trainer import MultiAgentTrainer
@@ -94,7 +94,7 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
         group.close()
 
     assert pass_rows == score_rows == [5, 4]
-    expected_scores = local.policy_logprobs(fresh, 0.7)
+    expected_scores = response_logprobs(local_model, fresh, 0.7, None)
     assert float((scored - expected_scores).abs().max()) < 1e-5
     assert float((expected_scores - local.logprob_passes(fresh).old_logprobs).abs().max()) > 1e-3
     expected = local.logprob_passes(fresh).old_logprobs

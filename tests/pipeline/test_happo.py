@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from roll.algorithms.happo_ratios import happo_order
+from roll.distributed.roles import LocalTrainGroup
 from roll.multi_agent.config import AgentConfig, TrainerConfig
-from roll.multi_agent.trainer import MultiAgentTrainer
 from roll.pipeline.happo_update import happo_update
 
 from ..multi_agent.helpers import make_rows, make_team
@@ -20,7 +20,7 @@ SEED, STEP = 3, 1
 
 def _team(path):
     model, resolved = make_team(path, AGENTS)
-    return model, MultiAgentTrainer(model, resolved, TrainerConfig(micro_batch_size=4))
+    return model, LocalTrainGroup(model, resolved, TrainerConfig(micro_batch_size=4))
 
 
 def _batch(model):
