@@ -21,7 +21,12 @@ from roll.batch import TrajectoryBatch
 from roll.distributed.data_parallel import TorchDistributedSync, free_port, init_ranks
 from roll.distributed.ray_actors import ActorGroup, SharedBundles
 from roll.distributed.resident import ResidentPeak, resident_elements
-from roll.distributed.roles import TrainSpec, response_logprobs
+from roll.distributed.roles import (
+    TrainSpec,
+    choice_logprobs_under,
+    response_divergences,
+    response_logprobs,
+)
 from roll.models import load_model
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -93,6 +98,18 @@ class TrainRank:
         """``roles.response_logprobs`` of ``batch``'s ``rows`` (this rank's share), on CPU."""
         return response_logprobs(self.model, batch.select(rows), temperature,
                                  self.trainer.config.forward_rows).cpu()
+
+    def divergence_rows(self, batch: TrajectoryBatch, rows: torch.Tensor, agent_a: str,
+                        agent_b: str, temperature: float) -> torch.Tensor:
+        """``roles.response_divergences`` of ``batch``'s ``rows`` (this rank's share)."""
+        return response_divergences(self.model, batch.select(rows), agent_a, agent_b,
+                                    temperature, self.trainer.config.forward_rows).cpu()
+
+    def magnet_logprobs(self, batch: TrajectoryBatch, rows: torch.Tensor, adapters: dict,
+                        temperature: float) -> torch.Tensor:
+        """``roles.choice_logprobs_under`` of ``batch``'s ``rows`` (this rank's share)."""
+        return choice_logprobs_under(self.trainer, batch.select(rows), adapters,
+                                     temperature).cpu()
 
     def critic_values(self, batch: TrajectoryBatch, rows: torch.Tensor) -> torch.Tensor:
         """The critics' values (share, T) of ``batch``'s ``rows`` (this rank's share), on CPU."""
@@ -230,6 +247,20 @@ class RayTrainGroup:
         """(B, T) log-probs of the response tokens under the adapters as they are now (HAPPO's
         ratios, exploitability tables), each rank on its share of the rows."""
         parts = self._by_shares(batch, "policy_logprobs", "policy log-probs", temperature)
+        return torch.cat(parts).to(batch.input_ids.device)
+
+    def divergence_rows(self, batch: TrajectoryBatch, agent_a: str, agent_b: str,
+                        temperature: float) -> torch.Tensor:
+        """(B,) each row's summed KL(p_a || p_b), each rank on its share of the rows."""
+        return torch.cat(self._by_shares(batch, "divergence_rows", "policy divergences",
+                                         agent_a, agent_b, temperature))
+
+    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict, temperature: float
+                        ) -> torch.Tensor:
+        """(B, T, C) the magnet's legal-move log-probs, each rank on its share of the rows
+        (the magnet's tensors travel once, through the object store)."""
+        parts = self._by_shares(batch, "magnet_logprobs", "magnet log-probs",
+                                ray.put(adapters), temperature)
         return torch.cat(parts).to(batch.input_ids.device)
 
     def _by_shares(self, batch: TrajectoryBatch, method: str, what: str, *args) -> list:

@@ -2,7 +2,11 @@
 
 A ``TrainGroup`` updates every agent's adapter from one mixed batch (``train_step``) and leaves
 the new adapters in the pipeline's own ``MultiAgentLoRAModel`` afterwards, which serves the
-rollout engine, the old/reference log-probs and the checkpoints. ``LocalTrainGroup`` (a
+rollout engine and the checkpoints. Every other forward of the team runs where the group
+trains, each rank on its share of the rows: the old and reference log-probs
+(``logprob_passes``), HAPPO's ratios and the exploitability tables (``policy_logprobs``), the
+agents' policy distance (``divergence_rows``) and a snapshot magnet's legal-move log-probs
+(``magnet_logprobs``); the helpers below are their one implementation. ``LocalTrainGroup`` (a
 ``MultiAgentTrainer`` with the default torch strategy) is the local group: it trains that very
 model in this process. ``RayTrainGroup`` (ray_train.py) keeps ``world_size`` data-parallel
 replicas in Ray actors and copies the updated adapter tensors back (through the object store)
@@ -17,6 +21,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from roll.algorithms.choices import choice_logprobs
 from roll.batch import TrajectoryBatch
 from roll.inference.base import InferenceEngine
 from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
@@ -75,6 +80,19 @@ class TrainGroup(Protocol):
         share of the rows)."""
         ...
 
+    def divergence_rows(self, batch: TrajectoryBatch, agent_a: str, agent_b: str,
+                        temperature: float) -> Tensor:
+        """(B,) each row's summed KL(p_a || p_b) over its response tokens
+        (``MultiAgentLoRAModel.divergence_rows``), where the train role runs."""
+        ...
+
+    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict[str, dict[str, Tensor]],
+                        temperature: float) -> Tensor:
+        """(B, T, C) log-probs of each row's legal tokens at its branching points under
+        ``adapters`` of its agent (a snapshot magnet), where the train role runs; the agents'
+        own adapters are put back afterwards."""
+        ...
+
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """Update every agent that has rows; afterwards the pipeline's model holds the new
         adapters. Returns metrics keyed by agent name."""
@@ -101,16 +119,56 @@ class TrainGroup(Protocol):
         ...
 
 
+def _on_model(model: MultiAgentLoRAModel, batch: TrajectoryBatch) -> TrajectoryBatch:
+    return batch.to(model.base_model.get_input_embeddings().weight.device)
+
+
 @torch.no_grad()
 def response_logprobs(model: MultiAgentLoRAModel, batch: TrajectoryBatch, temperature: float,
                       forward_rows: int | None) -> Tensor:
     """(B, T) log-probs of ``batch``'s response tokens (``response_mask``), each row under its
     own agent's adapter as it is now, at ``temperature``, in forwards of ``forward_rows`` rows,
     on the model's device: what HAPPO's ratios and the exploitability tables read."""
-    batch = batch.to(model.base_model.get_input_embeddings().weight.device)
+    batch = _on_model(model, batch)
     return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id,
                           positions=batch.response_mask.bool(), temperature=temperature,
                           forward_rows=forward_rows)
+
+
+def response_divergences(model: MultiAgentLoRAModel, batch: TrajectoryBatch, agent_a: str,
+                         agent_b: str, temperature: float, forward_rows: int | None) -> Tensor:
+    """(B,) each row's KL(p_a || p_b) summed over its response tokens (the agents' policy
+    distance an evaluation of a team task reports)."""
+    batch = _on_model(model, batch)
+    return model.divergence_rows(batch.input_ids, batch.attention_mask, agent_a, agent_b,
+                                 positions=batch.response_mask, temperature=temperature,
+                                 forward_rows=forward_rows)
+
+
+@torch.no_grad()
+def choice_logprobs_under(trainer: MultiAgentTrainer, batch: TrajectoryBatch,
+                          adapters: dict[str, dict[str, Tensor]], temperature: float) -> Tensor:
+    """(B, T, C) log-probs of each row's legal tokens at its branching points (renormalised
+    per point), each row under ``adapters[its agent]``; the trainer's own adapters are put
+    back afterwards, whatever happens (through the trainer: ZeRO-3 gathers them)."""
+    batch = _on_model(trainer.model, batch)
+    batch.require("choice_tokens")
+    current = trainer.export_adapters(list(adapters))
+    out = torch.zeros(batch.choice_tokens.shape, dtype=torch.float32,
+                      device=batch.choice_tokens.device)
+    step = trainer.config.forward_rows
+    try:
+        trainer.load_adapters(adapters)
+        for start in range(0, len(batch), step):
+            rows = batch.select(torch.arange(start, min(start + step, len(batch)),
+                                             device=batch.agent_id.device))
+            *_, logits = trainer.model(rows.input_ids, rows.attention_mask, rows.agent_id,
+                                       positions=rows.response_mask.bool(),
+                                       temperature=temperature, choices=rows.choice_tokens)
+            out[start:start + len(rows)] = choice_logprobs(logits, rows.choice_tokens)
+    finally:
+        trainer.load_adapters(current)
+    return out
 
 
 class LocalTrainGroup(MultiAgentTrainer):
@@ -118,6 +176,15 @@ class LocalTrainGroup(MultiAgentTrainer):
 
     def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> Tensor:
         return response_logprobs(self.model, batch, temperature, self.config.forward_rows)
+
+    def divergence_rows(self, batch: TrajectoryBatch, agent_a: str, agent_b: str,
+                        temperature: float) -> Tensor:
+        return response_divergences(self.model, batch, agent_a, agent_b, temperature,
+                                    self.config.forward_rows)
+
+    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict[str, dict[str, Tensor]],
+                        temperature: float) -> Tensor:
+        return choice_logprobs_under(self, batch, adapters, temperature)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -362,16 +362,16 @@ class MultiAgentLoRAModel(nn.Module):
             self._compiled = None
 
     @torch.no_grad()
-    def policy_divergence(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,
-                          agent_b: str, *, positions: Tensor, temperature: float = 1.0,
-                          forward_rows: int | None = None) -> float:
-        """Mean over the ``positions`` tokens of KL(p_a || p_b) in nats: how far agent_b's
-        next-token distribution (softmax of logits / temperature, full vocabulary) is from
-        agent_a's on the same rows, in forwards of at most ``forward_rows`` rows (None: one)."""
+    def divergence_rows(self, input_ids: Tensor, attention_mask: Tensor, agent_a: str,
+                        agent_b: str, *, positions: Tensor, temperature: float = 1.0,
+                        forward_rows: int | None = None) -> Tensor:
+        """(B,) each row's sum over its ``positions`` tokens of KL(p_a || p_b) in nats: how far
+        agent_b's next-token distribution (softmax of logits / temperature, full vocabulary)
+        is from agent_a's on the same rows, in forwards of at most ``forward_rows`` rows."""
         positions = positions.bool()
         rows = input_ids.shape[0]
         step = forward_rows or rows
-        total, count = 0.0, 0
+        sums = torch.zeros(rows, dtype=torch.float64, device=input_ids.device)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
             window = response_window(positions[chunk])
@@ -384,10 +384,8 @@ class MultiAgentLoRAModel(nn.Module):
                                    device=input_ids.device), window).float() / temperature, -1)
                     for agent in (agent_a, agent_b)]
             kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)  # (b, stop - first)
-            mask = positions[chunk, first:stop]
-            total += float((kl * mask).sum())
-            count += int(mask.sum())
-        return total / count if count else 0.0
+            sums[chunk] = (kl * positions[chunk, first:stop]).sum(-1).double()
+        return sums
 
     @torch.no_grad()
     def logprobs(

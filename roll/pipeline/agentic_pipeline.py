@@ -410,9 +410,8 @@ class AgenticPipeline:
             metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
                             if key.startswith("task/")})
             batch = None if result.batch is None else result.batch.to(self.cfg.model.device)
-            metrics.update(policy_divergences(self.model, batch, self.agent_names,
-                                              self.policy_temperature,
-                                              forward_rows=self.cfg.trainer.forward_rows))
+            metrics.update(policy_divergences(self.trainer, batch, self.agent_names,
+                                              self.policy_temperature))
         for key, value in result.metrics.items():
             split = split_agent_key(key, self.agent_names)
             if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from roll.agentic.rollout.results import EpisodeResult
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
@@ -115,23 +117,22 @@ def before_after(
     return "\n".join(lines)
 
 
-def policy_divergences(model, batch, agent_names: Sequence[str], temperature: float,
-                       max_rows: int = 16, forward_rows: int | None = None
-                       ) -> dict[str, float]:
+def policy_divergences(trainer, batch, agent_names: Sequence[str], temperature: float,
+                       max_rows: int = 16) -> dict[str, float]:
     """How far apart the agents' policies are: for each pair a < b (config order), the mean
     KL(p_a || p_b) of their next-token distributions over the response tokens of the same
     rows (the first ``max_rows`` rows of ``batch``, whoever answered them), as
     ``eval/task/policy_kl/<a>-<b>``, and their mean as ``eval/task/policy_kl``."""
     if batch is None or len(agent_names) < 2:
         return {}
-    rows = slice(0, max_rows)
+    rows = batch.select(torch.arange(min(max_rows, len(batch)), device=batch.agent_id.device))
+    tokens = float(rows.response_mask.sum())
     metrics = {}
     for i, agent_a in enumerate(agent_names):
         for agent_b in agent_names[i + 1:]:
-            metrics[f"eval/task/policy_kl/{agent_a}-{agent_b}"] = model.policy_divergence(
-                batch.input_ids[rows], batch.attention_mask[rows], agent_a, agent_b,
-                positions=batch.response_mask[rows], temperature=temperature,
-                forward_rows=forward_rows)
+            sums = trainer.divergence_rows(rows, agent_a, agent_b, temperature)  # (rows,)
+            metrics[f"eval/task/policy_kl/{agent_a}-{agent_b}"] = (
+                float(sums.sum()) / tokens if tokens else 0.0)
     metrics["eval/task/policy_kl"] = sum(metrics.values()) / len(metrics)
     return metrics
 

@@ -28,7 +28,6 @@ from roll.algorithms.advantages import (
     zero_advantage_rows,
     zero_advantage_shares,
 )
-from roll.algorithms.choices import choice_logprobs
 from roll.batch import TrajectoryBatch
 from roll.distributed.roles import TrainGroup
 from roll.errors import NonFiniteLossError, RoleFailed
@@ -57,30 +56,12 @@ class SnapshotMagnet:
         self.taken_at = step
         return True
 
-    @torch.no_grad()
-    def logprobs(self, model: MultiAgentLoRAModel, batch: TrajectoryBatch, temperature: float,
-                 forward_rows: int) -> Tensor:
+    def logprobs(self, trainer: TrainGroup, batch: TrajectoryBatch, temperature: float
+                 ) -> Tensor:
         """(B, T, C): the magnet's log-probs of each row's legal tokens at its branching
-        points (each row under its own agent's magnet), renormalised per point. The model's
-        own adapters are put back afterwards, whatever happens."""
-        batch.require("choice_tokens")
-        current = {name: model.export_adapter(name) for name in self.tensors}
-        out = torch.zeros(batch.choice_tokens.shape, dtype=torch.float32,
-                          device=batch.choice_tokens.device)
-        try:
-            for name, tensors in self.tensors.items():
-                model.import_adapter(name, tensors)
-            for start in range(0, len(batch), forward_rows):
-                rows = batch.select(torch.arange(start, min(start + forward_rows, len(batch)),
-                                                 device=batch.agent_id.device))
-                *_, logits = model(rows.input_ids, rows.attention_mask, rows.agent_id,
-                                   positions=rows.response_mask.bool(), temperature=temperature,
-                                   choices=rows.choice_tokens)
-                out[start:start + len(rows)] = choice_logprobs(logits, rows.choice_tokens)
-        finally:
-            for name, tensors in current.items():
-                model.import_adapter(name, tensors)
-        return out
+        points (each row under its own agent's magnet), renormalised per point, computed where
+        the agents train."""
+        return trainer.magnet_logprobs(batch, self.tensors, temperature)
 
     def save(self, checkpoint: Path, model: MultiAgentLoRAModel) -> None:
         for name, tensors in self.tensors.items():
@@ -132,7 +113,7 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
     if magnet is not None and policy_batch.choice_tokens is not None:
         magnet.maybe_refresh(model, step)
         policy_batch = policy_batch.with_fields(magnet_logprobs=magnet.logprobs(
-            model, policy_batch, temperature, cfg.trainer.forward_rows))
+            trainer, policy_batch, temperature))
     try:
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(trainer, policy_batch, cfg.seed, step, temperature,

@@ -106,6 +106,27 @@ def test_critics_on_ray_ranks_train_and_resume_as_in_one_process(
             assert float(gap) < 1e-6
 
 
+def test_the_snapshot_magnet_scores_on_the_ranks_as_in_one_process(ray_cluster, tmp_path,
+                                                                    one_thread):
+    """trainer.magnet=snapshot on 2 Ray ranks: the magnet's legal-move log-probs are computed
+    on the ranks (each on its share, the magnet's tensors swapped in and back there; the
+    pipeline no longer forwards any model for it), and 3 steps (magnet taken at step 1, used
+    at step 2 after the agents moved, retaken at step 3) end with the local run's adapters."""
+    args = ("max_steps=3", "trainer.magnet_coef=0.5", "trainer.magnet=snapshot",
+            "trainer.magnet_refresh=2")
+    AgenticPipeline(config(tmp_path / "local", *args)).run()
+    AgenticPipeline(config(tmp_path / "nomagnet", "max_steps=3")).run()
+    ray = AgenticPipeline(config(tmp_path / "ray", *args, "cluster.backend=ray",
+                                 "actor_train.world_size=2"))
+    ray.run()
+    assert ray.magnet.taken_at == 3
+    local, remote, plain = (checkpoint_adapters(latest_checkpoint(tmp_path / name))
+                            for name in ("local", "ray", "nomagnet"))
+    assert local.keys() == remote.keys()
+    assert max(float((local[key] - remote[key]).abs().max()) for key in local) < 1e-6
+    assert max(float((local[key] - plain[key]).abs().max()) for key in local) > 1e-5  # it acts
+
+
 def test_a_dead_rank_stops_with_the_last_checkpoint_and_resume_continues(
         ray_cluster, tmp_path, one_thread):
     out = tmp_path / "run"

@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from roll.distributed.roles import TrainSpec, response_logprobs
+from roll.distributed.roles import TrainSpec, response_divergences, response_logprobs
 from roll.errors import RoleFailed
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.trainer import MultiAgentTrainer
@@ -90,6 +90,7 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
         # temperature
         scored = group.policy_logprobs(fresh, 0.7)
         score_rows = group.pass_rows_per_rank
+        divergence = group.divergence_rows(fresh, "a", "b", 0.7)
     finally:
         group.close()
 
@@ -97,6 +98,9 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
     expected_scores = response_logprobs(local_model, fresh, 0.7, None)
     assert float((scored - expected_scores).abs().max()) < 1e-5
     assert float((expected_scores - local.logprob_passes(fresh).old_logprobs).abs().max()) > 1e-3
+    expected_divergence = response_divergences(local_model, fresh, "a", "b", 0.7, None)
+    assert (expected_divergence > 1e-6).all()
+    torch.testing.assert_close(divergence, expected_divergence, rtol=1e-4, atol=1e-9)
     expected = local.logprob_passes(fresh).old_logprobs
     assert float((passed.old_logprobs - expected).abs().max()) < 1e-5
     assert float(expected.abs().sum()) > 0 and passed.ref_logprobs is None  # kl_coef 0
