@@ -129,7 +129,8 @@ class DeepSpeedStrategy:
                  live_elements: int | None = None) -> None:
         self.zero_stage = zero_stage
         self.live_elements = live_elements
-        """ZeRO-3: the most elements gathered at once and prefetched (``deepspeed_config``)."""
+        """ZeRO-3: the most elements gathered at once, prefetched and kept for reuse
+        (``deepspeed_config``)."""
         self.carriers = TorchStrategy(grad_sync)
         """Per agent an AdamW over stand-ins of its adapter tensors (one element of memory
         each) that never steps: they carry the gradients (the real tensors' .grad belongs to

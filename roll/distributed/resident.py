@@ -34,8 +34,7 @@ def resident_elements(module: nn.Module) -> int:
 
 
 class ResidentPeak:
-    """The most parameter elements held at once by the parameters created (or ``watch``ed)
-    while recording."""
+    """The most parameter elements held at once by the parameters created while recording."""
 
     def __init__(self) -> None:
         self._params: dict[int, weakref.ref] = {}
@@ -53,12 +52,6 @@ class ResidentPeak:
     def sample(self) -> int:
         self.peak = max(self.peak, self.census())
         return self.peak
-
-    def watch(self, module: nn.Module) -> None:
-        """Count ``module``'s parameters too (built before recording began)."""
-        for param in module.parameters():
-            self.add(param)
-        self.sample()
 
     @contextmanager
     def recording(self) -> Iterator[ResidentPeak]:
