@@ -4,9 +4,11 @@ Each rank (``TrainRank``) builds the same team from the same ``TrainSpec`` (same
 seeded adapter init), joins a torch.distributed group and runs ``MultiAgentTrainer`` with a
 strategy (torch or DeepSpeed) summing over a ``TorchDistributedSync``: every rank gets the whole
 batch (one ``ray.put``), forwards its share of each agent's mini-batch, and the ranks sum their
-gradients, so all replicas stay equal (roll/multi_agent/trainer.py). After a step the driver
-copies the trained agents' adapter tensors from rank 0 into its own model (MBs through the
-object store, never the base). A rank that dies stops the step with one line naming it.
+gradients, so all replicas stay equal (roll/multi_agent/trainer.py). At the start and after each
+step the driver copies the (trained) agents' adapter tensors from rank 0 into its own model (MBs
+through the object store, never the base): an adapter store whose base is only a shape when no
+engine runs in the driver (``roll.pipeline.builders.controller_holds_base``). A rank that dies
+stops the step with one line naming it.
 """
 
 from __future__ import annotations
@@ -129,6 +131,10 @@ class TrainRank:
     def critic_discard(self) -> None:
         self.critics.discard()
 
+    def critic_tensors(self) -> dict | None:
+        """Rank 0's critic tensors (``export_tensors``; every replica holds the same)."""
+        return self.critics.export_tensors() if self.rank == 0 else None
+
     def critic_state(self) -> dict | None:
         """The critics' optimizers and schedulers (rank 0's; every replica holds the same)."""
         return self.critics.trainer.state_dict() if self.rank == 0 else None
@@ -218,6 +224,9 @@ class RayTrainGroup:
         """Where the ranks' process group rendezvoused: a free port on rank 0's node."""
         self._get([rank.join.remote(self.address) for rank in self.ranks], "start")
         self._get([rank.digest.remote() for rank in self.ranks], "start")
+        # The ranks' adapters are the truth: the pipeline's model may be a store without a base
+        # (its adapters zero until now), which the engines and checkpoints read.
+        self._pull_adapters(model.agent_names)
 
     @property
     def ranks(self) -> list:
@@ -300,6 +309,11 @@ class RayTrainGroup:
         if self.ranks:
             self._get([rank.critic_discard.remote() for rank in self.ranks], "critic discard")
 
+    def critic_tensors(self) -> dict:
+        """Rank 0's critic tensors (adapters and value heads, ``Critics.export_tensors``)."""
+        return self._get([rank.critic_tensors.remote() for rank in self.ranks],
+                         "critic export")[0]
+
     def critic_state(self) -> dict:
         return self._get([rank.critic_state.remote() for rank in self.ranks], "state export")[0]
 
@@ -313,11 +327,16 @@ class RayTrainGroup:
                             f"train step {self.global_step + 1}")
         metrics, self.global_step, _ = results[0]
         self.rows_per_rank = [rows for _, _, rows in results]
-        adapters = self._get([rank.export_adapters.remote(list(metrics)) for rank in self.ranks],
+        self._pull_adapters(list(metrics))
+        return metrics
+
+    def _pull_adapters(self, names: list[str]) -> None:
+        """Rank 0's adapters of agents ``names`` into the pipeline's model (every rank joins:
+        under ZeRO-3 exporting gathers)."""
+        adapters = self._get([rank.export_adapters.remote(names) for rank in self.ranks],
                              "adapter export")[0]
         for name, tensors in adapters.items():
             self.model.import_adapter(name, tensors)
-        return metrics
 
     def hold(self) -> None:
         """The ranks remember their state; this side, the pipeline model's adapters."""
@@ -371,6 +390,7 @@ class RayCritics:
     def __init__(self, local: Critics, group: RayTrainGroup) -> None:
         self.local, self.group = local, group
         self._metrics: dict[str, float] | None = None
+        self.local.load_tensors(group.critic_tensors())  # the pipeline's may hold no base
 
     @property
     def names(self) -> list[str]:

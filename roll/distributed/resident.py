@@ -23,6 +23,8 @@ from torch import nn
 def resident(param: torch.Tensor) -> int:
     """Elements of ``param`` in this process's memory now: its data (whole when not
     partitioned, or while gathered; empty otherwise) plus its ZeRO-3 partition, if any."""
+    if param.is_meta:  # a shape only (roll.models.load_shape)
+        return 0
     shard = getattr(param, "ds_tensor", None)
     return param.data.numel() + (shard.numel() if shard is not None else 0)
 

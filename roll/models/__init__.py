@@ -5,6 +5,7 @@ from roll.models.loading import (
     apply_chat_template,
     linear_module_names,
     load_model,
+    load_shape,
     load_tokenizer,
     resolve_dtype,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "is_alias",
     "linear_module_names",
     "load_model",
+    "load_shape",
     "load_tokenizer",
     "resolve_dtype",
     "resolve_model_path",

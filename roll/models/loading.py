@@ -120,17 +120,29 @@ def prompt_ids(tokenizer, text: str, system_prompt: str | None = None,
     return apply_chat_template(tokenizer, messages, enable_thinking=enable_thinking)
 
 
-def linear_module_names(name_or_path: str | os.PathLike) -> set[str]:
-    """Short names of the model's nn.Linear modules (e.g. 'q_proj'), read without weights.
-
-    The model is built on the meta device from its config alone, so this is cheap even for
-    an 8B model and is used to validate LoRA target modules before anything loads.
-    """
+def load_shape(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "float32"):
+    """The causal LM of ``name_or_path`` built from its config alone, every weight on the meta
+    device (no storage, nothing read but the config): its module tree, names and shapes, for a
+    process that never runs the base (a Ray controller's adapter store, validation). Frozen and
+    in eval mode, as ``load_model``'s."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(name_or_path), local_files_only=_is_local(name_or_path))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def linear_module_names(name_or_path: str | os.PathLike) -> set[str]:
+    """Short names of the model's nn.Linear modules (e.g. 'q_proj'), read without weights.
+
+    The model is only a shape (``load_shape``), so this is cheap even for an 8B model and is
+    used to validate LoRA target modules before anything loads.
+    """
+    model = load_shape(name_or_path)
     return {
         name.rsplit(".", 1)[-1]
         for name, module in model.named_modules()

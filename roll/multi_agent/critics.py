@@ -342,8 +342,8 @@ class Critics:
         self.mode = cfg.mode
         self.input = cfg.input
         self.model = model
-        device = model.base_model.get_input_embeddings().weight.device
-        self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size, device)
+        self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size,
+                                model.tensor_device)
         self.trainer = CriticTrainer(model, self.heads, critics, cfg, grad_sync)
 
     @property

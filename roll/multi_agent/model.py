@@ -14,6 +14,12 @@ generator, reseeded from (run seed, agent name, the agent's own train step, roun
 training mini-batch, and is active only inside ``training_forward`` — never in rollouts,
 old-log-prob or reference passes. The base model is kept in eval mode throughout (its own
 dropout, if any, stays off, as in verl and OpenRLHF for RL fine-tuning).
+
+Adapters without a base. Built on a base whose weights are on the meta device
+(``roll.models.load_shape``), the model holds only its adapters' tensors, on CPU and zero until
+imported (``holds_base`` is False): the store of a controller whose forwards all run elsewhere
+(Ray train ranks and engine actors). Everything but the forwards works on it: export, import,
+save, load, configs.
 """
 
 from __future__ import annotations
@@ -117,8 +123,39 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = ("logits_to_keep"
                                       in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
+        self.holds_base = not any(param.is_meta for param in base_model.parameters())
+        """False: the base is a shape on the meta device and only the adapters hold tensors."""
+        if not self.holds_base:
+            self._adapters_on_cpu()
         self.set_active_agent(self.agent_names[0])
         self._all_trainable()  # PEFT's add_adapter left the later adapters frozen
+
+    @torch.no_grad()
+    def _adapters_on_cpu(self) -> None:
+        """A shape-only base: PEFT put every adapter tensor on the meta device beside it; give
+        them CPU storage, zero until the real tensors are imported."""
+        for _, layer in self.lora_layers:
+            for container_name in layer.adapter_layer_names:
+                container = getattr(layer, container_name, None)
+                if container is None:
+                    continue
+                for name in list(container):
+                    entry = container[name]
+                    if isinstance(entry, nn.Parameter):
+                        container[name] = nn.Parameter(
+                            torch.zeros(entry.shape, dtype=entry.dtype),
+                            requires_grad=entry.requires_grad)
+                    else:
+                        entry.to_empty(device="cpu")
+                        for param in entry.parameters():
+                            param.zero_()
+
+    @property
+    def tensor_device(self) -> torch.device:
+        """Where this model's trainable tensors live: the base's device, or CPU when the base
+        is only a shape (``holds_base`` False)."""
+        weight = self.base_model.get_input_embeddings().weight
+        return weight.device if self.holds_base else torch.device("cpu")
 
     def _install_dropout(self, name: str, p: float) -> None:
         generators: dict[torch.device, torch.Generator] = {}

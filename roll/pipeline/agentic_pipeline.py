@@ -18,6 +18,10 @@ Every rollout syncs first, inside the engine's awake window (a sleeping vLLM eng
 take adapters), pushing only the agents whose engine slot is not at the trainer's version
 (``trainer.global_step``). The rollout scheduler checks at every generate call that the engine
 serves exactly that version of every trained agent, so a skipped sync fails loudly.
+
+In Ray mode with engine actors or a vLLM engine this process loads no weights: its model is the
+base's shape plus the agents' adapter tensors (``builders.controller_holds_base``), updated from
+the train ranks, which run every forward; it only syncs them to the engines and checkpoints them.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from roll.algorithms.losses import kl_per_token
 from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
 from roll.errors import RoleFailed
 from roll.inference.base import SamplingParams
-from roll.models import load_model, load_tokenizer
+from roll.models import load_model, load_shape, load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.builders import (
@@ -48,6 +52,7 @@ from roll.pipeline.builders import (
     build_env_host,
     build_shared_bundles,
     build_train_group,
+    controller_holds_base,
     critics_where_trained,
     engine_reports_policy_logprobs,
     model_path,
@@ -103,14 +108,20 @@ class AgenticPipeline:
         """The game or team task: seats, env factories, renderer, datasets (env_setup.py)."""
         self.train_seatings, self.eval_seatings = run_seatings(cfg, self.env_setup,
                                                                self.agent_names)
-        with stage(f"loading the model ({cfg.model.path} on {cfg.model.device})"):
+        holds_base = controller_holds_base(cfg)
+        self.device = cfg.model.device if holds_base else "cpu"
+        """Where this process keeps batches and adapters (CPU when it holds no base)."""
+        with stage(f"loading the model ({cfg.model.path} on {cfg.model.device})" if holds_base
+                   else f"reading the model's shape ({cfg.model.path}; its weights load on "
+                        "the train ranks and engines)"):
             path = model_path(cfg)
             self.tokenizer = load_tokenizer(path)
             # A first prompt that cannot fit would cut every episode: refused before the load.
             check_first_prompts(cfg, self.env_setup, self.train_seatings, self.tokenizer,
                                 env_factory, render)
-            base = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device,
-                              tf32=cfg.model.tf32)
+            base = (load_model(path, dtype=cfg.model.dtype, device=cfg.model.device,
+                               tf32=cfg.model.tf32) if holds_base
+                    else load_shape(path, cfg.model.dtype))
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
@@ -363,7 +374,7 @@ class AgenticPipeline:
         if batch is None:
             metrics.update(times)
             return metrics
-        batch = batch.to(cfg.model.device)
+        batch = batch.to(self.device)
 
         start = time.perf_counter()
         mask = batch.response_mask
@@ -409,7 +420,7 @@ class AgenticPipeline:
         if self.env_setup.is_task:
             metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
                             if key.startswith("task/")})
-            batch = None if result.batch is None else result.batch.to(self.cfg.model.device)
+            batch = None if result.batch is None else result.batch.to(self.device)
             metrics.update(policy_divergences(self.trainer, batch, self.agent_names,
                                               self.policy_temperature))
         for key, value in result.metrics.items():

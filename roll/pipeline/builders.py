@@ -34,6 +34,16 @@ def model_path(cfg: PipelineConfig) -> Path | str:
     return resolve_model_path(cfg.model.path)
 
 
+def controller_holds_base(cfg: PipelineConfig) -> bool:
+    """Whether the pipeline's own process loads the base's weights: in local mode (every
+    pass runs here) and for an in-process hf engine (it decodes on them). Otherwise (Ray
+    train ranks with engine actors, or a vLLM engine, which loads its own copy) the pipeline
+    holds the base as a shape only and its model is the store of the adapters, each updated
+    from the train ranks after their steps."""
+    return (cfg.cluster.backend != "ray"
+            or (cfg.rollout.engine == "hf" and not cfg.actor_infer.num_engines))
+
+
 def build_shared_bundles(cfg: PipelineConfig):
     """actor_infer.colocate: one placement group whose bundle i holds train rank i and engine
     i (``SharedBundles``); otherwise None (each role places its own actors)."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
+from roll.distributed.resident import resident_elements
 from roll.distributed.roles import TrainSpec, push_adapters
 from roll.errors import RoleFailed
 from roll.inference import GenerationRequest, SamplingParams
@@ -149,6 +150,12 @@ def test_colocated_ranks_and_engines_share_bundles_and_train_what_the_local_run_
     assert pipeline.engine.actors.group is shared.group
     table = ray_cluster.util.placement_group_table(shared.group)
     assert list(table["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 1.0}]  # rank + engine
+    # Every forward runs on the ranks and engines: this process holds the base as a shape,
+    # and of tensors only the agents' adapters (what it syncs and checkpoints).
+    assert not pipeline.model.holds_base
+    assert resident_elements(pipeline.model) == sum(
+        tensor.numel() for name in pipeline.agent_names
+        for tensor in pipeline.model.export_adapter(name).values())
     pipeline.run()
     assert shared.removed and pipeline.engine.ranks == [] and pipeline.trainer.ranks == []
     local = checkpoint_adapters(latest_checkpoint(tmp_path / "local"))

@@ -74,9 +74,13 @@ def test_critics_on_ray_ranks_train_and_resume_as_in_one_process(
     ray_args = ("cluster.backend=ray", "actor_train.world_size=2", *args)
     first = AgenticPipeline(config(tmp_path / "ray", "max_steps=1", *ray_args))
     first.run()
-    # the second step on fresh ranks, from the checkpoint: critics' adapters, heads, AdamW
-    resumed = AgenticPipeline(config(tmp_path / "ray", "max_steps=2", "resume=latest",
-                                     *ray_args))
+    # the second step on fresh ranks, from the checkpoint: critics' adapters, heads, AdamW;
+    # with an engine actor, so that this process holds no base, only the adapters and critics
+    # it checkpoints (resumed into, then sent to the ranks)
+    resumed = AgenticPipeline(config(
+        tmp_path / "ray", "max_steps=2", "resume=latest", "actor_train.cpus_per_rank=0.5",
+        "actor_infer.num_engines=1", "actor_infer.cpus_per_engine=0.5", *ray_args))
+    assert first.model.holds_base and not resumed.model.holds_base
     resumed.run()
     # the critics' values and update ran on the ranks, each on its share of the rows
     values_rows, update_rows = (resumed.trainer.pass_rows_per_rank,

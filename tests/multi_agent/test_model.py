@@ -6,8 +6,11 @@ import pytest
 import torch
 from peft import PeftModel
 
-from roll.models import load_model
-from roll.multi_agent.config import AgentConfig, LoRAConfig
+from roll.distributed.resident import resident_elements
+from roll.models import load_model, load_shape
+from roll.multi_agent.config import AgentConfig, CriticConfig, LoRAConfig
+from roll.multi_agent.critics import Critics, critic_agents
+from roll.multi_agent.model import MultiAgentLoRAModel
 
 from .helpers import make_rows, make_team
 
@@ -133,3 +136,36 @@ def test_adapter_init_depends_on_seed_and_name_only(tiny_model_path):
     other_seed, _ = make_team(tiny_model_path, [AgentConfig("z")], seed=1)
     key = next(k for k in alone.export_adapter("z") if "lora_A" in k)
     assert not torch.equal(alone.export_adapter("z")[key], other_seed.export_adapter("z")[key])
+
+
+def test_a_team_on_the_base_shape_stores_adapters_only(tiny_model_path, tmp_path):
+    """A Ray controller's model (roll.models.load_shape): the base holds no storage, the
+    adapters (and critics) are CPU tensors, zero until imported; once imported it saves PEFT
+    folders byte for byte as the loaded team does."""
+    agents = [AgentConfig("alice"), AgentConfig("bob", lora=LoRAConfig(rank=2, alpha=4,
+                                                                      target_modules=["q_proj"]))]
+    team, resolved = make_team(tiny_model_path, agents)
+    _perturb(team, "alice", 5)
+    _perturb(team, "bob", 6)
+    store = MultiAgentLoRAModel(load_shape(tiny_model_path), resolved, seed=0)
+    assert team.holds_base and not store.holds_base
+    adapter_elements = sum(t.numel() for name in team.agent_names
+                           for t in team.export_adapter(name).values())
+    # r 4 on every projection for alice, r 2 on q_proj for bob (tiny: hidden 64, 2 layers)
+    assert adapter_elements > 0 and resident_elements(store) == adapter_elements
+    assert resident_elements(team) > 5 * adapter_elements
+    assert store.tensor_device == torch.device("cpu")
+    assert all(float(t.abs().max()) == 0 for t in store.export_adapter("alice").values())
+    for name in team.agent_names:
+        store.import_adapter(name, team.export_adapter(name))
+        theirs, ours = (model.save_agent(name, tmp_path / kind / name)
+                        for kind, model in (("team", team), ("store", store)))
+        for file in ("adapter_model.safetensors", "adapter_config.json"):
+            assert (theirs / file).read_bytes() == (ours / file).read_bytes(), (name, file)
+    critic_cfg = CriticConfig(mode="per_agent")
+    critics = critic_agents(critic_cfg, store.agent_names)
+    with_critics = MultiAgentLoRAModel(load_shape(tiny_model_path), resolved, critics=critics)
+    held = Critics(critic_cfg, with_critics, critics)
+    tensors = held.export_tensors()
+    assert tensors and all(value.device.type == "cpu" for per_critic in tensors.values()
+                           for part in per_critic.values() for value in part.values())
