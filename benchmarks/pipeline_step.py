@@ -9,11 +9,12 @@ comparison) runs ``--steps`` training steps of the real ``AgenticPipeline`` (no 
 checkpoints) on a Qwen3-0.6B-shaped model with random bf16 weights and the tiny offline
 tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3's). Reported per
 step: the time split (rollout / reference / train / sync), generated tokens and tok/s inside
-the rollout, decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak
-GPU memory and, as the engine-only reference at the same concurrency, the same engine serving
-``lanes`` requests of the run's prompt length and token budget with nothing else to do, and
-the same at ``busy_lanes`` requests (the rows decoding per step on average, generated tokens
-over decode steps, when fewer than the lanes).
+the rollout, the whole step's tok/s (generated + trained response tokens over the step time),
+decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak GPU memory
+and, as the engine-only reference at the same concurrency, the same engine serving ``lanes``
+requests of the run's prompt length and token budget with nothing else to do, and the same at
+``busy_lanes`` requests (the rows decoding per step on average, generated tokens over decode
+steps, when fewer than the lanes).
 The first step includes warm-up (graph capture); the summary averages the later steps.
 Prints JSON lines, then one summary object; writes $OUT/pipeline_step.json when OUT is set.
 """
@@ -109,6 +110,15 @@ def run_setting(args, model_path: Path, example: str, agents: int, continuous: b
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
                     "rollout/episodes")}
         step["step"] = row["step"]
+        # Whole-step throughput: tokens generated plus response tokens trained (each agent's
+        # num_tokens: the tokens its loss covers), over the step's time (rollout, passes,
+        # train, sync).
+        step["trained_tokens"] = sum(value for key, value in row.items()
+                                     if key.endswith("/num_tokens"))
+        if row.get("time/step"):
+            step["step_tokens_per_s"] = round(
+                (row.get("rollout/generated_tokens", 0.0) + step["trained_tokens"])
+                / row["time/step"], 1)
         steps.append(step)
         print(json.dumps({"example": example, "agents": agents, "continuous": continuous,
                           **step}), flush=True)

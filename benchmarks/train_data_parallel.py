@@ -33,12 +33,23 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from batches import synthetic_batch  # noqa: E402
+from logprob_memory import QWEN3_06B  # noqa: E402
+
+SHAPES = {
+    "0.6b": QWEN3_06B,
+    # Llama-3-70B's width (hidden 8192, MLP 28672, 64 heads, 8 KV heads) at 56 layers, a 32k
+    # vocabulary: 48.4 B parameters, 96.9 GB in bf16, more than one 80 GB H100 holds.
+    "large": dict(vocab_size=32000, hidden_size=8192, num_hidden_layers=56,
+                  num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                  intermediate_size=28672, max_position_embeddings=4096,
+                  tie_word_embeddings=False),
+}
 from report import emit  # noqa: E402
 
 
 def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     import torch.distributed as dist
-    from logprob_memory import QWEN3_06B, TINY
+    from logprob_memory import TINY
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from roll.distributed.data_parallel import TorchDistributedSync, init_ranks
@@ -54,9 +65,30 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         os.environ["LOCAL_RANK"] = str(rank)  # DeepSpeed places its engine by it
     init_ranks(rank, world_size, address, "cpu" if args.tiny else "cuda")
     torch.manual_seed(0)
-    with device:
-        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if args.tiny else QWEN3_06B)))
-    base = base.to(torch.float32 if args.tiny else torch.bfloat16).eval()
+    shape = TINY if args.tiny else SHAPES[args.shape]
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    say = (lambda text: print(f"{time.strftime('%H:%M:%S')} rank 0: {text}", flush=True)) \
+        if rank == 0 else (lambda text: None)
+    say(f"building the base ({args.shape}, {world_size} rank(s), {args.strategy}"
+        f"{' zero ' + str(args.zero_stage) if args.strategy == 'deepspeed' else ''})")
+    if args.strategy == "deepspeed" and args.zero_stage == 3:
+        # Partitioned as it is built (random weights, no checkpoint): no rank ever holds the
+        # whole base, which is how a base larger than one device can train (zero3_load.py).
+        from transformers import AutoModelForCausalLM
+
+        from roll.distributed.zero3_load import partitioned_construction
+
+        with partitioned_construction("float32" if args.tiny else "bfloat16", device.type):
+            base = AutoModelForCausalLM.from_config(Qwen3Config(**shape), dtype=dtype)
+        base.eval()
+        for param in base.parameters():
+            param.requires_grad_(False)
+    else:
+        with device:
+            base = Qwen3ForCausalLM(Qwen3Config(**shape))
+        base = base.to(dtype).eval()
+    base_elements = sum(int(getattr(p, "ds_numel", p.numel())) for p in base.parameters())
+    say(f"base built: {base_elements / 1e9:.2f} B parameters")
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(args.agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
@@ -69,6 +101,11 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         strategy = TorchStrategy(TorchDistributedSync() if world_size > 1 else None)
     trainer = MultiAgentTrainer(model, agents, config, strategy=strategy)
     resident = resident_elements(model)
+    cuda = device.type == "cuda"
+    load_peak = torch.cuda.max_memory_allocated() if cuda else None
+    say(f"team and trainer built; peak so far {load_peak and load_peak / 1e9} GB")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     rows, tokens = args.rows * world_size, args.tokens
     batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,
                             torch.arange(rows) % args.agents).to(device)
@@ -88,9 +125,12 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         return time.perf_counter() - start
 
     step()  # warm-up
+    say("warm-up step done")
     times = [step() for _ in range(args.repeats)]
+    say(f"steps: {[round(t, 2) for t in times]}")
     if rank == 0:
         seconds = statistics.median(times)
+        base_bytes = base_elements * (4 if args.tiny else 2)
         results.put({"world_size": world_size, "strategy": args.strategy,
                      "zero_stage": args.zero_stage if args.strategy == "deepspeed" else None,
                      "resident_params_rank0": resident, "rows_per_rank": args.rows,
@@ -98,7 +138,11 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
                      "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
                      "tokens_per_s": round(rows * tokens / seconds),
                      "peak_gb_rank0": round(torch.cuda.max_memory_allocated() / 1e9, 2)
-                     if device.type == "cuda" else None})
+                     if cuda else None,
+                     "load_peak_gb_rank0": round(load_peak / 1e9, 2) if cuda else None,
+                     "base_gb": round(base_bytes / 1e9, 2),
+                     "base_share_gb": round(base_bytes / world_size / 1e9, 2),
+                     "shape": args.shape if not args.tiny else "tiny"})
     if world_size > 1:
         dist.destroy_process_group()
 
@@ -115,6 +159,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategy", default="torch", choices=["torch", "deepspeed"])
     parser.add_argument("--zero_stage", type=int, default=2, choices=[2, 3])
+    parser.add_argument("--shape", default="0.6b", choices=sorted(SHAPES),
+                        help="the base's shape (random bf16 weights); 'large' (48.4 B parameters, "
+                             "96.9 GB in bf16) does not fit one 80 GB GPU: use it with "
+                             "--strategy deepspeed --zero_stage 3 on 2+ GPUs")
     parser.add_argument("--live", type=int, default=None,
                         help="ZeRO-3: actor_train.zero3_live_elements (default: DeepSpeed's)")
     args = parser.parse_args()

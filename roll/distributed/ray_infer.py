@@ -196,6 +196,8 @@ class RayInferGroup:
                  shared: SharedBundles | None = None) -> None:
         self.num_engines = num_engines
         self.kind = engine.kind
+        self.engine_spec = engine
+        """What each actor builds (its engine kind, options and forwarded environment)."""
         self.actors = ActorGroup(
             "actor_infer engine", InferRank, num_engines, cpus_per_engine, gpus_per_engine,
             lambda index: (spec, engine, max(1, int(cpus_per_engine))), shared,

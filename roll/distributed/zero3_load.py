@@ -16,6 +16,8 @@ rank from the same seed), and ``deepspeed.initialize`` partitions them beside th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -23,9 +25,12 @@ from torch import nn
 from roll.models.loading import load_model, resolve_dtype, use_tf32
 
 
-def load_partitioned(path: str, dtype: str, device: str, tf32: bool = True) -> nn.Module:
-    """The frozen base of ``path`` in eval mode, each parameter partitioned over the ranks of
-    the (already initialised) torch.distributed group, on this rank's ``device``."""
+@contextmanager
+def partitioned_construction(dtype: str, device: str) -> Iterator[None]:
+    """While inside, every transformers model built (``from_pretrained`` or ``from_config``)
+    is partitioned over the ranks of the (already initialised) torch.distributed group module
+    by module as it is built, in ``dtype``, on this rank's ``device``; a ``from_config``
+    model keeps its random initialisation (benchmarks of shapes without a checkpoint)."""
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("LOCAL_RANK", "0")  # each rank sees one device (cuda:0 in Ray)
@@ -41,13 +46,20 @@ def load_partitioned(path: str, dtype: str, device: str, tf32: bool = True) -> n
     precision = resolve_dtype(dtype)
     config["bf16"] = {"enabled": precision == torch.bfloat16}
     config["fp16"] = {"enabled": precision == torch.float16}
-    use_tf32(device, tf32)
     # transformers reads this through a weak reference: it must stay alive while loading.
     zero3 = HfDeepSpeedConfig(config)
     try:
-        return load_model(path, dtype=dtype, device=None)
+        yield
     finally:
         del zero3
 
 
-__all__ = ["load_partitioned"]
+def load_partitioned(path: str, dtype: str, device: str, tf32: bool = True) -> nn.Module:
+    """The frozen base of ``path`` in eval mode, each parameter partitioned over the ranks of
+    the (already initialised) torch.distributed group, on this rank's ``device``."""
+    use_tf32(device, tf32)
+    with partitioned_construction(dtype, device):
+        return load_model(path, dtype=dtype, device=None)
+
+
+__all__ = ["load_partitioned", "partitioned_construction"]

@@ -80,8 +80,11 @@ def build_engine(
             tempered_logprobs=(cfg.rollout.sampling.temperature or 1.0) != 1.0,
         )
     else:
+        # The same decode path in this process and in engine actors (compiled step, CUDA
+        # graphs where the config resolves them on).
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
-                       lora_kernels=cfg.rollout.hf.lora_kernels)
+                       lora_kernels=cfg.rollout.hf.lora_kernels, compile=hf_compile(cfg),
+                       cuda_graphs=cfg.rollout.hf.cuda_graphs)
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
@@ -93,15 +96,7 @@ def build_engine(
         from roll.inference.vllm_engine import VLLMEngine
 
         return VLLMEngine(str(path), tokenizer, **options)
-    return hf_engine_for(
-        model,
-        tokenizer,
-        device=cfg.model.device,
-        seed=cfg.seed,
-        compile=hf_compile(cfg),
-        cuda_graphs=cfg.rollout.hf.cuda_graphs,
-        **options,
-    )
+    return hf_engine_for(model, tokenizer, device=cfg.model.device, seed=cfg.seed, **options)
 
 
 def hf_engine_for(model: MultiAgentLoRAModel, tokenizer, **options):

@@ -15,7 +15,7 @@ from roll.inference import GenerationRequest, SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.pipeline.agentic_pipeline import AgenticPipeline
-from roll.pipeline.builders import hf_engine_for
+from roll.pipeline.builders import hf_compile, hf_engine_for
 from roll.pipeline.cli import CLIError, load_config
 from roll.utils.checkpoint import latest_checkpoint
 from tests.multi_agent.helpers import make_team
@@ -153,6 +153,9 @@ def test_colocated_ranks_and_engines_share_bundles_and_train_what_the_local_run_
     # Every forward runs on the ranks and engines: this process holds the base as a shape,
     # and of tensors only the agents' adapters (what it syncs and checkpoints).
     assert not pipeline.model.holds_base
+    # the actors decode as the in-process engine would (compiled step, CUDA graphs as resolved)
+    assert {key: pipeline.engine.engine_spec.options[key] for key in ("compile", "cuda_graphs")
+            } == {"compile": hf_compile(pipeline.cfg), "cuda_graphs": True}
     assert resident_elements(pipeline.model) == sum(
         tensor.numel() for name in pipeline.agent_names
         for tensor in pipeline.model.export_adapter(name).values())
