@@ -88,6 +88,18 @@ class AgentGroupAdamW(torch.optim.AdamW):
             self.param_groups = every
 
 
+def _leaf_types(model: MultiAgentLoRAModel, leaf: str) -> list[type]:
+    if leaf == "projection":
+        return list({type(layer) for _, layer in model.lora_layers})
+    names = set(getattr(model.base_model, "_no_split_modules", None) or ())
+    types = list({type(module) for module in model.base_model.modules()
+                  if type(module).__name__ in names})
+    if leaf != "layer" or not types:
+        raise ValueError(f"zero3 leaf={leaf!r}: must be 'projection' or 'layer' (a model that "
+                         f"names its decoder layers in _no_split_modules)")
+    return types
+
+
 def deepspeed_config(stage: int, live_elements: int | None = None) -> dict:
     """The engine's config: ZeRO ``stage``, no clipping or scaling of its own (the trainer
     clips per agent), fp32 reduction; stage 3: at most ``live_elements`` gathered at once and
@@ -126,8 +138,11 @@ class DeepSpeedStrategy:
     """
 
     def __init__(self, zero_stage: int, grad_sync: GradSync | None = None,
-                 live_elements: int | None = None) -> None:
+                 live_elements: int | None = None, leaf: str = "projection") -> None:
         self.zero_stage = zero_stage
+        self.leaf = leaf
+        """ZeRO-3: what is gathered as one ("projection": each adapted layer; "layer": each
+        decoder layer of the base, every projection and norm in it)."""
         self.live_elements = live_elements
         """ZeRO-3: the most elements gathered at once, prefetched and kept for reuse
         (``deepspeed_config``)."""
@@ -168,7 +183,7 @@ class DeepSpeedStrategy:
             # which agents a forward routes to then never changes the ranks' collectives.
             from deepspeed.utils import set_z3_leaf_modules
 
-            set_z3_leaf_modules(model, [type(layer) for _, layer in model.lora_layers])
+            set_z3_leaf_modules(model, _leaf_types(model, self.leaf))
         self.inner = AgentGroupAdamW([
             dict(params=self.params[agent.name], agent=agent.name, lr=agent.optim.lr,
                  betas=tuple(agent.optim.betas), eps=agent.optim.eps,

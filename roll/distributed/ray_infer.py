@@ -215,8 +215,14 @@ class RayInferGroup:
         return self.actors.get(refs, what, indices)
 
     # ------------------------------------------------------------------ InferenceEngine
-    def load_adapter(self, slot: str, tensors: dict, lora_config, version: int) -> None:
-        ref = ray.put(tensors)  # once, for every rank
+    takes_references = True
+    """``load_adapter`` takes an object reference in place of the tensors (``push_adapters``
+    sends rank 0's published copy: the tensors go from the train rank to the engines)."""
+
+    def load_adapter(self, slot: str, tensors: dict | ray.ObjectRef, lora_config,
+                     version: int) -> None:
+        # once, for every rank (a reference: already in the object store)
+        ref = tensors if isinstance(tensors, ray.ObjectRef) else ray.put(tensors)
         self._get([rank.load_adapter.remote(slot, ref, lora_config, version)
                    for rank in self.ranks], f"adapter load of {slot!r}")
         self._versions[slot] = version

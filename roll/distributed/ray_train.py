@@ -29,7 +29,7 @@ from roll.distributed.roles import (
     response_divergences,
     response_logprobs,
 )
-from roll.models import load_model
+from roll.models import load_model, resolve_dtype
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.strategy import TorchStrategy
@@ -164,6 +164,19 @@ class TrainRank:
         adapters = self.trainer.export_adapters(names)
         return adapters if self.rank == 0 else None
 
+    def publish_adapters(self, names: list[str]) -> dict | None:
+        """Agents ``names``' adapters put in the object store by rank 0 in the base's dtype,
+        the precision engines compute LoRA in (hf stacks and vLLM slots both cast to it;
+        casting here rounds as they would): what the engine actors fetch straight from rank
+        0, half the bytes of fp32 for a bf16 base. Every rank exports (under ZeRO-3 a
+        collective gather); only rank 0 answers, {name: reference}."""
+        adapters = self.trainer.export_adapters(names)
+        if self.rank != 0:
+            return None
+        dtype = resolve_dtype(self.spec.dtype)
+        return {name: ray.put({key: tensor.to(dtype) for key, tensor in tensors.items()})
+                for name, tensors in adapters.items()}
+
     def load(self, adapters: dict[str, dict[str, torch.Tensor]], state: dict | None) -> None:
         self.trainer.load_adapters(adapters)
         if state is not None:
@@ -211,6 +224,8 @@ class RayTrainGroup:
         self.world_size = world_size
         self.global_step = 0
         self._held: tuple[dict, int] | None = None
+        self._published: dict[str, tuple[int, ray.ObjectRef]] = {}
+        """agent -> (global step, rank 0's engine copy of its adapter in the object store)."""
         self.rows_per_rank: list[int] = []
         """Rows each rank ran forward/backward in the last step (their shares)."""
         self.pass_rows_per_rank: list[int] = []
@@ -224,9 +239,11 @@ class RayTrainGroup:
         """Where the ranks' process group rendezvoused: a free port on rank 0's node."""
         self._get([rank.join.remote(self.address) for rank in self.ranks], "start")
         self._get([rank.digest.remote() for rank in self.ranks], "start")
-        # The ranks' adapters are the truth: the pipeline's model may be a store without a base
-        # (its adapters zero until now), which the engines and checkpoints read.
-        self._pull_adapters(model.agent_names)
+        # A store without a base (roll.models.load_shape) has zeros where the ranks have the
+        # seeded initial adapters: it takes rank 0's (a loaded model has them already, or
+        # whatever was imported into it since, which load_state_dict pushes to the ranks).
+        if not model.holds_base:
+            self._pull_adapters(model.agent_names)
 
     @property
     def ranks(self) -> list:
@@ -331,12 +348,27 @@ class RayTrainGroup:
         return metrics
 
     def _pull_adapters(self, names: list[str]) -> None:
-        """Rank 0's adapters of agents ``names`` into the pipeline's model (every rank joins:
-        under ZeRO-3 exporting gathers)."""
-        adapters = self._get([rank.export_adapters.remote(names) for rank in self.ranks],
-                             "adapter export")[0]
-        for name, tensors in adapters.items():
-            self.model.import_adapter(name, tensors)
+        """After a step: rank 0 publishes agents ``names``' adapters for the engines
+        (``published_adapters``), and the pipeline's model takes them from the ranks when it
+        first reads them (checkpoints, snapshots, the magnet, HAPPO's hold), not every step.
+        Until then no train step can pass unseen: each one defers again, and an agent that
+        did not train keeps its tensors bitwise on the ranks."""
+        refs = self._get([rank.publish_adapters.remote(names) for rank in self.ranks],
+                         "adapter export")[0]
+        for name, ref in refs.items():
+            self._published[name] = (self.global_step, ref)
+            self.model.defer_import(name, lambda name=name: self._export([name])[name])
+
+    def _export(self, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Rank 0's adapters of ``names`` in fp32 (every rank joins: a ZeRO-3 gather)."""
+        return self._get([rank.export_adapters.remote(names) for rank in self.ranks],
+                         "adapter export")[0]
+
+    def published_adapters(self, version: int) -> dict[str, ray.ObjectRef]:
+        """Object references to rank 0's copies, in the engines' dtype, of the agents'
+        adapters at ``version`` (= ``global_step``): what engine actors fetch directly
+        (``push_adapters``), so the tensors never pass through the pipeline's process."""
+        return {name: ref for name, (step, ref) in self._published.items() if step == version}
 
     def hold(self) -> None:
         """The ranks remember their state; this side, the pipeline model's adapters."""
@@ -349,6 +381,7 @@ class RayTrainGroup:
         refused a step has failed the group, which is then closed)."""
         adapters, self.global_step = self._held
         self._held = None
+        self._published.clear()  # the engines take the rolled-back adapters from the store
         for name, tensors in adapters.items():
             self.model.import_adapter(name, tensors)
         if self.ranks:
@@ -362,6 +395,7 @@ class RayTrainGroup:
         return self._get([rank.state_dict.remote() for rank in self.ranks], "state export")[0]
 
     def load_state_dict(self, state: dict) -> None:
+        self._published.clear()  # resumed adapters reach the engines from the store
         adapters = {name: self.model.export_adapter(name) for name in self.model.agent_names}
         self._get([rank.load.remote(adapters, state) for rank in self.ranks], "resume")
         self.global_step = state["global_step"]
@@ -376,7 +410,10 @@ class RayTrainGroup:
         return self._get([rank.digest.remote() for rank in self.ranks], "digest")
 
     def close(self) -> None:
-        """Kill the ranks and free their placement group (idempotent)."""
+        """Bring the pipeline's model up to date, then kill the ranks and free their placement
+        group (idempotent)."""
+        if self.ranks:
+            self.model.import_deferred()  # rank 0's object store goes with it
         self.actors.close()
 
 
@@ -390,7 +427,8 @@ class RayCritics:
     def __init__(self, local: Critics, group: RayTrainGroup) -> None:
         self.local, self.group = local, group
         self._metrics: dict[str, float] | None = None
-        self.local.load_tensors(group.critic_tensors())  # the pipeline's may hold no base
+        if not local.model.holds_base:  # a store's critics are zeros: take rank 0's
+            self.local.load_tensors(group.critic_tensors())
 
     @property
     def names(self) -> list[str]:

@@ -114,6 +114,11 @@ class TrainGroup(Protocol):
         """Optimizers, schedulers, step counter (adapters are saved from the model)."""
         ...
 
+    def published_adapters(self, version: int) -> dict:
+        """Agent -> an object reference to the train role's own copy of its adapter at
+        ``version``, for engine actors to fetch directly (Ray); {} when there is none."""
+        ...
+
     def load_state_dict(self, state: dict) -> None:
         """Resume: the pipeline's model already holds the checkpoint's adapters."""
         ...
@@ -186,6 +191,10 @@ class LocalTrainGroup(MultiAgentTrainer):
                         temperature: float) -> Tensor:
         return choice_logprobs_under(self, batch, adapters, temperature)
 
+    def published_adapters(self, version: int) -> dict:
+        """Nothing is published: engines take the tensors from this very model."""
+        return {}
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -195,11 +204,18 @@ def push_adapters(
     model: MultiAgentLoRAModel,
     version: int,
     agents: list[str] | None = None,
+    published: dict | None = None,
 ) -> None:
     """Sync agents' adapters from the trainer's model into same-named engine slots.
 
     Only adapter tensors travel (DESIGN.md invariant 3); afterwards
-    ``engine.adapter_version(name) == version`` for each synced agent.
+    ``engine.adapter_version(name) == version`` for each synced agent. ``published``: agent ->
+    object reference to the train role's own copy at ``version`` (``TrainGroup.
+    published_adapters``), sent instead of the model's tensors to engines that fetch
+    references themselves (``takes_references``: engine actors).
     """
+    by_reference = published if published and getattr(engine, "takes_references", False) else {}
     for name in agents if agents is not None else model.agent_names:
-        engine.load_adapter(name, model.export_adapter(name), model.peft_config(name), version)
+        tensors = by_reference.get(name)
+        engine.load_adapter(name, model.export_adapter(name) if tensors is None else tensors,
+                            model.peft_config(name), version)

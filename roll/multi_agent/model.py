@@ -28,7 +28,7 @@ import hashlib
 import inspect
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -97,6 +97,8 @@ class MultiAgentLoRAModel(nn.Module):
         for param in base_model.parameters():
             param.requires_grad_(False)
         self.agent_names: list[str] = [agent.name for agent in agents]
+        self._deferred: dict[str, Callable[[], dict[str, Tensor]]] = {}
+        """agent -> where its newer tensors come from, imported at their first read."""
         self.critic_names: list[str] = [critic.name for critic in critics]
         """Adapters of value models (roll/multi_agent/critics.py): in the same PEFT model, never
         synced to an engine."""
@@ -249,6 +251,9 @@ class MultiAgentLoRAModel(nn.Module):
         (``critic_names``) are accepted too.
         """
         self._check_adapter(name)
+        fetch = self._deferred.pop(name, None)
+        if fetch is not None:
+            self.import_adapter(name, fetch())
         for path, layer in self.lora_layers:
             for container_name in layer.adapter_layer_names:
                 container = getattr(layer, container_name, None)
@@ -494,6 +499,7 @@ class MultiAgentLoRAModel(nn.Module):
     @torch.no_grad()
     def import_adapter(self, name: str, tensors: dict[str, Tensor]) -> None:
         """Overwrite one agent's adapter with tensors from export_adapter (or a PEFT file)."""
+        self._deferred.pop(name, None)  # these are newer
         params = dict(self.named_agent_tensors(name))
         if set(tensors) != set(params):
             missing = sorted(set(params) - set(tensors))[:3]
@@ -509,6 +515,19 @@ class MultiAgentLoRAModel(nn.Module):
                     f"{tuple(tensors[key].shape)}, expected {tuple(param.shape)}"
                 )
             param.copy_(tensors[key].to(device=param.device, dtype=param.dtype))
+
+    def defer_import(self, name: str, fetch: Callable[[], dict[str, Tensor]]) -> None:
+        """Agent ``name``'s adapter is now ``fetch()``'s tensors (``export_adapter``'s
+        format), imported when something first reads the agent's tensors (export, save,
+        parameters): a copy that changes every step but is read only at checkpoints (a Ray
+        controller's store) then moves only when read."""
+        self._check_adapter(name)
+        self._deferred[name] = fetch
+
+    def import_deferred(self) -> None:
+        """Import every deferred adapter now (before its source goes away)."""
+        for name in list(self._deferred):
+            self.import_adapter(name, self._deferred.pop(name)())
 
     def peft_config(self, name: str):
         """The PEFT LoraConfig of one agent (or critic)."""

@@ -253,7 +253,8 @@ class AgenticPipeline:
         version = self.trainer.global_step
         stale = [name for name in self.agent_names if self.engine.adapter_version(name) != version]
         if stale:
-            push_adapters(self.engine, self.model, version, stale)
+            push_adapters(self.engine, self.model, version, stale,
+                          self.trainer.published_adapters(version))
         for name in stale:
             if self.engine.adapter_version(name) != version:
                 raise RuntimeError(f"engine did not take agent {name!r} version {version}")

@@ -18,6 +18,7 @@ from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.builders import hf_compile, hf_engine_for
 from roll.pipeline.cli import CLIError, load_config
 from roll.utils.checkpoint import latest_checkpoint
+from tests.inference.helpers import perturb
 from tests.multi_agent.helpers import make_team
 
 from .helpers import checkpoint_adapters
@@ -279,3 +280,53 @@ def test_colocation_settings_are_checked(tmp_path):
     assert (train_gpus_per_rank(cfg), infer_gpus_per_engine(cfg)) == (0.5, 0.5)
     cfg.actor_infer.colocate = False
     assert (train_gpus_per_rank(cfg), infer_gpus_per_engine(cfg)) == (1.0, 1.0)
+
+
+def test_engine_actors_fetch_rank_zeros_adapters_in_the_base_dtype(ray_cluster, tiny_model_path,
+                                                                    monkeypatch):
+    """After a step rank 0 publishes each agent's adapter twice: fp32 for the pipeline's copy
+    (checkpoints) and in the base's dtype (bf16 here) for the engines, which fetch it by
+    reference; the actors then serve what an in-process engine given the fp32 copy serves
+    (the engine casts to the base's dtype either way)."""
+    from roll.distributed.ray_train import RayTrainGroup
+    from roll.models import load_model, load_shape
+    from roll.multi_agent.model import MultiAgentLoRAModel
+
+    team, agents = make_team(tiny_model_path, [AgentConfig("a"), AgentConfig("b")])
+    for index, name in enumerate(team.agent_names):
+        perturb(team, name, seed=200 + index)
+    trained = {name: team.export_adapter(name) for name in team.agent_names}
+    spec = TrainSpec(model_path=str(tiny_model_path), dtype="bfloat16", device="cpu",
+                     agents=tuple(agents), trainer=TrainerConfig(), seed=0, temperature=1.0)
+    store = MultiAgentLoRAModel(load_shape(tiny_model_path, "bfloat16"), agents, seed=0)
+    group = RayTrainGroup(spec, store, 1, cpus_per_rank=0.5)
+    engines = RayInferGroup(spec, 1, EngineSpec("hf", {"max_batch_size": 8}), cpus_per_engine=0.5)
+    try:
+        group._get([rank.load.remote(trained, None) for rank in group.ranks], "load")
+        group._pull_adapters(team.agent_names)  # what a train step ends with
+        published = group.published_adapters(group.global_step)
+        assert sorted(published) == ["a", "b"] and group.published_adapters(7) == {}
+        for name in team.agent_names:
+            assert all(torch.equal(store.export_adapter(name)[key], value)  # fp32, exact
+                       for key, value in trained[name].items())
+            sent = ray_cluster.get(published[name])
+            assert all(sent[key].dtype == torch.bfloat16 and torch.equal(
+                sent[key], value.to(torch.bfloat16)) for key, value in trained[name].items())
+        received = []
+        load = engines.load_adapter
+        monkeypatch.setattr(engines, "load_adapter", lambda slot, tensors, *rest: (
+            received.append(type(tensors).__name__), load(slot, tensors, *rest))[1])
+        push_adapters(engines, store, 1, published=group.published_adapters(0))
+        assert received == ["ObjectRef", "ObjectRef"]  # never through this process
+        local_team = MultiAgentLoRAModel(load_model(tiny_model_path, dtype="bfloat16"), agents)
+        for name in team.agent_names:
+            local_team.import_adapter(name, trained[name])
+        local = hf_engine_for(local_team, load_tokenizer(tiny_model_path), max_batch_size=8)
+        push_adapters(local, local_team, version=1)
+        batch = requests(tiny_model_path, 6)
+        remote, alone = engines.generate(batch), local.generate(batch)
+        assert [o.token_ids for o in remote] == [o.token_ids for o in alone]
+        assert len({tuple(o.token_ids) for o in remote[:3]}) == 3  # a, b and the base differ
+    finally:
+        engines.close()
+        group.close()

@@ -169,3 +169,34 @@ def test_a_team_on_the_base_shape_stores_adapters_only(tiny_model_path, tmp_path
     tensors = held.export_tensors()
     assert tensors and all(value.device.type == "cpu" for per_critic in tensors.values()
                            for part in per_critic.values() for value in part.values())
+
+
+def test_a_deferred_adapter_is_imported_at_its_first_read_and_only_then(tiny_model_path,
+                                                                        tmp_path):
+    """defer_import (a Ray controller's store after each step): the tensors arrive when the
+    agent is first read — export, save, parameters — once; an import in between wins."""
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    before = team.export_adapter("alice")
+    newer = {key: value + 1.0 for key, value in before.items()}
+    calls = []
+    team.defer_import("alice", lambda: calls.append("alice") or newer)
+    bob = team.export_adapter("bob")  # another agent's read fetches nothing
+    assert calls == []
+    folder = team.save_agent("alice", tmp_path / "alice")
+    assert calls == ["alice"]
+    team.load_agent("bob", team.save_agent("bob", tmp_path / "bob"))
+    assert all(torch.equal(value, newer[key])
+               for key, value in team.export_adapter("alice").items())
+    assert calls == ["alice"]  # once
+    stock = PeftModel.from_pretrained(load_model(tiny_model_path), folder)
+    saved = {key: value for key, value in stock.state_dict().items() if "lora_" in key}
+    assert saved and all(float(value.abs().max()) > 0 for key, value in saved.items()
+                         if "lora_B" in key)  # B was zero before: the newer tensors were saved
+    team.defer_import("bob", lambda: calls.append("bob") or newer)
+    team.import_adapter("bob", bob)  # newer than the deferred ones: they are never fetched
+    team.defer_import("alice", lambda: calls.append("alice2") or before)
+    team.import_deferred()
+    assert calls == ["alice", "alice2"]
+    assert all(torch.equal(value, bob[key]) for key, value in team.export_adapter("bob").items())
+    assert all(torch.equal(value, before[key])
+               for key, value in team.export_adapter("alice").items())
