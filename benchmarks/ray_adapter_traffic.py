@@ -11,7 +11,8 @@ the 2-GPU pipeline runs showed costing more than the rollout saves (benchmarks/R
 "Multi-GPU pipeline steps"). Timed here, apart from any training: ``pull`` (rank 0 exports,
 the store takes them) and ``push`` (to ``--engines`` hf engine actors), median of ``--steps``
 after one warm-up, then one read of the store (``fetch_store``: what a checkpoint costs extra
-now that the store fetches rank 0's fp32 copy only when read). Prints one JSON object; writes $OUT/ray_adapter_traffic.json when OUT is set.
+now that the store fetches rank 0's fp32 copy only when read). Prints one JSON object; writes
+$OUT/ray_adapter_traffic.json when OUT is set.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
         strategy = DeepSpeedStrategy(args.zero_stage, TorchDistributedSync(), args.live,
-                                     args.leaf)
+                                     args.gather)
     else:
         strategy = TorchStrategy(TorchDistributedSync() if world_size > 1 else None)
     trainer = MultiAgentTrainer(model, agents, config, strategy=strategy)
@@ -134,7 +134,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         base_bytes = base_elements * (4 if args.tiny else 2)
         results.put({"world_size": world_size, "strategy": args.strategy,
                      "zero_stage": args.zero_stage if args.strategy == "deepspeed" else None,
-                     "leaf": args.leaf if args.strategy == "deepspeed" else None,
+                     "gather": args.gather if args.strategy == "deepspeed" else None,
                      "live": args.live,
                      "resident_params_rank0": resident, "rows_per_rank": args.rows,
                      "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
@@ -166,8 +166,8 @@ def main() -> None:
                         help="the base's shape (random bf16 weights); 'large' (48.4 B parameters, "
                              "96.9 GB in bf16) does not fit one 80 GB GPU: use it with "
                              "--strategy deepspeed --zero_stage 3 on 2+ GPUs")
-    parser.add_argument("--leaf", default="projection", choices=["projection", "layer"],
-                        help="ZeRO-3: what is gathered as one (DeepSpeedStrategy.leaf)")
+    parser.add_argument("--gather", default="layer", choices=["layer", "projection"],
+                        help="ZeRO-3: what is gathered whole (actor_train.zero3_gather)")
     parser.add_argument("--live", type=int, default=None,
                         help="ZeRO-3: actor_train.zero3_live_elements (default: DeepSpeed's)")
     args = parser.parse_args()

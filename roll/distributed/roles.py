@@ -50,6 +50,8 @@ class TrainSpec:
     """ZeRO stage of the 'deepspeed' strategy (2 or 3)."""
     zero3_live_elements: int | None = None
     """ZeRO-3: the most elements gathered at once and prefetched (``actor_train.*``)."""
+    zero3_gather: str = "layer"
+    """ZeRO-3: what is gathered whole at once, 'layer' or 'projection' (``actor_train.*``)."""
     tf32: bool = True
     """On CUDA, float32 matmuls use TensorFloat-32 (``model.tf32``)."""
     critic: CriticConfig | None = None

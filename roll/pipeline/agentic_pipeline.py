@@ -143,6 +143,7 @@ class AgenticPipeline:
             temperature=self.policy_temperature,
             strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
             zero3_live_elements=cfg.actor_train.zero3_live_elements,
+            zero3_gather=cfg.actor_train.zero3_gather,
             critic=cfg.critic if critics else None,
         )
         self.shared_bundles = build_shared_bundles(cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from roll.distributed.deepspeed_strategy import ZERO_STAGES
+from roll.distributed.deepspeed_strategy import ZERO3_GATHERS, ZERO_STAGES
 from roll.errors import ConfigError, require_int
 from roll.pipeline.config import PipelineConfig
 
@@ -41,6 +41,9 @@ def check_cluster(cfg: PipelineConfig) -> None:
                 raise ConfigError("team.optim.name", agent.optim.name,
                                   f"(agent {agent.name!r}): actor_train.strategy=deepspeed "
                                   "steps the adapters with its AdamW only")
+    if train.zero3_gather not in ZERO3_GATHERS:
+        raise ConfigError("actor_train.zero3_gather", train.zero3_gather,
+                          f"must be one of {list(ZERO3_GATHERS)}")
     if train.zero3_live_elements is not None:
         if train.strategy != "deepspeed" or train.zero_stage != 3:
             raise ConfigError("actor_train.zero3_live_elements", train.zero3_live_elements,

@@ -43,7 +43,8 @@ LIVE = 20_000
 would keep this whole tiny model gathered through a step)."""
 STRATEGIES = [pytest.param(("torch", 2), id="torch"),
               pytest.param(("deepspeed", 2), id="zero2"),
-              pytest.param(("deepspeed", 3), id="zero3")]
+              pytest.param(("deepspeed", 3, "projection"), id="zero3"),
+              pytest.param(("deepspeed", 3, "layer"), id="zero3_layer")]
 
 
 @pytest.fixture
@@ -56,7 +57,8 @@ def spec_and_team(tiny_model_path):
         spec = TrainSpec(model_path=str(tiny_model_path), dtype="float32", device="cpu",
                          agents=tuple(agents), trainer=TRAINER, seed=0, temperature=1.0,
                          strategy=strategy[0], zero_stage=strategy[1], measure_resident=True,
-                         zero3_live_elements=LIVE if strategy[1] == 3 else None)
+                         zero3_live_elements=LIVE if strategy[1] == 3 else None,
+                         zero3_gather=strategy[2] if len(strategy) > 2 else "layer")
         return spec, model, agents
     return build
 
@@ -106,7 +108,17 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
     assert float(expected.abs().sum()) > 0 and passed.ref_logprobs is None  # kl_coef 0
 
     whole = sum(param.numel() for param in driver_model.parameters())
-    if strategy == ("deepspeed", 3):
+    if strategy == ("deepspeed", 3, "layer"):
+        # Gathered a decoder layer at a time (its base weights and every agent's A/B): at
+        # most the half, one layer and the next one prefetched, and the embedding.
+        layers = driver_model.base_model.model.layers
+        layer = max(sum(param.numel() for param in module.parameters()) for module in layers)
+        embedding = driver_model.base_model.get_input_embeddings().weight.numel()
+        for held in resident:
+            assert 0.45 * whole < held["held"] < 0.55 * whole, (resident, whole)
+            assert held["load_peak"] <= 0.55 * whole + embedding < whole, resident
+            assert held["peak"] <= 0.55 * whole + 2 * layer + embedding, (resident, layer)
+    elif strategy[:2] == ("deepspeed", 3):
         # Each rank holds its half of base and adapters at rest. It never held the whole base,
         # neither while loading nor while stepping: at most its half plus one module gathered
         # whole (here the embedding, a third of this tiny model) and what ZeRO keeps live

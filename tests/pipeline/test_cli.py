@@ -99,6 +99,8 @@ BAD = [
     (["actor_train.zero3_live_elements=0", "actor_train.strategy=deepspeed",
       "actor_train.zero_stage=3", "cluster.backend=ray"],
      ("actor_train.zero3_live_elements=0", ">= 1")),
+    (["actor_train.zero3_gather=block"],
+     ("actor_train.zero3_gather='block'", "['layer', 'projection']")),
     # Refused before any model loads (they used to fail after it):
     (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
     (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",
