@@ -15,11 +15,9 @@ training mini-batch, and is active only inside ``training_forward`` — never in
 old-log-prob or reference passes. The base model is kept in eval mode throughout (its own
 dropout, if any, stays off, as in verl and OpenRLHF for RL fine-tuning).
 
-Adapters without a base. Built on a base whose weights are on the meta device
-(``roll.models.load_shape``), the model holds only its adapters' tensors, on CPU and zero until
-imported (``holds_base`` is False): the store of a controller whose forwards all run elsewhere
-(Ray train ranks and engine actors). Everything but the forwards works on it: export, import,
-save, load, configs.
+Adapters without a base: on a base whose weights are on the meta device (``load_shape``)
+the model holds only its adapters, on CPU (``holds_base`` False; shape_only.py): a Ray
+controller's store. Everything but the forwards works on it.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
 from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
 from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.shape_only import adapters_on_cpu
 from roll.multi_agent.team_factors import layout_warning_ignored
 
 
@@ -125,37 +124,15 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = ("logits_to_keep"
                                       in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
-        self.holds_base = not any(param.is_meta for param in base_model.parameters())
-        """False: the base is a shape on the meta device and only the adapters hold tensors."""
+        self.holds_base = not any(p.is_meta for p in base_model.parameters())  # shape_only.py
         if not self.holds_base:
-            self._adapters_on_cpu()
+            adapters_on_cpu(self.lora_layers)
         self.set_active_agent(self.agent_names[0])
         self._all_trainable()  # PEFT's add_adapter left the later adapters frozen
 
-    @torch.no_grad()
-    def _adapters_on_cpu(self) -> None:
-        """A shape-only base: PEFT put every adapter tensor on the meta device beside it; give
-        them CPU storage, zero until the real tensors are imported."""
-        for _, layer in self.lora_layers:
-            for container_name in layer.adapter_layer_names:
-                container = getattr(layer, container_name, None)
-                if container is None:
-                    continue
-                for name in list(container):
-                    entry = container[name]
-                    if isinstance(entry, nn.Parameter):
-                        container[name] = nn.Parameter(
-                            torch.zeros(entry.shape, dtype=entry.dtype),
-                            requires_grad=entry.requires_grad)
-                    else:
-                        entry.to_empty(device="cpu")
-                        for param in entry.parameters():
-                            param.zero_()
-
     @property
     def tensor_device(self) -> torch.device:
-        """Where this model's trainable tensors live: the base's device, or CPU when the base
-        is only a shape (``holds_base`` False)."""
+        """Where the trainable tensors live: the base's device, or CPU for a shape-only base."""
         weight = self.base_model.get_input_embeddings().weight
         return weight.device if self.holds_base else torch.device("cpu")
 
@@ -209,39 +186,10 @@ class MultiAgentLoRAModel(nn.Module):
         """This agent's adapter tensors (and nothing else), in a stable order."""
         return [param for _, param in self.named_agent_tensors(name)]
 
-    # ------------------------------------------------------------------ what optimizers step
-    def _factors_of(self, name: str):
-        """The team buffer holding agent ``name``'s factors (team_factors.py), or None."""
-        factors = self._team_factors
-        return factors if factors is not None and name in factors.agent_names else None
-
     @property
     def _team_factors(self):
+        """The team buffer of ``trainer.compile`` (team_factors.py), or None."""
         return self._compiled.factors if self._compiled is not None else None
-
-    def optimizer_parameters(self, name: str) -> list[Tensor]:
-        """The tensors agent ``name``'s optimizer steps: its adapter tensors, or with
-        ``trainer.compile`` its row of the team's buffer (team_factors.py) and the rest."""
-        factors, params = self._factors_of(name), self.agent_parameters(name)
-        return params if factors is None else factors.optimizer_parameters(name, params)
-
-    def agent_gradients(self, name: str) -> list[Tensor | None]:
-        """The gradient of each of ``agent_parameters(name)``, wherever its optimizer holds it."""
-        factors, params = self._factors_of(name), self.agent_parameters(name)
-        return [p.grad for p in params] if factors is None else factors.gradients(name, params)
-
-    def portable_optimizer_state(self, name: str, state: dict) -> dict:
-        """Agent ``name``'s optimizer ``state_dict`` with one entry per adapter tensor (the
-        checkpoint format, whatever tensors the optimizer steps)."""
-        factors = self._factors_of(name)
-        return state if factors is None else factors.portable_state(
-            name, self.agent_parameters(name), state)
-
-    def native_optimizer_state(self, name: str, state: dict) -> dict:
-        """Inverse of ``portable_optimizer_state`` (for ``load_state_dict``)."""
-        factors = self._factors_of(name)
-        return state if factors is None else factors.native_state(
-            name, self.agent_parameters(name), state)
 
     def named_agent_tensors(self, name: str) -> Iterator[tuple[str, nn.Parameter]]:
         """(PEFT on-disk key, tensor) of each of this agent's adapter tensors, module order.
@@ -287,7 +235,8 @@ class MultiAgentLoRAModel(nn.Module):
         Every agent's tensors are made trainable on entry: PEFT's own ``set_adapter`` and
         ``disable_adapter`` (which code holding ``peft_model`` may call) leave only the active
         adapter trainable, and a mixed forward would then give the others no gradient.
-        On exit every agent's gradients are on its optimizer's tensors (``optimizer_parameters``;
+        On exit every agent's gradients are on its optimizer's tensors (team_factors.py's
+        ``optimizer_parameters``;
         the compiled path accumulates them in the team's buffer meanwhile: team_factors.py).
         """
         self._all_trainable()

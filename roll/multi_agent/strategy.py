@@ -27,6 +27,11 @@ from torch import Tensor
 from roll.multi_agent.config import AgentConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
+from roll.multi_agent.team_factors import (
+    native_optimizer_state,
+    optimizer_parameters,
+    portable_optimizer_state,
+)
 
 
 class GradSync(Protocol):
@@ -126,8 +131,8 @@ class TrainStrategy(Protocol):
 
 class TorchStrategy:
     """Plain torch: per agent its optimizer (``optim.build_optimizer``) over the tensors the
-    model says it steps (``optimizer_parameters``) and its LambdaLR; gradients summed over
-    ``grad_sync``'s ranks by hand (one flat all-reduce per round)."""
+    model says it steps (``team_factors.optimizer_parameters``) and its LambdaLR; gradients
+    summed over ``grad_sync``'s ranks by hand (one flat all-reduce per round)."""
 
     def __init__(self, grad_sync: GradSync | None = None) -> None:
         self.grad_sync = grad_sync
@@ -141,7 +146,7 @@ class TorchStrategy:
         self.model = model
         for agent in agents:
             optimizer = (optimizers[agent.name] if optimizers is not None else
-                         build_optimizer(model.optimizer_parameters(agent.name), agent.optim))
+                         build_optimizer(optimizer_parameters(model, agent.name), agent.optim))
             self.optimizers[agent.name] = optimizer
             self.schedulers[agent.name] = schedule(optimizer, agent.optim)
 
@@ -184,7 +189,7 @@ class TorchStrategy:
 
     def state_dict(self) -> dict:
         return {
-            "optimizers": {name: self.model.portable_optimizer_state(name, opt.state_dict())
+            "optimizers": {name: portable_optimizer_state(self.model, name, opt.state_dict())
                            for name, opt in self.optimizers.items()},
             "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
         }
@@ -192,7 +197,7 @@ class TorchStrategy:
     def load_state_dict(self, state: dict) -> None:
         for name in self.optimizers:
             self.optimizers[name].load_state_dict(
-                self.model.native_optimizer_state(name, state["optimizers"][name]))
+                native_optimizer_state(self.model, name, state["optimizers"][name]))
             self.schedulers[name].load_state_dict(state["schedulers"][name])
 
     def snapshot(self, names: list[str]) -> dict:

@@ -227,3 +227,41 @@ def _cut(value: Tensor, start: int, stop: int, shape: torch.Size) -> Tensor:
     if value.dim() == 0:
         return value.clone()
     return value[start:stop].view(shape).clone()
+
+
+# ---------------------------------------------------------------- what an agent's optimizer steps
+# Functions of a MultiAgentLoRAModel (``model``): its adapter tensors, or with trainer.compile
+# its row of the team's buffer, whichever the agent's optimizer holds.
+
+def _factors_of(model, name: str):
+    factors = model._team_factors
+    return factors if factors is not None and name in factors.agent_names else None
+
+
+def optimizer_parameters(model, name: str) -> list[Tensor]:
+    """The tensors agent ``name``'s optimizer steps: its adapter tensors, or with
+    ``trainer.compile`` its row of the team's buffer and the rest."""
+    factors, params = _factors_of(model, name), model.agent_parameters(name)
+    return params if factors is None else factors.optimizer_parameters(name, params)
+
+
+def agent_gradients(model, name: str) -> list[Tensor | None]:
+    """The gradient of each of ``model.agent_parameters(name)``, wherever its optimizer
+    holds it."""
+    factors, params = _factors_of(model, name), model.agent_parameters(name)
+    return [p.grad for p in params] if factors is None else factors.gradients(name, params)
+
+
+def portable_optimizer_state(model, name: str, state: dict) -> dict:
+    """Agent ``name``'s optimizer ``state_dict`` with one entry per adapter tensor (the
+    checkpoint format, whatever tensors the optimizer steps)."""
+    factors = _factors_of(model, name)
+    return state if factors is None else factors.portable_state(
+        name, model.agent_parameters(name), state)
+
+
+def native_optimizer_state(model, name: str, state: dict) -> dict:
+    """Inverse of ``portable_optimizer_state`` (for ``load_state_dict``)."""
+    factors = _factors_of(model, name)
+    return state if factors is None else factors.native_state(
+        name, model.agent_parameters(name), state)

@@ -20,8 +20,7 @@ take adapters), pushing only the agents whose engine slot is not at the trainer'
 serves exactly that version of every trained agent, so a skipped sync fails loudly.
 
 In Ray mode with engine actors or a vLLM engine this process loads no weights: its model is the
-base's shape plus the agents' adapter tensors (``builders.controller_holds_base``), updated from
-the train ranks, which run every forward; it only syncs them to the engines and checkpoints them.
+base's shape plus the agents' adapters, read from the train ranks (``controller_holds_base``).
 """
 
 from __future__ import annotations
@@ -41,10 +40,10 @@ from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, 
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import RunningBaselines
 from roll.algorithms.losses import kl_per_token
-from roll.distributed.roles import TrainGroup, TrainSpec, push_adapters
+from roll.distributed.roles import TrainGroup, push_adapters
 from roll.errors import RoleFailed
 from roll.inference.base import SamplingParams
-from roll.models import load_model, load_shape, load_tokenizer
+from roll.models import load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.builders import (
@@ -55,8 +54,10 @@ from roll.pipeline.builders import (
     controller_holds_base,
     critics_where_trained,
     engine_reports_policy_logprobs,
+    load_base,
     model_path,
     start_ray,
+    train_spec,
 )
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
@@ -111,17 +112,14 @@ class AgenticPipeline:
         holds_base = controller_holds_base(cfg)
         self.device = cfg.model.device if holds_base else "cpu"
         """Where this process keeps batches and adapters (CPU when it holds no base)."""
-        with stage(f"loading the model ({cfg.model.path} on {cfg.model.device})" if holds_base
-                   else f"reading the model's shape ({cfg.model.path}; its weights load on "
-                        "the train ranks and engines)"):
+        with stage(f"loading the model ({cfg.model.path} on {self.device})" if holds_base
+                   else f"reading the model's shape ({cfg.model.path}; no weights here)"):
             path = model_path(cfg)
             self.tokenizer = load_tokenizer(path)
             # A first prompt that cannot fit would cut every episode: refused before the load.
             check_first_prompts(cfg, self.env_setup, self.train_seatings, self.tokenizer,
                                 env_factory, render)
-            base = (load_model(path, dtype=cfg.model.dtype, device=cfg.model.device,
-                               tf32=cfg.model.tf32) if holds_base
-                    else load_shape(path, cfg.model.dtype))
+            base = load_base(cfg, path)
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
         self.critics = Critics(cfg.critic, self.model, critics) if critics else None
@@ -136,16 +134,7 @@ class AgenticPipeline:
         # rollouts have none; their log-probs are taken at 1).
         self.policy_temperature = cfg.rollout.sampling.temperature or 1.0
         self.engine_logprobs_comparable = engine_reports_policy_logprobs(cfg)
-        spec = TrainSpec(
-            model_path=str(path), dtype=cfg.model.dtype, tf32=cfg.model.tf32,
-            device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
-            agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed,
-            temperature=self.policy_temperature,
-            strategy=cfg.actor_train.strategy, zero_stage=cfg.actor_train.zero_stage,
-            zero3_live_elements=cfg.actor_train.zero3_live_elements,
-            zero3_gather=cfg.actor_train.zero3_gather,
-            critic=cfg.critic if critics else None,
-        )
+        spec = train_spec(cfg, path, agents, self.policy_temperature, bool(critics))
         self.shared_bundles = build_shared_bundles(cfg)
         """actor_infer.colocate: the placement group whose bundle i holds train rank i and
         engine i; None otherwise."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
+from roll.models import load_model, load_shape
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.critics import Critics
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -42,6 +43,29 @@ def controller_holds_base(cfg: PipelineConfig) -> bool:
     from the train ranks after their steps."""
     return (cfg.cluster.backend != "ray"
             or (cfg.rollout.engine == "hf" and not cfg.actor_infer.num_engines))
+
+
+def load_base(cfg: PipelineConfig, path):
+    """The base in the pipeline's process: loaded on ``model.device``, or only its shape
+    (meta device, no weights) where ``controller_holds_base`` says no forward runs here."""
+    if controller_holds_base(cfg):
+        return load_model(path, dtype=cfg.model.dtype, device=cfg.model.device,
+                          tf32=cfg.model.tf32)
+    return load_shape(path, cfg.model.dtype)
+
+
+def train_spec(cfg: PipelineConfig, path, agents, temperature: float,
+               with_critics: bool) -> TrainSpec:
+    """What each train rank needs to build the team and its trainer by itself."""
+    train = cfg.actor_train
+    return TrainSpec(
+        model_path=str(path), dtype=cfg.model.dtype, tf32=cfg.model.tf32,
+        device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
+        agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed, temperature=temperature,
+        strategy=train.strategy, zero_stage=train.zero_stage,
+        zero3_live_elements=train.zero3_live_elements, zero3_gather=train.zero3_gather,
+        critic=cfg.critic if with_critics else None,
+    )
 
 
 def build_shared_bundles(cfg: PipelineConfig):

@@ -17,6 +17,7 @@ import torch
 
 from roll.multi_agent.compiled import compile_count, decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.team_factors import agent_gradients
 from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
 
 from .helpers import make_rows, make_team
@@ -58,7 +59,7 @@ def _passes(model, trainer, batch):
     trainer._backward(batch, minis, sums)
     # an agent without rows: no gradient (eager) or exact zeros (compiled, the team buffer)
     grads = {name: [torch.zeros(param.shape) if grad is None else grad.clone()
-                    for grad, param in zip(model.agent_gradients(name),
+                    for grad, param in zip(agent_gradients(model, name),
                                            model.agent_parameters(name), strict=True)]
              for name in model.agent_names}
     for optimizer in trainer.optimizers.values():
@@ -230,7 +231,7 @@ def test_team_buffer_is_the_agents_own_memory_and_checkpoints_stay_portable(tiny
         assert any(not torch.equal(got[key], start[name][key]) for key in got), name
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6, msg=key)
-        assert all(grad is None for grad in model.agent_gradients(name))
+        assert all(grad is None for grad in agent_gradients(model, name))
 
     # The checkpoint format: one optimizer entry per PEFT tensor, equal to the eager run's.
     saved, want = trainer.state_dict(), eager_trainer.state_dict()
@@ -295,7 +296,7 @@ def test_a_nan_in_one_agents_rows_is_blamed_on_that_agent_alone(tiny_model_path)
     minis = {name: (batch.agent_id == i).nonzero().squeeze(-1)
              for i, name in enumerate(model.agent_names)}
     trainer._backward(batch, minis, {name: dict.fromkeys(METRIC_PARTS, 0.0) for name in minis})
-    finite = {name: all(bool(torch.isfinite(g).all()) for g in model.agent_gradients(name))
+    finite = {name: all(bool(torch.isfinite(g).all()) for g in agent_gradients(model, name))
               for name in model.agent_names}
     assert finite == {"alice": True, "bob": False, "carol": True}
 
