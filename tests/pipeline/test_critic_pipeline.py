@@ -175,7 +175,7 @@ def test_a_first_prompt_longer_than_the_limit_is_refused_before_the_model_loads(
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(module, "load_model", no_model)
+    monkeypatch.setattr(module, "load_base", no_model)
     cfg = _config(tmp_path, mode="none", estimator="grpo")
     cfg = replace(cfg, rollout=replace(cfg.rollout, max_prompt_tokens=8))
     with pytest.raises(ConfigError, match=r"rollout.max_prompt_tokens=8: the first prompt of an "
