@@ -132,6 +132,7 @@ def test_row_routing_skips_layers_only_critics_adapt(tiny_model_path):
         assert (id(layer.base_layer) in hooked) == path.endswith("q_proj"), path
 
 
+@pytest.mark.slow  # the full CI runs it; ~7 s of compiling (quick subset < 3 min)
 def test_row_routing_with_uneven_ranks_targets_and_interleaved_rows(tiny_model_path):
     """Agents of different ranks and target modules (zero-padded stacked factors), rows of one
     agent in several runs, in no order: log-probs and every agent's
@@ -193,6 +194,7 @@ def test_a_second_compiled_team_on_one_base_needs_the_first_disabled(tiny_model_
     assert torch.isfinite(logprobs).all()
 
 
+@pytest.mark.slow  # the full CI runs it; ~7 s of compiling (quick subset < 3 min)
 def test_team_buffer_is_the_agents_own_memory_and_checkpoints_stay_portable(tiny_model_path,
                                                                            tmp_path):
     """Agents of one rank keep their factors in one team buffer (team_factors.py): each
@@ -277,6 +279,7 @@ def test_team_buffer_is_the_agents_own_memory_and_checkpoints_stay_portable(tiny
     assert len(pointers) == 2
 
 
+@pytest.mark.slow  # the full CI runs it; ~7 s of compiling (quick subset < 3 min)
 def test_a_nan_in_one_agents_rows_is_blamed_on_that_agent_alone(tiny_model_path):
     """Compiled routing keeps a NaN in its own agent's gradient: bob's NaN advantages refuse the
     step naming bob, and alice's and carol's gradients stay finite (a one-hot matmul's
@@ -301,6 +304,7 @@ def test_a_nan_in_one_agents_rows_is_blamed_on_that_agent_alone(tiny_model_path)
     assert finite == {"alice": True, "bob": False, "carol": True}
 
 
+@pytest.mark.slow  # the full CI runs it; ~7 s of compiling (quick subset < 3 min)
 def test_compiled_layers_keep_compiling_past_torchs_recompile_limit(tiny_model_path,
                                                                      monkeypatch):
     # torch's own limit of compiled variants per code object, lowered to 1: the trainer's
