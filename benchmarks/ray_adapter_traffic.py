@@ -29,10 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from pipeline_step import SHAPE_06B  # noqa: E402
 from report import emit  # noqa: E402
-
-SHAPE_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 
 
 def main() -> None:

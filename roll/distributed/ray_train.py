@@ -4,11 +4,12 @@ Each rank (``TrainRank``) builds the same team from the same ``TrainSpec`` (same
 seeded adapter init), joins a torch.distributed group and runs ``MultiAgentTrainer`` with a
 strategy (torch or DeepSpeed) summing over a ``TorchDistributedSync``: every rank gets the whole
 batch (one ``ray.put``), forwards its share of each agent's mini-batch, and the ranks sum their
-gradients, so all replicas stay equal (roll/multi_agent/trainer.py). At the start and after each
-step the driver copies the (trained) agents' adapter tensors from rank 0 into its own model (MBs
-through the object store, never the base): an adapter store whose base is only a shape when no
-engine runs in the driver (``roll.pipeline.builders.controller_holds_base``). A rank that dies
-stops the step with one line naming it.
+gradients, so all replicas stay equal (roll/multi_agent/trainer.py). After each step rank 0
+puts the trained agents' adapters in the object store in the base's dtype, for the engine actors
+to fetch (``published_adapters``), and the driver's model takes them from the ranks in fp32 when
+it first reads them (``MultiAgentLoRAModel.defer_import``; never the base). A store whose base is
+only a shape (``roll.pipeline.builders.controller_holds_base``) takes rank 0's initial adapters
+at start. A rank that dies stops the step with one line naming it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ agents' policy distance (``divergence_rows``) and a snapshot magnet's legal-move
 (``magnet_logprobs``); the helpers below are their one implementation. ``LocalTrainGroup`` (a
 ``MultiAgentTrainer`` with the default torch strategy) is the local group: it trains that very
 model in this process. ``RayTrainGroup`` (ray_train.py) keeps ``world_size`` data-parallel
-replicas in Ray actors and copies the updated adapter tensors back (through the object store)
-after each step.
+replicas in Ray actors; after each step rank 0 publishes the updated adapters for the engine
+actors (``published_adapters``) and the pipeline's model takes them when it first reads them.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class TrainGroup(Protocol):
 
 
 def _on_model(model: MultiAgentLoRAModel, batch: TrajectoryBatch) -> TrajectoryBatch:
-    return batch.to(model.base_model.get_input_embeddings().weight.device)
+    return batch.to(model.tensor_device)
 
 
 @torch.no_grad()
