@@ -138,7 +138,7 @@ def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float,
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
           width=512, epochs=1, clip=0.2, minibatches=1, magnet=0.0,
-          magnet_refresh=50) -> list[dict]:
+          magnet_refresh=50, entropy_final=None) -> list[dict]:
     """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
 
     ``common_share`` None: one free logit per information state (a table). Else each agent's
@@ -158,6 +158,10 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
     curve = []
     for step in range(steps):
         rate = lr * (1 - step / steps) if schedule == "linear" else lr
+        # trainer.action_entropy_final: the bonus's weight moves linearly from ``entropy`` to
+        # ``entropy_final`` over the run (None: constant)
+        weight = (entropy if entropy_final is None
+                  else entropy + (entropy_final - entropy) * step / steps)
         prob = 1 / (1 + np.exp(-logits))
         if step % magnet_refresh == 0:
             rho = prob.copy()  # the snapshot magnet: the policy at the last refresh
@@ -184,7 +188,7 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
                 keep = game % minibatches == minibatch
                 state, action, advantage = state[keep], action[keep], advantage[keep]
                 g = surrogate_gradient(prob[agent, seat, state], old[agent, seat, state],
-                                       action, advantage, entropy, clip, magnet,
+                                       action, advantage, weight, clip, magnet,
                                        rho[agent, seat, state])
                 np.add.at(grad[agent, seat], state, g)
                 decisions[agent] += len(state)
@@ -227,25 +231,29 @@ def main() -> None:
     parser.add_argument("--common_share", type=float, nargs="+", default=[None],
                         help="shared features instead of a table (see train); e.g. 0.92, "
                         "SmolLM2's adapter on the recipe's prompt")
+    parser.add_argument("--entropy_final", type=float, nargs="+", default=[None],
+                        help="the entropy weight at the run's end, reached linearly "
+                        "(trainer.action_entropy_final); default: constant")
     parser.add_argument("--magnet", type=float, nargs="+", default=[0.0],
                         help="weight of KL(policy || snapshot magnet) (trainer.magnet_coef)")
     parser.add_argument("--magnet_refresh", type=int, nargs="+", default=[50],
                         help="steps between refreshes of the magnet (trainer.magnet_refresh)")
     args = parser.parse_args()
     for (games, entropy, lr, schedule, share, epochs, minibatches, magnet,
-         refresh) in itertools.product(
+         refresh, entropy_final) in itertools.product(
             args.games, args.entropy, args.lr, args.schedule, args.common_share, args.epochs,
-            args.minibatches, args.magnet, args.magnet_refresh):
+            args.minibatches, args.magnet, args.magnet_refresh, args.entropy_final):
         start = time.perf_counter()
         curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
                         common_share=share, epochs=epochs, clip=args.clip,
-                        minibatches=minibatches, magnet=magnet, magnet_refresh=refresh)
+                        minibatches=minibatches, magnet=magnet, magnet_refresh=refresh,
+                        entropy_final=entropy_final)
                   for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
         print(json.dumps({
-            "games": games, "entropy": entropy, "lr": lr, "schedule": schedule,
+            "games": games, "entropy": entropy, "entropy_final": entropy_final, "lr": lr, "schedule": schedule,
             "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
             "epochs": epochs, "minibatches": minibatches, "clip": args.clip,
             "magnet": magnet, "magnet_refresh": refresh,
