@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from roll.algorithms.happo_ratios import HAPPO_LOG_RATIOS
 from roll.algorithms.normalize import (
     NORM_BY,
     NORM_MODES,
@@ -66,6 +67,10 @@ class AdvantageConfig:
     happo_factor_clip: float | None = 2.0
     """HAPPO: the factor M of the agents updated before one is clipped to [1/c, c] for this c
     (> 1); null: unbounded, as in the paper (roll/algorithms/happo_ratios.py says why not)."""
+    happo_log_ratio: str = "sum"
+    """HAPPO: an earlier turn's log-ratio in M is the "sum" over its response tokens (the
+    turn's joint ratio, as the paper's product) or their "token_mean" (length-normalised:
+    the geometric mean of its per-token ratios; happo_ratios.py says why)."""
     drop_zero_advantage: bool = False
     """Rows whose advantage is 0 on every response token (e.g. a GRPO group of equal returns)
     leave the policy update, as in DAPO's dynamic sampling (without its resampling): they
@@ -86,6 +91,9 @@ class AdvantageConfig:
         if self.happo_factor_clip is not None and not self.happo_factor_clip > 1.0:
             raise ConfigError("advantage.happo_factor_clip", self.happo_factor_clip,
                               "must be > 1 (M is kept in [1/c, c]) or null (unbounded)")
+        if self.happo_log_ratio not in HAPPO_LOG_RATIOS:
+            raise ConfigError("advantage.happo_log_ratio", self.happo_log_ratio,
+                              f"must be one of {HAPPO_LOG_RATIOS}")
         if not 0.0 <= self.rae_decay < 1.0:
             raise ConfigError("advantage.rae_decay", self.rae_decay, "must be in [0, 1)")
         if not self.eps > 0.0:

@@ -20,6 +20,15 @@ bounds its per-token ratios, not their product). A product over every response t
 episode is not: 40 tokens at ratio 1.2 each give 1.5e3, and Hanabi runs logged a mean M of
 5.7e6 (benchmarks/README.md). So M is clipped to [1/c, c] (``advantage.happo_factor_clip``
 = c, default 2; null: the paper's unbounded factor), in log space before the exponential.
+
+Option, stated — a length-normalised factor (``advantage.happo_log_ratio=token_mean``). With
+the sum, M grows with the number of tokens an earlier agent wrote; measured on the math team
+(benchmarks/README.md, "GRPO and the bounded HAPPO"), M sat at its bound 2 in most steps,
+because a PPO step raises the probability of the tokens it trained on in most episodes, so it
+mostly doubled the later agents' advantages. ``token_mean`` takes each earlier turn's MEAN
+log-ratio over its response tokens (the geometric mean of its per-token ratios) and M the
+product of those over the earlier turns of the episode: one token's worth of ratio per turn,
+whatever the length. Not the paper's M; the clip still applies after it.
 """
 
 from __future__ import annotations
@@ -42,11 +51,23 @@ def happo_order(agent_names: Sequence[str], seed: int, step: int) -> list[str]:
     return [agent_names[i] for i in torch.randperm(len(agent_names), generator=generator)]
 
 
-def episode_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor
-                      ) -> Tensor:
-    """(B,) sum over each row's response tokens of log pi_new - log pi_old (inputs (B, T))."""
+HAPPO_LOG_RATIOS = ("sum", "token_mean")
+"""How a turn's log-ratio is formed from its tokens' (``advantage.happo_log_ratio``)."""
+
+
+def episode_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor,
+                      reduce: str = "sum") -> Tensor:
+    """(B,) log pi_new - log pi_old over each row's response tokens (inputs (B, T)): their
+    sum (``reduce="sum"``: the log of the turn's joint ratio), or their mean
+    (``"token_mean"``: the log of the geometric mean of its per-token ratios; 0 for a row
+    without response tokens)."""
+    if reduce not in HAPPO_LOG_RATIOS:
+        raise ValueError(f"reduce={reduce!r}: must be one of {HAPPO_LOG_RATIOS}")
     mask = response_mask.to(new_logprobs.dtype)
-    return ((new_logprobs - old_logprobs) * mask).sum(dim=-1)
+    total = ((new_logprobs - old_logprobs) * mask).sum(dim=-1)
+    if reduce == "token_mean":
+        return total / mask.sum(dim=-1).clamp(min=1.0)
+    return total
 
 
 def happo_factors(log_ratio: Tensor, updated: Tensor, episode: Tensor,

@@ -18,12 +18,14 @@ from roll.errors import NonFiniteLossError, RoleFailed
 
 
 def happo_update(trainer: TrainGroup, batch: TrajectoryBatch, seed: int, step: int,
-                 temperature: float, factor_clip: float | None = None
-                 ) -> dict[str, dict[str, float]]:
+                 temperature: float, factor_clip: float | None = None,
+                 log_ratio_reduce: str = "sum") -> dict[str, dict[str, float]]:
     """Update every agent with rows, in HAPPO's order; per-agent metrics of each update plus
     ``happo_position`` (0 = first) and ``happo_factor`` / ``happo_factor_min`` /
     ``happo_factor_max`` (the mean, least and largest M its rows were weighted by, M bounded to
-    [1/factor_clip, factor_clip]). ``batch`` carries old log-probs and advantages."""
+    [1/factor_clip, factor_clip]); each earlier turn's log-ratio is the sum or the mean of its
+    tokens' (``log_ratio_reduce``, ``episode_log_ratio``). ``batch`` carries old log-probs and
+    advantages."""
     batch.require("old_logprobs", "advantages", "env_id")
     names = list(trainer.agent_names)
     updated = torch.zeros(len(batch), dtype=torch.bool, device=batch.agent_id.device)
@@ -46,7 +48,8 @@ def happo_update(trainer: TrainGroup, batch: TrajectoryBatch, seed: int, step: i
             metrics[name]["happo_factor_min"] = float(factor.min())
             metrics[name]["happo_factor_max"] = float(factor.max())
             new = trainer.policy_logprobs(own, temperature)  # where the ranks train
-            log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask).float()
+            log_ratio[rows] = episode_log_ratio(new, own.old_logprobs, own.response_mask,
+                                                log_ratio_reduce).float()
             updated[rows] = True
     except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused
         trainer.rollback()

@@ -117,7 +117,8 @@ def update_agents(cfg: PipelineConfig, trainer: TrainGroup, model: MultiAgentLoR
     try:
         if cfg.advantage.estimator == "happo":  # agents one after another (happo_update.py)
             per_agent = happo_update(trainer, policy_batch, cfg.seed, step, temperature,
-                                     cfg.advantage.happo_factor_clip)
+                                     cfg.advantage.happo_factor_clip,
+                                     cfg.advantage.happo_log_ratio)
         else:
             per_agent = trainer.train_step(policy_batch)
     except (NonFiniteLossError, RoleFailed):  # RoleFailed: a Ray rank refused

@@ -117,3 +117,14 @@ def test_four_steps_per_rollout_beat_one_on_shared_features():
     four = tabular_kuhn.train(minibatches=4, **kwargs)
     assert max(one[0]["exploitability"]) > 0.14
     assert max(four[0]["exploitability"]) < 0.13
+
+
+def test_entropy_final_moves_the_weight_linearly_over_the_run():
+    """A final weight equal to the first is the constant bonus, bitwise; at lr 0 nothing moves
+    whatever the weight; a different final weight changes the run."""
+    kwargs = dict(games=32, entropy=0.2, lr=0.03, steps=40, every=20, seed=1)
+    constant = tabular_kuhn.train(**kwargs)
+    assert tabular_kuhn.train(entropy_final=0.2, **kwargs) == constant
+    assert tabular_kuhn.train(entropy_final=0.0, **kwargs) != constant
+    frozen = dict(kwargs, lr=0.0)
+    assert tabular_kuhn.train(entropy_final=0.0, **frozen) == tabular_kuhn.train(**frozen)

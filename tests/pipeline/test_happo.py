@@ -32,13 +32,14 @@ def _batch(model):
     return batch.with_fields(old_logprobs=old)
 
 
-def test_happo_update_equals_the_sequential_algorithm_by_hand(tiny_model_path):
+@pytest.mark.parametrize("reduce", ["sum", "token_mean"])
+def test_happo_update_equals_the_sequential_algorithm_by_hand(tiny_model_path, reduce):
     order = happo_order(["alice", "bob"], SEED, STEP)
     first, second = (["alice", "bob"].index(name) for name in order)
 
     model, trainer = _team(tiny_model_path)
     batch = _batch(model)
-    metrics = happo_update(trainer, batch, SEED, STEP, 1.0)
+    metrics = happo_update(trainer, batch, SEED, STEP, 1.0, log_ratio_reduce=reduce)
     assert metrics[order[0]]["happo_position"] == 0 and metrics[order[1]]["happo_position"] == 1
     assert metrics[order[0]]["happo_factor"] == 1.0
 
@@ -50,14 +51,18 @@ def test_happo_update_equals_the_sequential_algorithm_by_hand(tiny_model_path):
     with torch.no_grad():
         new = ref_model.logprobs(ref_batch.input_ids, ref_batch.attention_mask,
                                  ref_batch.agent_id, positions=ref_batch.response_mask.bool())
-    # ... its ratio over each episode's response tokens, summed in Python ...
+    # ... its ratio over each episode's response tokens, summed in Python (token_mean: each
+    # turn's sum divided by its number of response tokens) ...
     log_ratio = {}
     for i in rows_first:
         env = int(ref_batch.env_id[i])
+        turn, tokens = 0.0, 0
         for t in range(ref_batch.input_ids.shape[1]):
             if ref_batch.response_mask[i, t]:
-                log_ratio[env] = log_ratio.get(env, 0.0) + float(
-                    new[i, t] - ref_batch.old_logprobs[i, t])
+                turn += float(new[i, t] - ref_batch.old_logprobs[i, t])
+                tokens += 1
+        log_ratio[env] = log_ratio.get(env, 0.0) + (turn / tokens if reduce == "token_mean"
+                                                    else turn)
     # ... weights the second agent's advantages in the same episode.
     rows_second = [i for i in range(len(ref_batch)) if int(ref_batch.agent_id[i]) == second]
     factors = torch.tensor([math.exp(log_ratio[int(ref_batch.env_id[i])]) for i in rows_second])
