@@ -22,10 +22,8 @@ controller's store. Everything but the forwards works on it.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -39,22 +37,9 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
 from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
 from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.seeds import adapter_init_seed, agent_stream_seed
 from roll.multi_agent.shape_only import adapters_on_cpu
 from roll.multi_agent.team_factors import layout_warning_ignored
-
-
-def adapter_init_seed(seed: int, agent_name: str) -> int:
-    """Seed of one agent's adapter init: depends on the run seed and the agent's name only,
-    so agent 'b' starts from the same weights alone or in any team."""
-    return (seed * 1_000_003 + zlib.crc32(agent_name.encode())) % (2**31)
-
-
-def agent_stream_seed(seed: int, agent_name: str, optimizer_step: int, stream: str) -> int:
-    """Seed of one of an agent's random streams ('dropout', 'shuffle') at one of its optimizer
-    steps: a function of (run seed, agent name, the agent's own step) only, so the agent draws
-    the same numbers alone or in any team."""
-    digest = hashlib.sha256(f"{seed}/{agent_name}/{optimizer_step}/{stream}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _peft_lora_config(lora: LoRAConfig, base_name_or_path: str | None):
@@ -291,11 +276,12 @@ class MultiAgentLoRAModel(nn.Module):
             positions = torch.ones_like(input_ids, dtype=torch.bool)
             positions[:, 0] = False
         positions = positions.bool()
-        window = response_window(positions)
-        if window is None:
-            zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-            none = () if choices is None else (torch.zeros(choices.shape, device=zeros.device),)
-            return zeros, zeros.clone(), *none
+        # Nothing to score still runs the model (logits of one column): under ZeRO-3 a forward
+        # is a collective, and a rank that skipped it would leave the others waiting.
+        window = response_window(positions) or (1, 2)
+        if input_ids.shape[1] < 2:
+            raise ValueError(f"input_ids of {input_ids.shape[1]} column(s): a scored token "
+                             "needs one before it")
         logits = self._window_logits(input_ids, attention_mask, agent_id, window)
         scored = sequence_logprobs(logits, input_ids, positions, window, temperature,
                                    with_entropy)

@@ -54,7 +54,8 @@ from roll.algorithms.losses import aggregate, kl_loss, ppo_policy_loss
 from roll.batch import TrajectoryBatch
 from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, TrainerConfig
-from roll.multi_agent.model import MultiAgentLoRAModel, agent_stream_seed
+from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
 
 METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
@@ -131,8 +132,7 @@ class MultiAgentTrainer:
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
         self.global_step = 0
         self._held: tuple[object, int] | None = None
-        self.rows_forwarded = 0
-        """Rows this process ran forward/backward on in its last train step (its share)."""
+        self.rows_forwarded = 0  # rows this process ran forward/backward on in its last step
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:

@@ -200,3 +200,23 @@ def test_a_deferred_adapter_is_imported_at_its_first_read_and_only_then(tiny_mod
     assert all(torch.equal(value, bob[key]) for key, value in team.export_adapter("bob").items())
     assert all(torch.equal(value, before[key])
                for key, value in team.export_adapter("alice").items())
+
+
+def test_rows_without_a_scored_token_still_run_the_model(tiny_model_path):
+    """Under ZeRO-3 every forward is a collective: a rank whose rows hold no response token
+    must still run one, or the other ranks wait forever. The log-probs are 0 and carry a
+    graph, so a zero loss on them backpropagates like any other (zero gradients)."""
+    model, _ = make_team(tiny_model_path, [AgentConfig("a")])
+    calls = []
+    handle = model.base_model.register_forward_hook(lambda *args: calls.append(1))
+    ids = torch.randint(0, 50, (2, 6))
+    try:
+        logprobs, entropy = model(ids, torch.ones_like(ids), torch.zeros(2, dtype=torch.long),
+                                  positions=torch.zeros(2, 6, dtype=torch.bool))
+    finally:
+        handle.remove()
+    assert calls == [1]
+    assert torch.equal(logprobs, torch.zeros(2, 6)) and torch.equal(entropy, torch.zeros(2, 6))
+    logprobs.sum().backward()
+    grads = [p.grad for _, p in model.named_agent_tensors("a")]
+    assert grads and all(g is not None and not g.any() for g in grads)
