@@ -69,16 +69,9 @@ from roll.pipeline.evaluation import (
     team_return,
 )
 from roll.pipeline.policy_update import SnapshotMagnet, update_agents
+from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
-from roll.utils.checkpoint import (
-    agent_dir,
-    capture_rng_state,
-    checkpoints_root,
-    load_trainer_state,
-    resolve_resume,
-    restore_rng_state,
-    save_checkpoint,
-)
+from roll.utils.checkpoint import resolve_resume
 from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
 
@@ -139,7 +132,8 @@ class AgenticPipeline:
         """actor_infer.colocate: the placement group whose bundle i holds train rank i and
         engine i; None otherwise."""
         with stage(f"building the trainer ({cfg.cluster.backend}, "
-                   f"{cfg.actor_train.world_size} rank(s))"):
+                   f"{cfg.actor_train.world_size} rank(s)"
+                   + (", compiled forwards" if spec.trainer.compile else "") + ")"):
             self.trainer: TrainGroup = build_train_group(
                 spec, self.model, cfg.cluster.backend, cfg.actor_train.world_size,
                 cfg.actor_train.cpus_per_rank, train_gpus_per_rank(cfg), self.shared_bundles,
@@ -427,74 +421,15 @@ class AgenticPipeline:
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def trainer_state(self) -> dict:
-        return {
-            "step": self.step,
-            "trainer": self.trainer.state_dict(),
-            "rng": capture_rng_state(),
-            "pool": self.pool.state_dict(),
-            "seed": self.cfg.seed,
-            "agent_names": self.agent_names,
-            "tracking_run_id": self.run_id,
-            "data": None if self.items is None else self.items.state_dict(),
-            "critics": None if self.critics is None else self.critics.state_dict(),
-            "baselines": None if self.baselines is None else self.baselines.state_dict(),
-            "magnet": None if self.magnet is None else self.magnet.state_dict(),
-        }
-
     def save(self) -> Path:
-        if self.pool.agents:
-            self.pool.take(self.step)
-
-        def save_agents(folder: Path) -> None:
-            for name in self.agent_names:
-                self.model.save_agent(name, folder / name)
-            if self.critics is not None:
-                self.critics.save(folder.parent)  # <checkpoint>/critics/<critic>/
-            if self.magnet is not None:
-                self.magnet.save(folder.parent, self.model)  # <checkpoint>/magnet/<agent>/
-
-        path = save_checkpoint(
-            self.output_dir, self.step, self.trainer_state(), save_agents, self.cfg.keep_last
-        )
-        self.pool.flush()  # the dropped snapshots' files, now that no new checkpoint lists them
-        return path
-
-    def _maybe_resume(self) -> None:
-        path = resolve_resume(self.cfg.resume, self.output_dir)
-        if path is not None:
-            self.load(path)
-        elif self.cfg.resume == "latest":
-            print(f"resume=latest: no checkpoint in {checkpoints_root(self.output_dir)} yet; "
-                  "starting fresh", flush=True)
+        """A checkpoint of the run now (run_state.py says what it holds)."""
+        return save_run(self)
 
     def load(self, path: Path) -> None:
-        state = load_trainer_state(path)
-        if sorted(state["agent_names"]) != sorted(self.agent_names):
-            raise ValueError(
-                f"resume={str(path)!r}: checkpoint agents {state['agent_names']} differ from "
-                f"the config's {self.agent_names}"
-            )
-        for name in self.agent_names:
-            self.model.load_agent(name, agent_dir(path, name))
-            if self.engine.adapter_version(name) is not None:
-                # The loaded weights may carry a version the engine already holds (or an older
-                # one, which vLLM refuses): forget the slot so the next sync pushes them.
-                self.engine.remove_adapter(name)
-        self.trainer.load_state_dict(state["trainer"])
-        if self.critics is not None:
-            self.critics.load(path, state.get("critics"))
-        if self.baselines is not None and state.get("baselines") is not None:
-            self.baselines.load_state_dict(state["baselines"])
-        if self.magnet is not None:
-            self.magnet.load(path, state.get("magnet"))
-        self.pool.load_state_dict(state["pool"])
-        if self.items is not None and state.get("data") is not None:
-            self.items.load_state_dict(state["data"])
-        restore_rng_state(state["rng"])
-        self.step = state["step"]
-        self.run_id = state.get("tracking_run_id")
-        print(f"resumed from {path} at step {self.step}", flush=True)
+        """Continue from the checkpoint at ``path``."""
+        load_run(self, path)
 
+    def _maybe_resume(self) -> None:
+        resume_if_asked(self)
 
 __all__ = ["AgenticPipeline"]

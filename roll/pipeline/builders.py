@@ -3,6 +3,7 @@ base model's folder, the rollout engine and the env workers."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
@@ -61,7 +62,8 @@ def train_spec(cfg: PipelineConfig, path, agents, temperature: float,
     return TrainSpec(
         model_path=str(path), dtype=cfg.model.dtype, tf32=cfg.model.tf32,
         device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
-        agents=tuple(agents), trainer=cfg.trainer, seed=cfg.seed, temperature=temperature,
+        agents=tuple(agents), seed=cfg.seed, temperature=temperature,
+        trainer=dataclasses.replace(cfg.trainer, compile=trainer_compile(cfg)),
         strategy=train.strategy, zero_stage=train.zero_stage,
         zero3_live_elements=train.zero3_live_elements, zero3_gather=train.zero3_gather,
         critic=cfg.critic if with_critics else None,
@@ -137,6 +139,17 @@ def hf_engine_for(model: MultiAgentLoRAModel, tokenizer, **options):
 def _agent_ranks(model: MultiAgentLoRAModel) -> list[int]:
     """The LoRA rank of each agent (critics excluded), in ``agent_names`` order."""
     return [int(model.peft_config(name).r) for name in model.agent_names]
+
+
+def trainer_compile(cfg: PipelineConfig) -> bool:
+    """``trainer.compile``, its default (None) resolved: compiled forwards where the model is
+    on CUDA and the run can compile them (the torch strategy, every agent's LoRA dropout 0);
+    eager elsewhere. Measured on an H100 (benchmarks/README.md): the Kuhn recipe's train phase
+    1.92 s compiled against 2.28 s eager; 15-85 s of warm-up in the first steps."""
+    if cfg.trainer.compile is None:
+        return (str(cfg.model.device).startswith("cuda") and cfg.actor_train.strategy == "torch"
+                and all(agent.lora.dropout == 0 for agent in cfg.team.resolved_agents()))
+    return bool(cfg.trainer.compile)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -198,6 +198,30 @@ def test_rollout_compile_defaults_to_on_where_the_model_is_on_cuda():
                     "rollout.hf.compile=true") is True
 
 
+def test_trainer_compile_defaults_to_on_where_the_model_is_on_cuda_and_can_compile():
+    """trainer.compile: null (the default) compiles the trainer's forwards on CUDA with the
+    torch strategy and LoRA dropout 0; eager on CPU, under DeepSpeed or with dropout; an
+    explicit value wins. The resolved value is what the train ranks get (TrainSpec)."""
+    from roll.pipeline.builders import train_spec, trainer_compile
+
+    def cfg(*overrides: str):
+        return load_config(str(ROOT / "examples" / "kuhn_poker"), "nash", list(overrides),
+                           check_paths=False)
+
+    assert cfg().trainer.compile is None
+    assert trainer_compile(cfg()) is False  # the example runs on CPU
+    assert trainer_compile(cfg("model.device=cuda")) is True
+    assert trainer_compile(cfg("model.device=cuda:1")) is True
+    assert trainer_compile(cfg("model.device=cuda", "trainer.compile=false")) is False
+    assert trainer_compile(cfg("model.device=cuda", "team.lora.dropout=0.05")) is False
+    assert trainer_compile(cfg("model.device=cuda", "cluster.backend=ray",
+                               "actor_train.strategy=deepspeed")) is False
+    assert trainer_compile(cfg("trainer.compile=true")) is True
+    on_cuda = cfg("model.device=cuda")
+    assert train_spec(on_cuda, "m", [], 1.0, False).trainer.compile is True
+    assert on_cuda.trainer.compile is None  # the config itself is left as the user wrote it
+
+
 def test_exit_code_from_a_real_process(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
