@@ -2,12 +2,16 @@
 
     python benchmarks/pipeline_step.py                  # GPU: Qwen3-0.6B shape, random bf16
     python benchmarks/pipeline_step.py --tiny --steps 2 # CPU smoke check
+    python benchmarks/pipeline_step.py --model smollm2-135m --settings kuhn:2 hanabi:2
+                                                        # a real model: tokenizer, vocabulary
 
 For each setting (the Hanabi and Kuhn poker examples with 2 and 4 agents; with 4 agents two
 seatings of two), each rollout mode (continuous turn batching, and lock-step rounds for
 comparison) runs ``--steps`` training steps of the real ``AgenticPipeline`` (no evaluation, no
 checkpoints) on a Qwen3-0.6B-shaped model with random bf16 weights and the tiny offline
-tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3's). Reported per
+tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3's), or on the
+model ``--model`` names (a path or alias, e.g. SmolLM2-135M-Instruct with its real tokenizer
+and 49,152-token vocabulary: real prompts, real answer lengths). Reported per
 step: the time split (rollout / reference / train / sync), generated tokens and tok/s inside
 the rollout, the whole step's tok/s (generated + trained response tokens over the step time),
 decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak GPU memory
@@ -75,7 +79,8 @@ def engine_only(pipeline, lanes: int, prompt_len: int, max_new: int) -> dict:
             "seconds": round(seconds, 3), "tokens_per_s": round(lanes * max_new / seconds)}
 
 
-def run_setting(args, model_path: Path, example: str, agents: int, continuous: bool) -> dict:
+def run_setting(args, model_path: Path | str, example: str, agents: int,
+                continuous: bool) -> dict:
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.cli import load_config
 
@@ -166,15 +171,22 @@ def main() -> None:
                         help="rollout.engine (vllm: vLLM's own scheduling; --modes is moot)")
     parser.add_argument("--vllm_eager", action="store_true",
                         help="rollout.vllm.enforce_eager=true (no CUDA graphs / compile)")
+    parser.add_argument("--model", default=None,
+                        help="a model path or alias (smollm2-135m) instead of the random-weight "
+                             "Qwen3-0.6B shape (--tiny: the tiny model)")
     parser.add_argument("--override", nargs="*", default=[],
                         help="more Hydra overrides for every setting, e.g. cluster.backend=ray "
                              "actor_train.world_size=1 (a colocated Ray run)")
     args = parser.parse_args()
     from roll.models.tiny import TinyModelSpec, build_tiny_model, default_cache_dir
 
-    spec = TinyModelSpec() if args.tiny else TinyModelSpec(**SHAPE_06B)
-    model_path = build_tiny_model(
-        default_cache_dir().parent / ("tiny-qwen3" if args.tiny else "qwen3-0.6b-shape"), spec)
+    if args.model:
+        model_path = args.model  # resolved by the pipeline (roll/models/aliases.py)
+    else:
+        spec = TinyModelSpec() if args.tiny else TinyModelSpec(**SHAPE_06B)
+        model_path = build_tiny_model(
+            default_cache_dir().parent / ("tiny-qwen3" if args.tiny else "qwen3-0.6b-shape"),
+            spec)
     results = []
     for setting in args.settings:
         example, agents = setting.split(":")
@@ -183,6 +195,7 @@ def main() -> None:
                                        mode == "continuous"))
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": name, "torch": torch.__version__, "steps": args.steps,
+               "model": args.model or ("tiny" if args.tiny else "qwen3-0.6b-shape"),
                "results": results}
     emit(summary, "pipeline_step.json")
 

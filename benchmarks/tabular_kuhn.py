@@ -253,7 +253,8 @@ def main() -> None:
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
         print(json.dumps({
-            "games": games, "entropy": entropy, "entropy_final": entropy_final, "lr": lr, "schedule": schedule,
+            "games": games, "entropy": entropy, "entropy_final": entropy_final, "lr": lr,
+            "schedule": schedule,
             "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
             "epochs": epochs, "minibatches": minibatches, "clip": args.clip,
             "magnet": magnet, "magnet_refresh": refresh,
