@@ -15,6 +15,8 @@ advantages whitened per agent, as PPO does; the group ones as configured by the 
   grpo (each seat's return, group-relative), magrpo (the team's joint return, group-relative),
   ippo (GAE, one critic per agent), mappo (GAE, one shared critic),
   happo (mappo's advantages, agents updated one after another with ratio weights),
+  happo_token_mean (happo whose earlier turns' ratios are length-normalised:
+  advantage.happo_log_ratio=token_mean),
   mappo_global (mappo whose critic reads every seat's observation: critic.input=global),
   vdn (GAE, one critic per agent, the critics' sum fitted on the joint return).
 Every (task, learner, seed) is one run of the real pipeline in its own process (``--parallel``
@@ -60,6 +62,8 @@ LEARNERS = {
     "ippo": ["advantage.estimator=ippo", "critic.mode=per_agent", *CRITIC],
     "mappo": ["advantage.estimator=mappo", "critic.mode=shared", *CRITIC],
     "happo": ["advantage.estimator=happo", "critic.mode=shared", *CRITIC],
+    "happo_token_mean": ["advantage.estimator=happo", "critic.mode=shared",
+                         "advantage.happo_log_ratio=token_mean", *CRITIC],
     "mappo_global": ["advantage.estimator=mappo", "critic.mode=shared", "critic.input=global",
                      *CRITIC],
     "vdn": ["advantage.estimator=vdn", "critic.mode=per_agent", *CRITIC],
