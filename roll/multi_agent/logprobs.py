@@ -86,12 +86,16 @@ class TokenLogProb(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def response_window(positions: Tensor) -> tuple[int, int] | None:
+def response_window(positions: Tensor) -> tuple[int, int]:
     """(first, stop): the columns [first, stop) that hold every selected position of a (B, T)
-    boolean mask; None when nothing is selected. ``first`` >= 1 (a token needs context)."""
+    boolean mask; ``first`` >= 1 (a token needs context). Nothing selected: (1, 2), one
+    column, so the model still runs (under ZeRO-3 a forward is a collective: a rank that
+    skipped it would leave the others waiting) and scores nothing."""
+    if positions.shape[1] < 2:
+        raise ValueError(f"{positions.shape[1]} column(s): a scored token needs one before it")
     columns = positions.any(dim=0).nonzero().squeeze(-1)
     if columns.numel() == 0:
-        return None
+        return 1, 2
     first, stop = int(columns[0]), int(columns[-1]) + 1
     if first < 1:
         raise ValueError("position 0 has no context; it cannot be a scored token")

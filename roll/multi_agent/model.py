@@ -276,12 +276,7 @@ class MultiAgentLoRAModel(nn.Module):
             positions = torch.ones_like(input_ids, dtype=torch.bool)
             positions[:, 0] = False
         positions = positions.bool()
-        # Nothing to score still runs the model (logits of one column): under ZeRO-3 a forward
-        # is a collective, and a rank that skipped it would leave the others waiting.
-        window = response_window(positions) or (1, 2)
-        if input_ids.shape[1] < 2:
-            raise ValueError(f"input_ids of {input_ids.shape[1]} column(s): a scored token "
-                             "needs one before it")
+        window = response_window(positions)  # one column when nothing is scored
         logits = self._window_logits(input_ids, attention_mask, agent_id, window)
         scored = sequence_logprobs(logits, input_ids, positions, window, temperature,
                                    with_entropy)
@@ -351,9 +346,7 @@ class MultiAgentLoRAModel(nn.Module):
         sums = torch.zeros(rows, dtype=torch.float64, device=input_ids.device)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
-            window = response_window(positions[chunk])
-            if window is None:
-                continue
+            window = response_window(positions[chunk])  # one column when nothing is scored
             first, stop = window
             logp = [torch.log_softmax(self._window_logits(
                         input_ids[chunk], attention_mask[chunk],

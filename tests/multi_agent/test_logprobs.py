@@ -264,3 +264,11 @@ def test_policy_divergence_is_the_kl_of_each_agents_own_peft_forward(tiny_model_
     expected = (kl * scored).sum(-1)  # (B,): each row's sum over its scored tokens
     assert (expected > 1e-4).all()
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=0)
+
+
+def test_a_window_with_nothing_selected_is_one_column_so_the_model_still_runs():
+    """Under ZeRO-3 every forward is a collective: a chunk with no scored token gets the
+    one-column window (1, 2) rather than no forward (by hand: column 1 predicts token 1)."""
+    assert response_window(torch.zeros(3, 5, dtype=torch.bool)) == (1, 2)
+    with pytest.raises(ValueError, match="1 column"):
+        response_window(torch.zeros(2, 1, dtype=torch.bool))

@@ -220,3 +220,21 @@ def test_rows_without_a_scored_token_still_run_the_model(tiny_model_path):
     logprobs.sum().backward()
     grads = [p.grad for _, p in model.named_agent_tensors("a")]
     assert grads and all(g is not None and not g.any() for g in grads)
+
+
+def test_divergence_of_rows_without_a_scored_token_still_runs_the_model(tiny_model_path):
+    """The same rule for the policy-distance pass (run on the ranks' shares): a chunk without
+    a response token runs both forwards and gives 0."""
+    model, _ = make_team(tiny_model_path, [AgentConfig("a"), AgentConfig("b")])
+    calls = []
+    handle = model.base_model.register_forward_hook(lambda *args: calls.append(1))
+    ids = torch.randint(0, 50, (4, 6))
+    positions = torch.zeros(4, 6, dtype=torch.bool)
+    positions[:2, 3:] = True  # rows 2-3, the second chunk, have none
+    try:
+        kl = model.divergence_rows(ids, torch.ones_like(ids), "a", "b", positions=positions,
+                                   forward_rows=2)
+    finally:
+        handle.remove()
+    assert len(calls) == 4  # two chunks x two agents
+    assert torch.equal(kl[2:], torch.zeros(2, dtype=kl.dtype))
