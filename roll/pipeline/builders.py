@@ -13,6 +13,7 @@ from roll.multi_agent.critics import Critics
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.pipeline.cluster_checks import (
     check_ray_resources,
+    compile_blocker,
     infer_gpus_per_engine,
     train_gpus_per_rank,
 )
@@ -147,8 +148,7 @@ def trainer_compile(cfg: PipelineConfig) -> bool:
     eager elsewhere. Measured on an H100 (benchmarks/README.md): the Kuhn recipe's train phase
     1.92 s compiled against 2.28 s eager; 15-85 s of warm-up in the first steps."""
     if cfg.trainer.compile is None:
-        return (str(cfg.model.device).startswith("cuda") and cfg.actor_train.strategy == "torch"
-                and all(agent.lora.dropout == 0 for agent in cfg.team.resolved_agents()))
+        return str(cfg.model.device).startswith("cuda") and compile_blocker(cfg) is None
     return bool(cfg.trainer.compile)
 
 

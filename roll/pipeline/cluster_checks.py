@@ -125,3 +125,17 @@ def _gpus_or_default(cfg: PipelineConfig, gpus: float | None) -> float:
     if not cfg.model.device.startswith("cuda"):
         return 0.0
     return 0.5 if cfg.actor_infer.colocate else 1.0
+
+
+def compile_blocker(cfg: PipelineConfig) -> str | None:
+    """Why this run cannot compile the trainer's forwards (roll/multi_agent/compiled.py), or
+    None: validation refuses ``trainer.compile=true`` with it, and the default (None) resolves
+    to off on it (builders.trainer_compile)."""
+    if cfg.actor_train.strategy != "torch":
+        return f"runs with actor_train.strategy=torch only (got {cfg.actor_train.strategy!r})"
+    for agent in cfg.team.resolved_agents():
+        if agent.lora.dropout > 0:
+            return (f"needs LoRA dropout 0 (agent {agent.name!r} has dropout "
+                    f"{agent.lora.dropout}): each agent's dropout masks come from its own "
+                    "generator, eager only")
+    return None

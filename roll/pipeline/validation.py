@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from roll.errors import ConfigError, require_int
 from roll.inference.hf.engine import LORA_KERNELS
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
-from roll.pipeline.cluster_checks import check_cluster
+from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
     ENGINES,
     ModelSchema,
@@ -91,16 +91,9 @@ def _check_compile(cfg: PipelineConfig) -> None:
     if cfg.trainer.compile_backend not in backends:
         raise ConfigError("trainer.compile_backend", cfg.trainer.compile_backend,
                           f"is not a torch.compile backend here ({', '.join(sorted(backends))})")
-    if not cfg.trainer.compile:
-        return
-    if cfg.actor_train.strategy != "torch":
-        raise ConfigError("trainer.compile", True, "runs with actor_train.strategy=torch only "
-                          f"(got {cfg.actor_train.strategy!r})")
-    for agent in cfg.team.resolved_agents():
-        if agent.lora.dropout > 0:
-            raise ConfigError("trainer.compile", True, f"needs LoRA dropout 0 (agent "
-                              f"{agent.name!r} has dropout {agent.lora.dropout}): each "
-                              "agent's dropout masks come from its own generator, eager only")
+    blocker = compile_blocker(cfg)
+    if cfg.trainer.compile and blocker is not None:  # None (the default) resolves to off
+        raise ConfigError("trainer.compile", True, blocker)
 
 
 def _check_model(model: ModelSchema, check_paths: bool) -> None:
