@@ -113,7 +113,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                 if key.startswith("time/") or key in (
                     "rollout/generated_tokens", "rollout/tokens_per_s", "rollout/lanes",
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
-                    "rollout/episodes")}
+                    "rollout/episodes", "rollout/prompt_tokens")}
         step["step"] = row["step"]
         # Whole-step throughput: tokens generated plus response tokens trained (each agent's
         # num_tokens: the tokens its loss covers), over the step's time (rollout, passes,
@@ -139,7 +139,9 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     if continuous and not cfg.actor_infer.num_engines:  # engine actors end with the run
         lanes = int(later[-1].get("rollout/lanes", 0))
         if lanes:
-            prompt_len = 200 if example == "hanabi" else 120
+            # the run's own mean prompt length (the tokenizer decides it: the tiny one's
+            # bytes or a real model's words)
+            prompt_len = round(statistics.mean(s["rollout/prompt_tokens"] for s in later))
             max_new = cfg.rollout.sampling.max_new_tokens
             summary["engine_only"] = engine_only(pipeline, lanes, prompt_len, max_new)
             # Rows actually decoding per step on average (sequential episodes leave lanes

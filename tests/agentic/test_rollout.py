@@ -110,6 +110,12 @@ def test_selfplay_rollout_batches_all_agents_into_one_call(team_engine):
     response = batch.input_ids[row][mask[row]].tolist()
     text = tokenizer.decode(response, skip_special_tokens=True)
     assert text.startswith("<answer>") and text.endswith("</answer>")
+    # The mean prompt length per turn (what an engine-only reference is fed): the prompt part
+    # of each row, its tokens before the response mask starts, averaged over the rows.
+    prompt_lengths = [int(mask[i].float().argmax()) - int(batch.attention_mask[i].float().argmax())
+                      for i in range(len(batch))]
+    assert result.metrics["rollout/prompt_tokens"] == pytest.approx(
+        sum(prompt_lengths) / len(prompt_lengths))
 
 
 def test_mixed_adapters_share_one_call_when_seats_differ(team_engine):

@@ -193,4 +193,6 @@ def rollout_metrics(turns: list[Turn], episodes: list[EpisodeResult],
     metrics["rollout/truncated_episodes"] = float(sum(ep.truncated for ep in episodes))
     metrics["rollout/llm_turns"] = float(len(turns))
     metrics["rollout/generated_tokens"] = float(sum(len(t.response_ids) for t in turns))
+    if turns:  # what an engine-only reference should feed to compare like with like
+        metrics["rollout/prompt_tokens"] = float(np.mean([len(t.prompt_ids) for t in turns]))
     return metrics
