@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from roll.multi_agent.routing import RowRouting
 from roll.utils.compile_workers import compile_in_process
+from roll.utils.stages import stage
 
 RECOMPILE_LIMIT = 64
 """Compiled variants the decoder layers' shared forward may have while the trainer's forwards
@@ -121,6 +122,7 @@ class CompiledForward:
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
         self.routing = RowRouting(self.lora_layers, agent_names)
+        self.warmed: set[str] = set()  # "training" / "no-grad": forwards compiled so far
 
     def close(self) -> None:
         """Back to the eager model: routing hooks removed (the compiled layers are switched in
@@ -146,6 +148,18 @@ class CompiledForward:
         return self._logits(input_ids, attention_mask, agent_id, kwargs)
 
     def _logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
+                kwargs: dict) -> Tensor:
+        # The first forward with and without gradients compiles its graphs (10-60 s on a GPU,
+        # inside a step's first passes): a timestamped line, so a warm-up is not read as a hang.
+        kind = "training" if torch.is_grad_enabled() else "no-grad"
+        if kind in self.warmed:
+            return self._routed_logits(input_ids, attention_mask, agent_id, kwargs)
+        with stage(f"trainer: compiling the {kind} forward (first use; later calls reuse it)"):
+            logits = self._routed_logits(input_ids, attention_mask, agent_id, kwargs)
+        self.warmed.add(kind)
+        return logits
+
+    def _routed_logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
                 kwargs: dict) -> Tensor:
         # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
         # directly: its set_adapter would also flip requires_grad on every adapter tensor, and

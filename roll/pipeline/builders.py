@@ -27,7 +27,7 @@ def start_ray(cfg: PipelineConfig) -> None:
 
     if not ray.is_initialized():
         ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
-                 include_dashboard=False, log_to_driver=False)
+                 include_dashboard=False)
     check_ray_resources(cfg, ray.cluster_resources())
 
 

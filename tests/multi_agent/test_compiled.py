@@ -11,6 +11,7 @@ benchmark (benchmarks/train_throughput.py --compile) runs inductor.
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def _passes(model, trainer, batch):
     return policy, reference, grads
 
 
-def test_compiled_passes_equal_the_eager_path_and_do_not_recompile(tiny_model_path):
+def test_compiled_passes_equal_the_eager_path_and_do_not_recompile(tiny_model_path, capsys):
     torch._dynamo.reset()
     # alice 5 rows, bob 2, carol 3 (micro 4: forwards of 4, 4 and 2 rows); then other counts;
     # then one row alone (a mini-batch's tail can be one row: a size-1 batch used to get graphs
@@ -94,6 +95,12 @@ def test_compiled_passes_equal_the_eager_path_and_do_not_recompile(tiny_model_pa
     # step 1 compiled (no-grad, training); steps 2 and 3, with new row and token counts (one
     # row alone included), did not
     assert graphs[0] > 0 and graphs[1] == graphs[2] == graphs[0], graphs
+    # each kind of forward says once, with timestamps, that its first use compiles
+    printed = capsys.readouterr().out
+    for kind in ("no-grad", "training"):
+        assert len(re.findall(rf"\[\d\d:\d\d:\d\d\] trainer: compiling the {kind} forward "
+                              r"\(first use; later calls reuse it\)(?: \.\.\.|: done in \d+\.\d s)",
+                              printed)) == 2, printed
     # the compiled layers are switched in only around the trainer's forwards
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(model.base_model))
     # bob has no rows: his stacked block is masked out, so his weights and optimizer state stay
