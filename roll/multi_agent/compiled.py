@@ -47,14 +47,8 @@ from torch import Tensor, nn
 
 from roll.multi_agent.routing import RowRouting
 from roll.utils.compile_workers import compile_in_process
+from roll.utils.recompiles import recompile_guard
 from roll.utils.stages import stage
-
-RECOMPILE_LIMIT = 64
-"""Compiled variants the decoder layers' shared forward may have while the trainer's forwards
-run (torch's default is 8 per code object, after which a new kind of input runs eagerly, slower,
-with one warning in the log): grad and no-grad, policy and reference, and each kind of input the
-model's attention and routing bring, already 6 of those 8 in one pipeline run. The engine's
-decode step has the same guard (roll/inference/hf/cuda_graph.py)."""
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -104,7 +98,7 @@ class CompiledLayers:
             lambda module, args, output: output.requires_grad_(True)
             if torch.is_grad_enabled() and not output.requires_grad else output)
         try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            with recompile_guard("trainer"):
                 yield
         finally:
             handle.remove()

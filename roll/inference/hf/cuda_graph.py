@@ -9,21 +9,18 @@ import torch
 from torch import Tensor
 
 from roll.utils.compile_workers import compile_in_process
-
-RECOMPILE_LIMIT = 64
-"""Compiled variants a decode step may have (torch.compile's default is 8 per function, after
-which new shapes silently run uncompiled): one per batch bucket × cache length × LoRA layout."""
+from roll.utils.recompiles import recompile_guard
 
 
 def compile_step(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``torch.compile(step)`` (static shapes) called under a raised recompile limit: the
-    limit is patched for the call only, not for the process. Inductor compiles in this
+    """``torch.compile(step)`` (static shapes) called under a raised recompile limit (patched
+    for the call only, a hit reported: roll/utils/recompiles.py). Inductor compiles in this
     process (roll/utils/compile_workers.py says why)."""
     compile_in_process()
     compiled = torch.compile(step, dynamic=False)
 
     def call(*args: Tensor) -> Tensor:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with recompile_guard("hf engine"):
             return compiled(*args)
 
     return call
