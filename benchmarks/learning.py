@@ -122,6 +122,11 @@ def run_recipe(args, name: str) -> dict:
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
+    if args.greedy_too:  # the greedy policy (the argmax move), beside the sampled one
+        versus["greedy_vs_random"] = _versus(pipeline, "random", out, temperature=0.0)
+        if args.vs_mcts:
+            versus["greedy_vs_mcts"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out,
+                                               temperature=0.0)
     seconds = time.perf_counter() - start
     curve = curve_of(out / "metrics.jsonl")
     for point in curve:
@@ -254,8 +259,9 @@ def _plot_seeds(result: dict, folder: Path) -> None:
     _save(plt, figure, folder / f"learning_{result['recipe']}_seeds.png", result)
 
 
-def _versus(pipeline, opponent: str, out: Path) -> dict:
-    """Each agent in both seats against ``opponent``, with the pipeline's current adapters:
+def _versus(pipeline, opponent: str, out: Path, temperature: float | None = None) -> dict:
+    """Each agent in both seats against ``opponent``, with the pipeline's current adapters, at
+    ``eval.temperature`` or ``temperature`` (0: the greedy policy):
     ``{agent: {win_rate, non_loss_rate, loss_rate (+ _low/_high), seat0/.., seat1/..}}``."""
     from roll.pipeline.env_setup import seatings_of
     from roll.utils.tracking import Tracker, TrackingConfig
@@ -263,7 +269,7 @@ def _versus(pipeline, opponent: str, out: Path) -> dict:
     names = pipeline.agent_names
     raw = [seat for agent in names for seat in ([agent, opponent], [opponent, agent])]
     seatings = seatings_of(raw, 2, names, f"versus {opponent}")
-    scheduler = pipeline.scheduler(seatings, evaluation=True)
+    scheduler = pipeline.scheduler(seatings, evaluation=True, temperature=temperature)
     with Tracker(TrackingConfig(backends=["console"]), str(out)) as tracker:
         metrics = pipeline.evaluate(scheduler, tracker)
     keep = ("win_rate", "non_loss_rate", "loss_rate", "seat0/non_loss_rate",
@@ -322,6 +328,10 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the run's name (variants)")
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
+    parser.add_argument("--greedy_too", action="store_true",
+                        help="after training also evaluate each agent's greedy policy (the "
+                             "argmax move) in both seats against random (and MCTS with "
+                             "--vs_mcts): for games where winning, not mixing, is the goal")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
     parser.add_argument("--seeds_of", default=None, metavar="NAME",

@@ -161,11 +161,18 @@ class AgenticPipeline:
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
 
     # ------------------------------------------------------------------ parts
-    def scheduler(self, seatings: list[Seating], evaluation: bool) -> RolloutScheduler:
+    def scheduler(self, seatings: list[Seating], evaluation: bool,
+                  temperature: float | None = None) -> RolloutScheduler:
+        """Plays ``seatings`` for training or evaluation; ``temperature`` (evaluation only)
+        instead of ``eval.temperature``, e.g. 0 for the greedy policy."""
         cfg = self.cfg
         sampling = cfg.rollout.sampling
+        if temperature is not None and not evaluation:
+            raise ValueError("a temperature of its own is for evaluation only: training "
+                             "samples at rollout.sampling.temperature, its log-probs too")
         params = SamplingParams(
-            temperature=cfg.eval.temperature if evaluation else sampling.temperature,
+            temperature=(sampling.temperature if not evaluation else cfg.eval.temperature
+                         if temperature is None else temperature),
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_new_tokens=sampling.max_new_tokens,

@@ -63,3 +63,29 @@ def test_snapshot_opponent_trains_against_a_frozen_copy_then_evaluation_reads_ch
     loaded = evaluation.pool.snapshots["agent_0"][1]
     assert loaded.keys() == on_disk.keys()
     assert all(torch.equal(loaded[k], on_disk[k]) for k in on_disk)
+
+
+def test_an_evaluation_may_take_a_temperature_of_its_own(tmp_path):
+    """The greedy policy evaluated beside the sampled one (benchmarks/learning.py
+    --greedy_too): at temperature 0 one prompt always gets one answer (the argmax move),
+    whatever the seed, while eval.temperature=1 samples; training cannot take one."""
+    import pytest
+
+    pipeline = AgenticPipeline(_config(tmp_path / "run", "eval.temperature=1.0",
+                                       "eval.num_episodes=12", "team.num_agents=1",
+                                       "env.seat_to_agent=[agent_0,random]"))
+    sampled = pipeline.scheduler(pipeline.eval_seatings, evaluation=True)
+    greedy = pipeline.scheduler(pipeline.eval_seatings, evaluation=True, temperature=0.0)
+    assert sampled.sampling.temperature == 1.0 and greedy.sampling.temperature == 0.0
+    answers = {"greedy": {}, "sampled": {}}  # prompt -> the answers it got
+    with pipeline.engine_awake():
+        pipeline.sync_adapters()
+        for seed in (5, 6):
+            for name, scheduler in (("greedy", greedy), ("sampled", sampled)):
+                for turn in scheduler.rollout(seed=seed).turns:
+                    answers[name].setdefault(tuple(turn.prompt_ids), set()).add(
+                        tuple(turn.response_ids))
+    assert all(len(seen) == 1 for seen in answers["greedy"].values())
+    assert any(len(seen) > 1 for seen in answers["sampled"].values())
+    with pytest.raises(ValueError, match="evaluation only"):
+        pipeline.scheduler(pipeline.train_seatings, evaluation=False, temperature=0.0)
