@@ -153,8 +153,8 @@ class CompiledForward:
         self.warmed.add(kind)
         return logits
 
-    def _routed_logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
-                kwargs: dict) -> Tensor:
+    def _routed_logits(self, input_ids: Tensor, attention_mask: Tensor,
+                       agent_id: Tensor | None, kwargs: dict) -> Tensor:
         # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
         # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
         # with 8 agents those flips (and undoing them) cost more host time than the forward.

@@ -167,12 +167,15 @@ class AgenticPipeline:
         instead of ``eval.temperature``, e.g. 0 for the greedy policy."""
         cfg = self.cfg
         sampling = cfg.rollout.sampling
-        if temperature is not None and not evaluation:
-            raise ValueError("a temperature of its own is for evaluation only: training "
-                             "samples at rollout.sampling.temperature, its log-probs too")
+        if not evaluation:
+            if temperature is not None:
+                raise ValueError("a temperature of its own is for evaluation only: training "
+                                 "samples at rollout.sampling.temperature, its log-probs too")
+            temperature = sampling.temperature
+        elif temperature is None:
+            temperature = cfg.eval.temperature
         params = SamplingParams(
-            temperature=(sampling.temperature if not evaluation else cfg.eval.temperature
-                         if temperature is None else temperature),
+            temperature=temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_new_tokens=sampling.max_new_tokens,
