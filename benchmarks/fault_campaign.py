@@ -60,7 +60,9 @@ def say(text: str) -> None:
 
 def launch(out: Path, steps: int, cache: Path, *extra: str) -> subprocess.Popen:
     """The run as a process; ``proc.training`` is set once it prints its first step line."""
-    env = dict(os.environ, ROLL_CACHE=str(cache))
+    # this checkout's roll, whatever an editable install elsewhere points to
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, ROLL_CACHE=str(cache), PYTHONPATH=path)
     proc = subprocess.Popen([sys.executable, SCRIPT, *OVERRIDES, f"max_steps={steps}",
                              f"output_dir={out}", *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
