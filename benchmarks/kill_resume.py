@@ -32,21 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from fault_campaign import saved_tensors  # noqa: E402
 from pipeline_step import SHAPE_06B, seating  # noqa: E402
 from report import emit  # noqa: E402
 
 
 def say(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
-
-
-def checkpoint_adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """``{agent}/{tensor key}`` -> tensor, from each agent's PEFT folder of a checkpoint."""
-    from safetensors.torch import load_file
-
-    return {f"{agent.name}/{key}": value
-            for agent in sorted((checkpoint / "agents").iterdir())
-            for key, value in load_file(agent / "adapter_model.safetensors").items()}
 
 
 def kill_when_called(obj, method: str, actor, delay: float, killed: dict) -> None:
@@ -121,7 +113,7 @@ def main() -> None:
     kills = []
     for role in args.roles:
         before_dir = latest_checkpoint(out)
-        before = checkpoint_adapters(before_dir)
+        before = saved_tensors(before_dir)
         run = pipeline(step_of(before_dir) + 1, resume=True)
         killed: dict = {}
         if role == "train":  # the train phase starts: rows sent to the ranks, rank 1 dies
@@ -138,7 +130,7 @@ def main() -> None:
             seconds = time.perf_counter() - killed["at"] if "at" in killed else None
             line = str(error)
         after_dir = latest_checkpoint(out)
-        after = checkpoint_adapters(after_dir)
+        after = saved_tensors(after_dir)
         intact = after_dir == before_dir and all(torch.equal(before[k], after[k]) for k in before)
         say(f"{role}: {line!r}" if line else f"{role}: the run did NOT stop (kill came too late?)")
         kills.append({"role": role, "line": line, "one_line": bool(line) and "\n" not in line,
