@@ -17,8 +17,12 @@ the rollout, the whole step's tok/s (generated + trained response tokens over th
 decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak GPU memory
 and, as the engine-only reference at the same concurrency, the same engine serving ``lanes``
 requests of the run's prompt length and token budget with nothing else to do, and the same at
-``busy_lanes`` requests (the rows decoding per step on average, generated tokens over decode
-steps, when fewer than the lanes).
+``busy_lanes`` requests (the rows decoding per decode step on average, ``rollout/busy_lanes``,
+when fewer than the lanes); ``in_pipeline_vs_engine`` is the rollout's tok/s over the
+engine-only figure at the run's lanes (issue 33: >= 0.6 on Hanabi). With
+``--override rollout.lookahead=true`` the next step's episodes fill the lanes a rollout's tail
+leaves idle; the rollout's tok/s and the step's count the tokens decoded in the phase
+(``rollout/decoded_tokens``), whichever step they belong to.
 The first step includes warm-up (graph capture); the summary averages the later steps.
 Prints JSON lines, then one summary object; writes $OUT/pipeline_step.json when OUT is set.
 """
@@ -112,6 +116,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
         step = {key: round(value, 3) for key, value in row.items()
                 if key.startswith("time/") or key in (
                     "rollout/generated_tokens", "rollout/tokens_per_s", "rollout/lanes",
+                    "rollout/decoded_tokens", "rollout/busy_lanes", "rollout/ahead_turns",
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
                     "rollout/episodes", "rollout/prompt_tokens")}
         step["step"] = row["step"]
@@ -122,7 +127,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                                      if key.endswith("/num_tokens"))
         if row.get("time/step"):
             step["step_tokens_per_s"] = round(
-                (row.get("rollout/generated_tokens", 0.0) + step["trained_tokens"])
+                (row.get("rollout/decoded_tokens", 0.0) + step["trained_tokens"])
                 / row["time/step"], 1)
         steps.append(step)
         print(json.dumps({"example": example, "agents": agents, "continuous": continuous,
@@ -146,9 +151,12 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
             summary["engine_only"] = engine_only(pipeline, lanes, prompt_len, max_new)
             # Rows actually decoding per step on average (sequential episodes leave lanes
             # idle): the engine serving that many rows is the reference at equal concurrency.
-            per_step = [s["rollout/generated_tokens"] / s["rollout/decode_steps"]
-                        for s in later if s.get("rollout/decode_steps")]
+            per_step = [s["rollout/busy_lanes"] for s in later if "rollout/busy_lanes" in s]
             busy = round(statistics.mean(per_step)) if per_step else 0
+            # the rollout phase against the engine alone on all the lanes (issue 33's 60%)
+            summary["in_pipeline_vs_engine"] = round(
+                summary["mean_after_first"]["rollout/tokens_per_s"]
+                / summary["engine_only"]["tokens_per_s"], 3)
             if 0 < busy < lanes:
                 summary["busy_lanes"] = busy
                 summary["engine_only_busy"] = engine_only(pipeline, busy, prompt_len, max_new)

@@ -256,17 +256,18 @@ class AgenticPipeline:
 
     def synced_rollout(
         self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str,
-        items: list[int] | None = None,
+        items: list[int] | None = None, ahead_seed: int | None = None,
     ) -> tuple[RolloutResult, float]:
         """Wake the engine, sync the adapters, roll out (team tasks: group g plays dataset item
-        ``items[g]``); (result, seconds spent syncing)."""
+        ``items[g]``; ``ahead_seed``: the next rollout's, played ahead in idle lanes);
+        (result, seconds spent syncing)."""
         with self.engine_awake():
             start = time.perf_counter()
             self.sync_adapters()
             synced = time.perf_counter() - start
             result = scheduler.rollout(
                 seed=seed, progress=lambda done, total: tracker.progress(done, total, what),
-                items=items,
+                items=items, ahead_seed=ahead_seed,
             )
         return result, synced
 
@@ -324,7 +325,13 @@ class AgenticPipeline:
                 if self.step == 1 or quiet:
                     log_line(f"step {self.step}/{cfg.max_steps} ..."
                              + (" (the first compiles what it needs)" if self.step == 1 else ""))
-                metrics = self.train_step(scheduler, tracker)
+                # rollout.lookahead: the next step's episodes start in this step's idle
+                # lanes, unless a checkpoint comes between (a resumed run must be the same run)
+                # or the next step plays other seatings (swapped roles).
+                ahead = (cfg.rollout.lookahead and not self._saves_after(self.step)
+                         and (self.step // max(1, cfg.env.swap_roles_every)) % len(
+                             train_schedulers) == block % len(train_schedulers))
+                metrics = self.train_step(scheduler, tracker, ahead)
                 if quiet:
                     log_line(f"step {self.step}/{cfg.max_steps}: done in "
                              f"{metrics['time/step']:.1f} s")
@@ -338,32 +345,44 @@ class AgenticPipeline:
                     metrics.update(last_eval)
                 tracker.log(metrics, step=self.step)
                 last = metrics
-                if (cfg.save_steps and self.step % cfg.save_steps == 0) or (
-                    self.step == cfg.max_steps
-                ):
+                if self._saves_after(self.step):
                     self.save()
         self.close_roles()  # Ray: the actors are done; local: nothing to release
         if first_eval and last_eval:
             print(before_after(first_eval, last_eval, self.agent_names, self.step), flush=True)
         return last
 
-    def train_step(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
+    def _saves_after(self, step: int) -> bool:
+        """Whether a checkpoint is written at the end of ``step``."""
+        save_steps, max_steps = self.cfg.save_steps, self.cfg.max_steps
+        return bool(save_steps and step % save_steps == 0) or step == max_steps
+
+    def train_step(self, scheduler: RolloutScheduler, tracker: Tracker, ahead: bool = False
+                   ) -> dict[str, float]:
+        """One step: roll out (``ahead``: the next step's episodes fill idle lanes), score,
+        update the agents (and critics)."""
         cfg = self.cfg
         times: dict[str, float] = {}
         start = time.perf_counter()
         items = None if self.items is None else self.items.take(scheduler.config.num_groups)
+        seed = cfg.seed * 1_000_003 + self.step
         result, times["time/sync"] = self.synced_rollout(
-            scheduler, cfg.seed * 1_000_003 + self.step, tracker, "episodes", items
-        )
+            scheduler, seed, tracker, "episodes", items, seed + 1 if ahead else None)
         times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
-        metrics["rollout/tokens_per_s"] = (metrics["rollout/generated_tokens"]
+        # what the engine decoded in this phase (with lookahead: the next step's turns too)
+        metrics["rollout/tokens_per_s"] = (metrics["rollout/decoded_tokens"]
                                            / max(times["time/rollout"], 1e-9))
         served = self.engine.last_serve
-        if served:  # continuous batching: decode lanes, steps and CUDA graph captures so far
+        if served and metrics["rollout/decoded_tokens"]:  # else nothing was served this step  # continuous batching: decode lanes, steps and CUDA graph captures so far
             for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
                 if name in served:  # vLLM reports no prefills or graph captures
                     metrics[f"rollout/{name}"] = float(served[name])
+            if served.get("decode_steps") and "served" in served:
+                # Rows decoding per decode step on average (each request's first token comes
+                # from its prefill): lanes left idle by a rollout's tail show here.
+                metrics["rollout/busy_lanes"] = ((metrics["rollout/decoded_tokens"]
+                                                  - served["served"]) / served["decode_steps"])
         metrics.update(team_return(result.episodes))
         batch = result.batch
         if batch is None:
@@ -376,10 +395,19 @@ class AgenticPipeline:
         batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
         if self.engine_logprobs_comparable:
             # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
-            # gap is a check that the engine served the trainer's weights.
+            # gap is a check that the engine served the trainer's weights. Turns played ahead
+            # (lookahead) had the adapters before the last update: their gap, apart, is how far
+            # one update moved the policy on them.
+            gap = (batch.old_logprobs - batch.engine_logprobs).abs() * mask
+            ahead_rows = torch.tensor([t.ahead for t in result.turns
+                                       if t.trained_agent is not None], device=gap.device)
+            fresh = mask * ~ahead_rows[:, None]
             metrics["rollout/engine_logprob_gap"] = float(
-                ((batch.old_logprobs - batch.engine_logprobs).abs() * mask).sum()
-                / mask.sum().clamp(min=1))
+                (gap * fresh).sum() / fresh.sum().clamp(min=1))
+            if ahead_rows.any():
+                stale = mask * ahead_rows[:, None]
+                metrics["rollout/ahead_logprob_gap"] = float(
+                    (gap * stale).sum() / stale.sum().clamp(min=1))
         if batch.ref_logprobs is not None:
             metrics["team/kl_ref"] = float(
                 kl_per_token(batch.old_logprobs, batch.ref_logprobs, mask, "k3").sum()

@@ -73,6 +73,8 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
         raise ConfigError("env.swap_roles_every", cfg.env.swap_roles_every,
                           f"swaps the players of two seats; {setup.name} has "
                           f"{len(train[0])} seats")
+    if cfg.rollout.lookahead:
+        _check_lookahead(cfg, setup.is_task, train)
     if setup.is_task:
         _check_task(cfg)
     else:
@@ -81,6 +83,21 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     if check_paths:
         _check_resume(cfg, agents)
     return cfg
+
+
+def _check_lookahead(cfg: PipelineConfig, is_task: bool, train: list[Seating]) -> None:
+    """rollout.lookahead plays the next step's games in this process, seated as this step's."""
+    reason = None
+    if is_task:
+        reason = "is for games: a team task draws the next step's items when that step begins"
+    elif cfg.env_workers.num_workers:
+        reason = (f"plays the next step's episodes in this process, not on env workers "
+                  f"(env_workers.num_workers={cfg.env_workers.num_workers})")
+    elif any(seat.kind == "snapshot" for seating in train for seat in seating.seats):
+        reason = ("cannot start the next step's episodes early: its snapshot opponents are "
+                  "chosen when it begins")
+    if reason is not None:
+        raise ConfigError("rollout.lookahead", cfg.rollout.lookahead, reason)
 
 
 def _check_compile(cfg: PipelineConfig) -> None:

@@ -463,3 +463,68 @@ def test_a_critic_view_too_long_ends_its_episode_like_a_prompt_too_long(team_eng
                      max_prompt_tokens=limit).rollout(seed=5)
     assert cut.turns == [] and all(e.truncated for e in cut.episodes)
     assert cut.metrics["rollout/prompts_too_long"] == len(cut.episodes)
+
+
+def _same_batches(one, other):
+    for field in ("input_ids", "response_mask", "agent_id", "rewards", "env_id", "seat", "turn",
+                  "group_id"):
+        assert torch.equal(getattr(one.batch, field), getattr(other.batch, field)), field
+    # other rows share the batch: the same tokens, log-probs up to float summation order
+    torch.testing.assert_close(one.batch.engine_logprobs, other.batch.engine_logprobs,
+                               rtol=0, atol=1e-4)
+    assert [e.returns for e in one.episodes] == [e.returns for e in other.episodes]
+
+
+def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team_engine):
+    """rollout(ahead_seed=) admits the next rollout's episodes into the lanes this rollout's
+    tail leaves idle and parks them when it ends; the next rollout goes on from there. With
+    the same adapters both rollouts' trajectories equal those played without lookahead, the
+    next rollout starts with turns already played, and its serve needs fewer decode steps."""
+    _, engine, tokenizer = team_engine
+    game, seatings = "tic_tac_toe", [AGENTS, ["bob", "alice"]]  # 5 to 9 moves: a ragged tail
+
+    def scheduler():
+        return _scheduler(engine, tokenizer, game, seatings, groups=6, size=2,
+                          max_new_tokens=16)
+
+    plain = scheduler()
+    first = plain.rollout(seed=5)
+    plain_steps = engine.last_serve["decode_steps"]
+    second = plain.rollout(seed=6)
+    second_steps = engine.last_serve["decode_steps"]
+    assert "rollout/ahead_turns" not in first.metrics
+
+    ahead = scheduler()
+    first_ahead = ahead.rollout(seed=5, ahead_seed=6)
+    first_ahead_steps = engine.last_serve["decode_steps"]
+    second_ahead = ahead.rollout(seed=6)
+    _same_batches(first_ahead, first)
+    _same_batches(second_ahead, second)
+    assert first_ahead.metrics["rollout/ahead_turns"] == 0
+    started = first_ahead.metrics["rollout/next_episodes_started"]
+    assert 0 < started <= 12
+    played_ahead = [t for t in second_ahead.turns if t.ahead]
+    assert second_ahead.metrics["rollout/ahead_turns"] == len(played_ahead) > 0
+    assert {t.env_index for t in played_ahead} == set(range(int(started)))  # in episode order
+    # The tail took the next rollout's turns: more tokens decoded in (about) the same steps,
+    # and the next rollout had less left to decode.
+    assert first_ahead.metrics["rollout/decoded_tokens"] > first.metrics["rollout/decoded_tokens"]
+    assert first.metrics["rollout/decoded_tokens"] == first.metrics["rollout/generated_tokens"]
+    assert first_ahead_steps <= plain_steps + 16  # at most one more answer's worth of steps
+    assert engine.last_serve["decode_steps"] < second_steps
+    assert (second_ahead.metrics["rollout/decoded_tokens"]
+            == second.metrics["rollout/generated_tokens"]
+            - sum(len(t.response_ids) for t in played_ahead))
+    # Another seed than the one played ahead: those episodes are forgotten, nothing is mixed.
+    third = ahead.rollout(seed=7, ahead_seed=8)
+    fourth = ahead.rollout(seed=9)
+    _same_batches(third, plain.rollout(seed=7))
+    _same_batches(fourth, plain.rollout(seed=9))
+    assert not any(t.ahead for t in fourth.turns)
+
+
+def test_lookahead_is_for_games_played_in_this_process(team_engine):
+    _, engine, tokenizer = team_engine
+    scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=2, size=1)
+    with pytest.raises(ValueError, match="lookahead"):
+        scheduler.rollout(seed=1, items=[0, 1], ahead_seed=2)

@@ -47,6 +47,9 @@ class Turn:
     truncated: bool = False
     """The answer hit max_new_tokens before any answer appeared in it (cut off, e.g. while
     thinking): a sign that rollout.sampling.max_new_tokens is too small."""
+    ahead: bool = False
+    """Played during the previous rollout's tail (lookahead, play.py), with the adapters
+    before the last update."""
 
 
 @dataclass

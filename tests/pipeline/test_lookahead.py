@@ -1,0 +1,76 @@
+"""rollout.lookahead: the next step's episodes fill the lanes a step's rollout tail leaves idle
+(roll/agentic/rollout/play.py). The scheduler-level equality (same adapters, same
+trajectories) is in tests/agentic/test_rollout.py; here, the pipeline's side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from roll.pipeline.agentic_pipeline import AgenticPipeline
+from roll.pipeline.cli import CLIError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = [
+    "rollout.constrained_decoding=true", "rollout.num_groups=3", "rollout.group_size=2",
+    "rollout.sampling.max_new_tokens=16", "eval.eval_steps=0", "tracking.backends=[jsonl]",
+    "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0]]",
+]
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _run(out: Path, *extra: str) -> list[dict]:
+    cfg = load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
+                      BASE + [f"output_dir={out}", *extra])
+    AgenticPipeline(cfg).run()
+    return _metrics(out)
+
+
+def test_lookahead_trains_the_same_episodes_and_skips_steps_that_save(tmp_path):
+    """Four steps, a checkpoint after step 2 (and the last): steps 1 and 3 start the next
+    step's episodes, steps 2 and 4 admit none. With a rate so small that the adapters move
+    by nothing a sample can see, every step plays the same games as without lookahead, and
+    every token is decoded once."""
+    common = ("max_steps=4", "save_steps=2", "team.optim.lr=1e-12")
+    plain = _run(tmp_path / "plain", *common)
+    ahead = _run(tmp_path / "ahead", *common, "rollout.lookahead=true")
+    assert [m["step"] for m in ahead] == [1, 2, 3, 4]
+    for before, after in zip(plain, ahead, strict=True):
+        for key in ("rollout/llm_turns", "rollout/generated_tokens", "agent_0/episode_return",
+                    "agent_1/episode_return", "agent_0/win_rate", "agent_1/turns"):
+            assert after[key] == before[key], (after["step"], key)
+        assert "rollout/ahead_turns" not in before
+    started = [m["rollout/next_episodes_started"] for m in ahead]
+    assert started[0] > 0 and started[2] > 0 and started[1] == started[3] == 0
+    assert ahead[0]["rollout/ahead_turns"] == ahead[2]["rollout/ahead_turns"] == 0
+    assert ahead[1]["rollout/ahead_turns"] > 0 and ahead[3]["rollout/ahead_turns"] > 0
+    # turns played ahead were decoded in the step before: each token once over the run
+    assert (sum(m["rollout/decoded_tokens"] for m in ahead)
+            == sum(m["rollout/generated_tokens"] for m in ahead))
+    assert ahead[0]["rollout/decoded_tokens"] > ahead[0]["rollout/generated_tokens"]
+    # the engine's gap on fresh rows stays the served-weights check; the rows played ahead
+    # report theirs apart (here ~0: the update moved nothing)
+    assert ahead[1]["rollout/engine_logprob_gap"] < 1e-3
+    assert ahead[1]["rollout/ahead_logprob_gap"] < 1e-3
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["env.seat_to_agent=[agent_0,snapshot:agent_0@latest]", "team.num_agents=1"],
+     "snapshot"),
+    (["env_workers.num_workers=2", "cluster.backend=ray"], "env workers"),
+])
+def test_lookahead_refuses_what_it_cannot_start_early(tmp_path, extra, reason):
+    with pytest.raises(CLIError, match=f"rollout.lookahead=True: .*{reason}"):
+        load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
+                    BASE + [f"output_dir={tmp_path}", "rollout.lookahead=true", *extra])
+
+
+def test_lookahead_refuses_team_tasks(tmp_path):
+    with pytest.raises(CLIError, match=r"rollout.lookahead=True: is for games"):
+        load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team",
+                    [f"output_dir={tmp_path}", "rollout.lookahead=true"])
