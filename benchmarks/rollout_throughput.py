@@ -28,6 +28,9 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
 tok/s counts generated tokens only. Compiled engines (and serve rows): one warm-up each, then
 ``--rounds`` rounds (default 3) in which each runs once, in turn; medians, every round's
 figure, and ``mixed_over_no_lora`` per round and its median. Eager rows: one timed call.
+Per batch size, ``roofline``: the bytes a decode step must read (weights, adapters, KV cache at
+the mean context) and the tok/s the card's peak bandwidth allows; each timed row gets its
+achieved ``hbm_gb_s`` and ``of_roofline`` beside its tok/s (issue 33's 40% goal).
 Prints one JSON object and writes it to $OUT/rollout_throughput.json when OUT is set. Also
 checks our engines' log-probs against a teacher-forced forward of the trainer model.
 """
@@ -272,6 +275,42 @@ def logprob_check(team: MultiAgentLoRAModel, requests, outputs, rows: int = 8) -
     return {"max_abs": float(gap.max()), "mean_abs": float(gap.mean()), "rows": len(pairs)}
 
 
+HBM_TB_S = {"H100": 3.35, "H200": 4.8}
+"""Peak memory bandwidth by card (NVIDIA's figures, TB/s), for the roofline."""
+
+
+def roofline(team: MultiAgentLoRAModel, shape: dict, batch: int, prompt_len: int,
+             new_tokens: int, dtype_bytes: int, device_name: str) -> dict:
+    """What one decode step must read from memory at least: every base weight (the tied
+    embedding once, as the LM head), every agent's adapter (cast to the base's dtype), and the
+    KV cache of each row at the mean context (prompt + half the new tokens); the tok/s that
+    reading it at the card's peak bandwidth would allow. ``hbm_gb_s`` of a result row is its
+    achieved figure: bytes per step x decode steps per second (tok/s / batch)."""
+    weights = sum(p.numel() for p in team.base_model.parameters()) * dtype_bytes
+    adapters = sum(p.numel() for name in team.agent_names
+                   for p in team.agent_parameters(name)) * dtype_bytes
+    context = prompt_len + new_tokens / 2
+    kv = (batch * context * shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"]
+          * shape["head_dim"] * dtype_bytes)
+    step_bytes = weights + adapters + kv
+    peak = next((tb for card, tb in HBM_TB_S.items() if card in device_name), None)
+    out = {"step_gb": round(step_bytes / 1e9, 3), "weights_gb": round(weights / 1e9, 3),
+           "adapters_gb": round(adapters / 1e9, 3), "kv_gb": round(kv / 1e9, 3)}
+    if peak is not None:
+        out["peak_tb_s"] = peak
+        out["roofline_tok_s"] = round(peak * 1e12 / step_bytes * batch)
+    return out
+
+
+def with_bandwidth(figures: dict, line: dict, batch: int) -> None:
+    """Each timed row's achieved memory bandwidth and share of the roofline."""
+    for row in figures.values():
+        if isinstance(row, dict) and row.get("tok_s"):
+            row["hbm_gb_s"] = round(row["tok_s"] / batch * line["step_gb"], 1)
+            if "roofline_tok_s" in line:
+                row["of_roofline"] = round(row["tok_s"] / line["roofline_tok_s"], 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
@@ -421,6 +460,9 @@ def main() -> None:
                     team.base_model, input_ids, new_tokens, shape["pad_token_id"], device,
                     cache_implementation="static", warmup=True,
                 )
+        figures["roofline"] = roofline(team, shape, batch, prompt_len, new_tokens,
+                                       torch.finfo(dtype).bits // 8, result["device"])
+        with_bandwidth(figures, figures["roofline"], batch)
         result["results"][f"batch_{batch}"] = figures
         write_json(result)  # after every batch size, so a cut-short run still leaves figures
         print(f"batch {batch}: " + ", ".join(
@@ -449,6 +491,7 @@ def main() -> None:
         shutil.rmtree(vllm_folder, ignore_errors=True)
         for batch in batches:
             row = result["results"][f"batch_{batch}"]
+            with_bandwidth(row, row["roofline"], batch)
             print(f"batch {batch}: vllm_mixed {row['vllm_mixed']['tok_s']:.0f}, vllm_no_lora "
                   f"{row['vllm_no_lora']['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
 
