@@ -374,7 +374,9 @@ class AgenticPipeline:
         metrics["rollout/tokens_per_s"] = (metrics["rollout/decoded_tokens"]
                                            / max(times["time/rollout"], 1e-9))
         served = self.engine.last_serve
-        if served and metrics["rollout/decoded_tokens"]:  # else nothing was served this step  # continuous batching: decode lanes, steps and CUDA graph captures so far
+        # continuous batching: decode lanes, steps and CUDA graph captures so far (when this
+        # step served anything: its episodes may all have been played ahead)
+        if served and metrics["rollout/decoded_tokens"]:
             for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
                 if name in served:  # vLLM reports no prefills or graph captures
                     metrics[f"rollout/{name}"] = float(served[name])
