@@ -136,8 +136,9 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     summary = {
         "example": example, "agents": agents, "continuous": continuous, "steps": steps,
         "engine": args.engine, "overrides": args.override,
-        "mean_after_first": {key: round(statistics.mean(s[key] for s in later), 3)
-                             for key in later[0] if key != "step"},
+        "mean_after_first": {key: round(statistics.mean(s[key] for s in later if key in s), 3)
+                             for key in dict.fromkeys(k for s in later for k in s)
+                             if key != "step"},
     }
     if torch.cuda.is_available():
         summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
