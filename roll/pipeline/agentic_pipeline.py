@@ -39,7 +39,6 @@ from roll.agentic.rollout.results import RolloutResult
 from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import RunningBaselines
-from roll.algorithms.losses import kl_per_token
 from roll.distributed.roles import TrainGroup, push_adapters
 from roll.errors import RoleFailed
 from roll.inference.base import SamplingParams
@@ -71,6 +70,7 @@ from roll.pipeline.evaluation import (
 from roll.pipeline.policy_update import SnapshotMagnet, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
+from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
@@ -370,21 +370,8 @@ class AgenticPipeline:
             scheduler, seed, tracker, "episodes", items, seed + 1 if ahead else None)
         times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
-        # what the engine decoded in this phase (with lookahead: the next step's turns too)
-        metrics["rollout/tokens_per_s"] = (metrics["rollout/decoded_tokens"]
-                                           / max(times["time/rollout"], 1e-9))
-        served = self.engine.last_serve
-        # continuous batching: decode lanes, steps and CUDA graph captures so far (when this
-        # step served anything: its episodes may all have been played ahead)
-        if served and metrics["rollout/decoded_tokens"]:
-            for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
-                if name in served:  # vLLM reports no prefills or graph captures
-                    metrics[f"rollout/{name}"] = float(served[name])
-            if served.get("decode_steps") and "served" in served:
-                # Rows decoding per decode step on average (each request's first token comes
-                # from its prefill): lanes left idle by a rollout's tail show here.
-                metrics["rollout/busy_lanes"] = ((metrics["rollout/decoded_tokens"]
-                                                  - served["served"]) / served["decode_steps"])
+        metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve,
+                                             times["time/rollout"]))
         metrics.update(team_return(result.episodes))
         batch = result.batch
         if batch is None:
@@ -393,27 +380,8 @@ class AgenticPipeline:
         batch = batch.to(self.device)
 
         start = time.perf_counter()
-        mask = batch.response_mask
         batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
-        if self.engine_logprobs_comparable:
-            # The engine's log-probs are the trainer's definition (roll/inference/base.py): the
-            # gap is a check that the engine served the trainer's weights. Turns played ahead
-            # (lookahead) had the adapters before the last update: their gap, apart, is how far
-            # one update moved the policy on them.
-            gap = (batch.old_logprobs - batch.engine_logprobs).abs() * mask
-            ahead_rows = torch.tensor([t.ahead for t in result.turns
-                                       if t.trained_agent is not None], device=gap.device)
-            fresh = mask * ~ahead_rows[:, None]
-            metrics["rollout/engine_logprob_gap"] = float(
-                (gap * fresh).sum() / fresh.sum().clamp(min=1))
-            if ahead_rows.any():
-                stale = mask * ahead_rows[:, None]
-                metrics["rollout/ahead_logprob_gap"] = float(
-                    (gap * stale).sum() / stale.sum().clamp(min=1))
-        if batch.ref_logprobs is not None:
-            metrics["team/kl_ref"] = float(
-                kl_per_token(batch.old_logprobs, batch.ref_logprobs, mask, "k3").sum()
-                / mask.sum().clamp(min=1))
+        metrics.update(logprob_metrics(batch, result.turns, self.engine_logprobs_comparable))
         times["time/reference"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -1,0 +1,64 @@
+"""What a training step reports about its rollout phase and its log-prob passes.
+
+- ``rollout_phase_metrics``: decode figures of the phase (tok/s over what it decoded, lanes,
+  decode steps, busy lanes), from the rollout's metrics and the engine's ``last_serve``.
+- ``logprob_metrics``: how far the engine's log-probs are from the trainer's recomputed ones
+  (a check that the engine served the trainer's weights; turns played ahead apart: how far one
+  update moved them), and the KL to the reference model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from roll.agentic.rollout.results import Turn
+from roll.algorithms.losses import kl_per_token
+from roll.batch import TrajectoryBatch
+
+
+def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
+                          seconds: float) -> dict[str, float]:
+    """``rollout/tokens_per_s`` over what the phase decoded (with lookahead: the next step's
+    turns too) and, when the engine served anything this phase (a step whose episodes were
+    all played ahead serves nothing), its lanes, decode steps, prefills, CUDA graph captures
+    so far, and ``rollout/busy_lanes``: rows decoding per decode step on average (each
+    request's first token comes from its prefill), where a rollout's tail shows as idle lanes.
+    """
+    decoded = rollout["rollout/decoded_tokens"]
+    out = {"rollout/tokens_per_s": decoded / max(seconds, 1e-9)}
+    if not (served and decoded):
+        return out
+    for name in ("lanes", "decode_steps", "prefills", "graph_captures"):
+        if name in served:  # vLLM reports no prefills or graph captures
+            out[f"rollout/{name}"] = float(served[name])
+    if served.get("decode_steps") and "served" in served:
+        out["rollout/busy_lanes"] = (decoded - served["served"]) / served["decode_steps"]
+    return out
+
+
+def logprob_metrics(batch: TrajectoryBatch, turns: Sequence[Turn], comparable: bool
+                    ) -> dict[str, float]:
+    """After the old-log-prob (and reference) pass. ``comparable``: the engine reports the
+    trainer's definition of a log-prob (builders.engine_reports_policy_logprobs); then
+    ``rollout/engine_logprob_gap`` is the mean |old - engine| per response token over rows
+    generated this step, and ``rollout/ahead_logprob_gap`` the same over rows played ahead
+    (``Turn.ahead``; the batch's rows are the trained turns in ``turns`` order)."""
+    mask = batch.response_mask
+    out: dict[str, float] = {}
+    if comparable:
+        gap = (batch.old_logprobs - batch.engine_logprobs).abs() * mask
+        ahead = torch.tensor([t.ahead for t in turns if t.trained_agent is not None],
+                             device=gap.device)[:, None]
+        fresh, stale = mask * ~ahead, mask * ahead
+        out["rollout/engine_logprob_gap"] = float((gap * fresh).sum()
+                                                  / fresh.sum().clamp(min=1))
+        if ahead.any():
+            out["rollout/ahead_logprob_gap"] = float((gap * stale).sum()
+                                                     / stale.sum().clamp(min=1))
+    if batch.ref_logprobs is not None:
+        out["team/kl_ref"] = float(
+            kl_per_token(batch.old_logprobs, batch.ref_logprobs, mask, "k3").sum()
+            / mask.sum().clamp(min=1))
+    return out

@@ -1,0 +1,46 @@
+"""A step's rollout-phase and log-prob metrics, against numbers computed by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
+
+
+def test_rollout_phase_metrics_by_hand():
+    served = {"lanes": 8, "decode_steps": 20, "served": 10, "prefills": 3}
+    out = rollout_phase_metrics({"rollout/decoded_tokens": 100.0}, served, 2.0)
+    # 100 tokens in 2 s; 10 of them came from prefills, 90 from 20 decode steps: 4.5 rows each
+    assert out == {"rollout/tokens_per_s": 50.0, "rollout/lanes": 8.0,
+                   "rollout/decode_steps": 20.0, "rollout/prefills": 3.0,
+                   "rollout/busy_lanes": 4.5}
+    # a phase that decoded nothing (its episodes all played ahead) reports no stale serve
+    assert rollout_phase_metrics({"rollout/decoded_tokens": 0.0}, served, 0.5) == {
+        "rollout/tokens_per_s": 0.0}
+    assert rollout_phase_metrics({"rollout/decoded_tokens": 6.0}, {}, 3.0) == {
+        "rollout/tokens_per_s": 2.0}
+
+
+def test_logprob_gaps_split_rows_played_ahead_by_hand():
+    # three trained rows (a snapshot turn between them is not a row), responses at columns
+    # 1-2; row 1 was played ahead
+    mask = torch.tensor([[0.0, 1, 1], [0, 1, 1], [0, 1, 0]])
+    old = torch.tensor([[9.0, -1.0, -2.0], [9, -1, -1], [9, -3, 5]])
+    engine = torch.tensor([[0.0, -1.5, -2.0], [0, -2, -3], [0, -2, 7]])
+    batch = SimpleNamespace(response_mask=mask, old_logprobs=old, engine_logprobs=engine,
+                            ref_logprobs=None)
+    turns = [SimpleNamespace(ahead=False, trained_agent="a"),
+             SimpleNamespace(ahead=False, trained_agent=None),
+             SimpleNamespace(ahead=True, trained_agent="b"),
+             SimpleNamespace(ahead=False, trained_agent="a")]
+    out = logprob_metrics(batch, turns, comparable=True)
+    # fresh rows 0 and 2: |.5| + |0| + |1| over 3 tokens; ahead row 1: |1| + |2| over 2
+    assert out == pytest.approx({"rollout/engine_logprob_gap": 0.5,
+                                 "rollout/ahead_logprob_gap": 1.5})
+    assert logprob_metrics(batch, turns, comparable=False) == {}
+    none_ahead = [SimpleNamespace(ahead=False, trained_agent="a")] * 3
+    assert logprob_metrics(batch, none_ahead, comparable=True) == pytest.approx(
+        {"rollout/engine_logprob_gap": (0.5 + 0 + 1 + 2 + 1) / 5})
