@@ -338,3 +338,28 @@ def test_vllm_rollout_served_continuously_plays_the_same_episodes_as_rounds(
     for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
         assert torch.equal(getattr(served.batch, field), getattr(played.batch, field)), field
     assert [e.returns for e in served.episodes] == [e.returns for e in played.episodes]
+
+
+def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, team, engine):
+    """rollout.lookahead through VLLMEngine.serve: the next rollout's episodes join vLLM's
+    running batch as this one's games end, are parked when it ends and go on in the next
+    rollout; with unchanged adapters both rollouts play what they play without it."""
+    from tests.agentic.test_rollout import _scheduler
+
+    _sync_both(team, [engine])
+    tokenizer = load_tokenizer(tiny_model_path)
+
+    def scheduler():
+        return _scheduler(engine, tokenizer, "tic_tac_toe", [["alice", "bob"], ["bob", "alice"]],
+                          True, groups=4, size=2, max_new_tokens=16)
+
+    plain = scheduler()
+    expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
+    ahead = scheduler()
+    played = [ahead.rollout(seed=5, ahead_seed=6), ahead.rollout(seed=6)]
+    assert played[0].metrics["rollout/next_episodes_started"] > 0
+    assert played[1].metrics["rollout/ahead_turns"] > 0
+    for got, want in zip(played, expected, strict=True):
+        for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
+            assert torch.equal(getattr(got.batch, field), getattr(want.batch, field)), field
+        assert [e.returns for e in got.episodes] == [e.returns for e in want.episodes]
