@@ -118,6 +118,44 @@ def test_engine_actors_serve_continuously_and_balance_follow_ups(
         assert output.token_ids == local.generate([late_requests[index]])[0].token_ids
 
 
+def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, team_and_group):
+    """rollout lookahead over 2 engine actors' streams: the next rollout's episodes join as
+    this one's games end and are parked when it ends; with unchanged adapters both rollouts
+    equal the in-process engine's without lookahead."""
+    from roll.agentic.env.actions import ActionConfig
+    from roll.agentic.env.openspiel_env import OpenSpielEnv
+    from roll.agentic.env.renderers import render_prompt
+    from roll.agentic.env.seating import build_seating
+    from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+
+    model, group = team_and_group
+    tokenizer = load_tokenizer(tiny_model_path)
+    local = hf_engine_for(model, tokenizer, max_batch_size=8)
+    push_adapters(local, model, version=4)
+    push_adapters(group, model, version=4)
+
+    def scheduler(engine):
+        return RolloutScheduler(
+            env_factory=lambda: OpenSpielEnv("tic_tac_toe"), render=render_prompt,
+            seatings=[build_seating(s, 2, ["a", "b"]) for s in (["a", "b"], ["b", "a"])],
+            agent_names=["a", "b"], engine=engine, tokenizer=tokenizer,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
+            action=ActionConfig(format_penalty=1.0, fallback="random"),
+            config=RolloutConfig(num_groups=3, group_size=2, shared_deals=True, max_turns=9,
+                                 max_prompt_tokens=2048, constrained_decoding=True,
+                                 enable_thinking=False, continuous=True))
+
+    plain = scheduler(local)
+    expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
+    ahead = scheduler(group)
+    played = [ahead.rollout(seed=5, ahead_seed=6), ahead.rollout(seed=6)]
+    assert played[0].metrics["rollout/next_episodes_started"] > 0
+    assert played[1].metrics["rollout/ahead_turns"] > 0
+    for got, want in zip(played, expected, strict=True):
+        for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
+            assert torch.equal(getattr(got.batch, field), getattr(want.batch, field)), field
+
+
 def test_a_dead_engine_stops_the_call_with_one_line(tiny_model_path, team_and_group,
                                                     ray_cluster):
     model, group = team_and_group
