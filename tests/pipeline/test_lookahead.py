@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
@@ -74,3 +75,26 @@ def test_lookahead_refuses_team_tasks(tmp_path):
     with pytest.raises(CLIError, match=r"rollout.lookahead=True: is for games"):
         load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team",
                     [f"output_dir={tmp_path}", "rollout.lookahead=true"])
+
+
+def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted(tmp_path):
+    """No episodes are parked at a checkpoint (a step that saves admits none), so stopping
+    after step 2 and resuming gives the uninterrupted run's adapters bit for bit."""
+    from safetensors.torch import load_file
+
+    common = ("save_steps=2", "team.optim.lr=5e-2", "rollout.lookahead=true")
+    whole = _run(tmp_path / "whole", "max_steps=4", *common)
+    _run(tmp_path / "stopped", "max_steps=2", *common)
+    resumed = _run(tmp_path / "stopped", "max_steps=4", "resume=latest", *common)
+    assert resumed[-1]["step"] == 4 and resumed[-1]["rollout/ahead_turns"] > 0
+    assert whole[3]["rollout/ahead_turns"] == resumed[-1]["rollout/ahead_turns"]
+
+    def adapters(out: Path) -> dict:
+        final = out / "checkpoints" / "step_00000004" / "agents"
+        return {f"{path.relative_to(final)}/{key}": value
+                for path in sorted(final.rglob("*.safetensors"))
+                for key, value in load_file(path).items()}
+
+    ours, theirs = adapters(tmp_path / "whole"), adapters(tmp_path / "stopped")
+    assert ours and ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
