@@ -20,7 +20,7 @@ requests of the run's prompt length and token budget with nothing else to do, an
 ``busy_lanes`` requests (the rows decoding per decode step on average, ``rollout/busy_lanes``,
 when fewer than the lanes); ``in_pipeline_vs_engine`` is the rollout's tok/s over the
 engine-only figure at the run's lanes (issue 33: >= 0.6 on Hanabi). With
-``--override rollout.lookahead=true`` the next step's episodes fill the lanes a rollout's tail
+``--override rollout.lookahead=1`` the next step's episodes fill the lanes a rollout's tail
 leaves idle; the rollout's tok/s and the step's count the tokens decoded in the phase
 (``rollout/decoded_tokens``), whichever step they belong to.
 The first step includes warm-up (graph capture); the summary averages the later steps.

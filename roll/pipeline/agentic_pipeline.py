@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -256,10 +256,10 @@ class AgenticPipeline:
 
     def synced_rollout(
         self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str,
-        items: list[int] | None = None, ahead_seed: int | None = None,
+        items: list[int] | None = None, ahead_seeds: list[int] | None = None,
     ) -> tuple[RolloutResult, float]:
         """Wake the engine, sync the adapters, roll out (team tasks: group g plays dataset item
-        ``items[g]``; ``ahead_seed``: the next rollout's, played ahead in idle lanes);
+        ``items[g]``; ``ahead_seeds``: the next rollouts', played ahead in idle lanes);
         (result, seconds spent syncing)."""
         with self.engine_awake():
             start = time.perf_counter()
@@ -267,7 +267,7 @@ class AgenticPipeline:
             synced = time.perf_counter() - start
             result = scheduler.rollout(
                 seed=seed, progress=lambda done, total: tracker.progress(done, total, what),
-                items=items, ahead_seed=ahead_seed,
+                items=items, ahead_seeds=ahead_seeds or (),
             )
         return result, synced
 
@@ -325,13 +325,9 @@ class AgenticPipeline:
                 if self.step == 1 or quiet:
                     log_line(f"step {self.step}/{cfg.max_steps} ..."
                              + (" (the first compiles what it needs)" if self.step == 1 else ""))
-                # rollout.lookahead: the next step's episodes start in this step's idle
-                # lanes, unless a checkpoint comes between (a resumed run must be the same run)
-                # or the next step plays other seatings (swapped roles).
-                ahead = (cfg.rollout.lookahead and not self._saves_after(self.step)
-                         and (self.step // max(1, cfg.env.swap_roles_every)) % len(
-                             train_schedulers) == block % len(train_schedulers))
-                metrics = self.train_step(scheduler, tracker, ahead)
+                metrics = self.train_step(scheduler, tracker, self._ahead_steps(
+                    lambda step: (step - 1) // max(1, cfg.env.swap_roles_every)
+                    % len(train_schedulers)))
                 if quiet:
                     log_line(f"step {self.step}/{cfg.max_steps}: done in "
                              f"{metrics['time/step']:.1f} s")
@@ -357,9 +353,21 @@ class AgenticPipeline:
         save_steps, max_steps = self.cfg.save_steps, self.cfg.max_steps
         return bool(save_steps and step % save_steps == 0) or step == max_steps
 
-    def train_step(self, scheduler: RolloutScheduler, tracker: Tracker, ahead: bool = False
-                   ) -> dict[str, float]:
-        """One step: roll out (``ahead``: the next step's episodes fill idle lanes), score,
+    def _ahead_steps(self, block_of: Callable[[int], int]) -> list[int]:
+        """The steps whose episodes this step may start in its idle lanes (rollout.lookahead):
+        up to that many next steps, played by this step's scheduler (``block_of``: a step's
+        scheduler index; swapped roles change it), none past a checkpoint (a resumed run must
+        be the run that was not interrupted: nothing is parked when one is written)."""
+        steps: list[int] = []
+        for later in range(self.step + 1, self.step + self.cfg.rollout.lookahead + 1):
+            if self._saves_after(later - 1) or block_of(later) != block_of(self.step):
+                break
+            steps.append(later)
+        return steps
+
+    def train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
+                   ahead_steps: list[int] | None = None) -> dict[str, float]:
+        """One step: roll out (``ahead_steps``: those steps' episodes fill idle lanes), score,
         update the agents (and critics)."""
         cfg = self.cfg
         times: dict[str, float] = {}
@@ -367,7 +375,8 @@ class AgenticPipeline:
         items = None if self.items is None else self.items.take(scheduler.config.num_groups)
         seed = cfg.seed * 1_000_003 + self.step
         result, times["time/sync"] = self.synced_rollout(
-            scheduler, seed, tracker, "episodes", items, seed + 1 if ahead else None)
+            scheduler, seed, tracker, "episodes", items,
+            [seed + later - self.step for later in ahead_steps or ()])
         times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
         metrics = dict(result.metrics)
         metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve,

@@ -186,13 +186,14 @@ class RolloutSchema:
     """Continuous turn batching (engines that support it, hf): an episode's next turn joins
     the running batch as soon as the previous answer is done. False: lock-step rounds (one
     generate call per round of pending turns)."""
-    lookahead: bool = False
-    """Fill the decode lanes a step's rollout tail leaves idle with the NEXT step's episodes
-    (roll/agentic/rollout/play.py): they start with this step's adapters and go on after the
-    update, so a share of each step's turns (``rollout/ahead_turns``) is one adapter version
-    stale. The step's episodes and their order are unchanged. Games in this process only (not
-    team tasks, env workers or snapshot opponents); steps that end with a checkpoint admit
-    none, so a resumed run is the run that was not interrupted."""
+    lookahead: int = 0
+    """Fill the decode lanes a step's rollout tail leaves idle with the episodes of up to this
+    many NEXT steps (roll/agentic/rollout/play.py; 0: off): they start with this step's
+    adapters and go on after the updates, so a share of each step's turns
+    (``rollout/ahead_turns``) comes from adapters up to ``lookahead`` versions older. The
+    steps' episodes and their order are unchanged. Games in this process only (not team tasks,
+    env workers or snapshot opponents); no step's episodes start before a checkpoint that
+    comes first, so a resumed run is the run that was not interrupted."""
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     """Decoding settings."""
     hf: HFEngineSchema = field(default_factory=HFEngineSchema)

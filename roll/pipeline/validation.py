@@ -73,6 +73,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
         raise ConfigError("env.swap_roles_every", cfg.env.swap_roles_every,
                           f"swaps the players of two seats; {setup.name} has "
                           f"{len(train[0])} seats")
+    require_int("rollout.lookahead", cfg.rollout.lookahead, 0)
     if cfg.rollout.lookahead:
         _check_lookahead(cfg, setup.is_task, train)
     if setup.is_task:

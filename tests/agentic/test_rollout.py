@@ -476,7 +476,7 @@ def _same_batches(one, other):
 
 
 def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team_engine):
-    """rollout(ahead_seed=) admits the next rollout's episodes into the lanes this rollout's
+    """rollout(ahead_seeds=) admits the next rollout's episodes into the lanes this rollout's
     tail leaves idle and parks them when it ends; the next rollout goes on from there. With
     the same adapters both rollouts' trajectories equal those played without lookahead, the
     next rollout starts with turns already played, and its serve needs fewer decode steps."""
@@ -495,7 +495,7 @@ def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team
     assert "rollout/ahead_turns" not in first.metrics
 
     ahead = scheduler()
-    first_ahead = ahead.rollout(seed=5, ahead_seed=6)
+    first_ahead = ahead.rollout(seed=5, ahead_seeds=[6])
     first_ahead_steps = engine.last_serve["decode_steps"]
     second_ahead = ahead.rollout(seed=6)
     _same_batches(first_ahead, first)
@@ -516,7 +516,7 @@ def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team
             == second.metrics["rollout/generated_tokens"]
             - sum(len(t.response_ids) for t in played_ahead))
     # Another seed than the one played ahead: those episodes are forgotten, nothing is mixed.
-    third = ahead.rollout(seed=7, ahead_seed=8)
+    third = ahead.rollout(seed=7, ahead_seeds=[8])
     fourth = ahead.rollout(seed=9)
     _same_batches(third, plain.rollout(seed=7))
     _same_batches(fourth, plain.rollout(seed=9))
@@ -527,4 +527,28 @@ def test_lookahead_is_for_games_played_in_this_process(team_engine):
     _, engine, tokenizer = team_engine
     scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS], groups=2, size=1)
     with pytest.raises(ValueError, match="lookahead"):
-        scheduler.rollout(seed=1, items=[0, 1], ahead_seed=2)
+        scheduler.rollout(seed=1, items=[0, 1], ahead_seeds=[2])
+
+
+def test_lookahead_of_two_rollouts_admits_the_nearer_first(team_engine):
+    """ahead_seeds=[6, 7]: rollout 5's idle lanes take rollout 6's episodes, then (all of
+    6's started) 7's; each later rollout goes on from what was played ahead for it, and all
+    equal the plain ones (Hanabi: games of very different lengths)."""
+    _, engine, tokenizer = team_engine
+
+    def scheduler():
+        return _scheduler(engine, tokenizer, "hanabi", [AGENTS], groups=3, size=2,
+                          max_new_tokens=40)
+
+    plain = scheduler()
+    expected = [plain.rollout(seed=s) for s in (5, 6, 7)]
+    ahead = scheduler()
+    played = [ahead.rollout(seed=5, ahead_seeds=[6, 7])]
+    six, seven = ahead._ahead
+    assert len(six.started) == len(six.specs) == 6 and len(seven.started) > 0
+    assert played[0].metrics["rollout/next_episodes_started"] == 6 + len(seven.started)
+    played += [ahead.rollout(seed=6, ahead_seeds=[7]), ahead.rollout(seed=7)]
+    for got, want in zip(played, expected, strict=True):
+        _same_batches(got, want)
+    assert played[1].metrics["rollout/ahead_turns"] > 0
+    assert played[2].metrics["rollout/ahead_turns"] > 0

@@ -148,7 +148,7 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
     plain = scheduler(local)
     expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
     ahead = scheduler(group)
-    played = [ahead.rollout(seed=5, ahead_seed=6), ahead.rollout(seed=6)]
+    played = [ahead.rollout(seed=5, ahead_seeds=[6]), ahead.rollout(seed=6)]
     assert played[0].metrics["rollout/next_episodes_started"] > 0
     assert played[1].metrics["rollout/ahead_turns"] > 0
     for got, want in zip(played, expected, strict=True):

@@ -356,7 +356,7 @@ def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, te
     plain = scheduler()
     expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
     ahead = scheduler()
-    played = [ahead.rollout(seed=5, ahead_seed=6), ahead.rollout(seed=6)]
+    played = [ahead.rollout(seed=5, ahead_seeds=[6]), ahead.rollout(seed=6)]
     assert played[0].metrics["rollout/next_episodes_started"] > 0
     assert played[1].metrics["rollout/ahead_turns"] > 0
     for got, want in zip(played, expected, strict=True):

@@ -39,7 +39,7 @@ def test_lookahead_trains_the_same_episodes_and_skips_steps_that_save(tmp_path):
     every token is decoded once."""
     common = ("max_steps=4", "save_steps=2", "team.optim.lr=1e-12")
     plain = _run(tmp_path / "plain", *common)
-    ahead = _run(tmp_path / "ahead", *common, "rollout.lookahead=true")
+    ahead = _run(tmp_path / "ahead", *common, "rollout.lookahead=1")
     assert [m["step"] for m in ahead] == [1, 2, 3, 4]
     for before, after in zip(plain, ahead, strict=True):
         for key in ("rollout/llm_turns", "rollout/generated_tokens", "agent_0/episode_return",
@@ -66,15 +66,15 @@ def test_lookahead_trains_the_same_episodes_and_skips_steps_that_save(tmp_path):
     (["env_workers.num_workers=2", "cluster.backend=ray"], "env workers"),
 ])
 def test_lookahead_refuses_what_it_cannot_start_early(tmp_path, extra, reason):
-    with pytest.raises(CLIError, match=f"rollout.lookahead=True: .*{reason}"):
+    with pytest.raises(CLIError, match=f"rollout.lookahead=1: .*{reason}"):
         load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
-                    BASE + [f"output_dir={tmp_path}", "rollout.lookahead=true", *extra])
+                    BASE + [f"output_dir={tmp_path}", "rollout.lookahead=1", *extra])
 
 
 def test_lookahead_refuses_team_tasks(tmp_path):
-    with pytest.raises(CLIError, match=r"rollout.lookahead=True: is for games"):
+    with pytest.raises(CLIError, match=r"rollout.lookahead=1: is for games"):
         load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team",
-                    [f"output_dir={tmp_path}", "rollout.lookahead=true"])
+                    [f"output_dir={tmp_path}", "rollout.lookahead=1"])
 
 
 def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted(tmp_path):
@@ -82,7 +82,7 @@ def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted
     after step 2 and resuming gives the uninterrupted run's adapters bit for bit."""
     from safetensors.torch import load_file
 
-    common = ("save_steps=2", "team.optim.lr=5e-2", "rollout.lookahead=true")
+    common = ("save_steps=2", "team.optim.lr=5e-2", "rollout.lookahead=1")
     whole = _run(tmp_path / "whole", "max_steps=4", *common)
     _run(tmp_path / "stopped", "max_steps=2", *common)
     resumed = _run(tmp_path / "stopped", "max_steps=4", "resume=latest", *common)
@@ -98,3 +98,39 @@ def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted
     ours, theirs = adapters(tmp_path / "whole"), adapters(tmp_path / "stopped")
     assert ours and ours.keys() == theirs.keys()
     assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_two_steps_ahead_still_trains_the_same_episodes(tmp_path):
+    """rollout.lookahead=2: a step's idle lanes may take the next two steps' episodes (the
+    nearer first); with adapters that do not move, every step plays the games it plays
+    without lookahead."""
+    common = ("max_steps=4", "save_steps=4", "team.optim.lr=1e-12")
+    plain = _run(tmp_path / "plain", *common)
+    ahead = _run(tmp_path / "ahead", *common, "rollout.lookahead=2")
+    for before, after in zip(plain, ahead, strict=True):
+        for key in ("rollout/llm_turns", "rollout/generated_tokens", "agent_0/episode_return",
+                    "agent_1/win_rate"):
+            assert after[key] == before[key], (after["step"], key)
+    assert all(m["rollout/ahead_turns"] > 0 for m in ahead[1:])
+    assert (sum(m["rollout/decoded_tokens"] for m in ahead)
+            == sum(m["rollout/generated_tokens"] for m in ahead))
+
+
+def test_which_steps_a_step_may_start_early(tmp_path):
+    """Up to rollout.lookahead next steps, none past a checkpoint (written at the end of
+    every save_steps-th step and the last), none played by another scheduler (swapped
+    roles), by hand."""
+    cfg = load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
+                      BASE + [f"output_dir={tmp_path}", "rollout.lookahead=3", "max_steps=9",
+                              "save_steps=4"])
+    pipeline = AgenticPipeline(cfg)
+    one = lambda step: 0  # noqa: E731  (one scheduler)
+    expected = {1: [2, 3, 4], 2: [3, 4], 3: [4], 4: [], 5: [6, 7, 8], 7: [8], 8: [], 9: []}
+    for step, steps in expected.items():
+        pipeline.step = step
+        assert pipeline._ahead_steps(one) == steps, step
+    swapped = lambda step: (step - 1) // 2 % 2  # noqa: E731  (env.swap_roles_every=2)
+    pipeline.step = 1
+    assert pipeline._ahead_steps(swapped) == [2]
+    pipeline.step = 2
+    assert pipeline._ahead_steps(swapped) == []

@@ -2,20 +2,21 @@
 
 A ``Play`` holds the scheduler's side of a batch of episodes in flight: the requests waiting on
 the engine, the answers whose env steps are under way, the LLM turns so far, the format
-counters. ``serve_plays`` serves a rollout's ``Play`` and, optionally, the NEXT rollout's
+counters. ``serve_plays`` serves a rollout's ``Play`` and, optionally, the NEXT rollouts'
 (lookahead): whenever one of this rollout's episodes ends and fewer requests are in flight than
-the rollout started with (decode lanes left idle by the rollout's tail), the next rollout's
-episodes are admitted one by one, in episode order, and played with the adapters of now. When
-this rollout's last episode ends, admission stops: the next rollout's requests still in flight
-finish (one answer each at most) and every episode's next turn waits, *parked*, for the next
-rollout, which serves it with the adapters of then (``RolloutScheduler.rollout(ahead_seed=)``).
+it has lanes (decode lanes left idle by the rollout's tail), the next rollouts' episodes are
+admitted one by one, in episode order, the nearest rollout's first, and played with the
+adapters of now. When this rollout's last episode ends, admission stops: the requests still in
+flight finish (one answer each at most) and every episode's next turn waits, *parked*, for its
+own rollout or the one before it, which serves it with the adapters of then
+(``RolloutScheduler.rollout(ahead_seeds=)``).
 
-What lookahead changes and what it does not. The next rollout's episodes (seeds, seatings,
+What lookahead changes and what it does not. The later rollouts' episodes (seeds, seatings,
 groups, order) and every turn's sampling seed are the same with or without it, so with adapters
-that do not change in between its trajectories are the same; with training in between, the
-turns played ahead come from the adapters before the last update (``Turn.ahead``), one version
-stale, and are trained on as they are (no importance correction: the PPO ratio is taken against
-the log-probs the trainer recomputes, as for every row).
+that do not change in between their trajectories are the same; with training in between, the
+turns played ahead come from adapters one or more updates older (``Turn.ahead``), and are
+trained on as they are (no importance correction: the PPO ratio is taken against the log-probs
+the trainer recomputes, as for every row).
 """
 
 from __future__ import annotations
@@ -165,27 +166,32 @@ class Play:
             self.progress(self.done, len(self.specs))
 
 
-def serve_plays(scheduler: RolloutScheduler, play: Play, ahead: Play | None) -> Serving:
-    """Serve ``play`` to its end on the scheduler's engine, admitting ``ahead``'s episodes into
-    the lanes its tail leaves idle (module docstring)."""
+def serve_plays(scheduler: RolloutScheduler, play: Play, aheads: list[Play]) -> Serving:
+    """Serve ``play`` to its end on the scheduler's engine, admitting the episodes of the
+    rollouts after it (``aheads``, nearest first) into the lanes its tail leaves idle (module
+    docstring)."""
     serving = Serving()
     first = play.unpark(serving)
     if not first:
-        return serving  # nothing to serve; a lookahead stays parked (as if never admitted)
+        return serving  # nothing to serve; lookaheads stay parked (as if never admitted)
     # The lanes of a rollout of these episodes: a play that began ahead has fewer turns left
-    # to start with, and the next rollout's episodes take the lanes they leave.
+    # to start with, and the next rollouts' episodes take the lanes they leave.
     lanes = min(len(play.specs), getattr(scheduler.engine, "max_batch_size", len(play.specs)))
+    plays = [play, *aheads]
 
     def admit() -> list[GenerationRequest]:
-        """The next rollout's turns, one episode at a time, while lanes are idle."""
-        if ahead is None or not ahead.admitting:
+        """The next rollouts' turns, one episode at a time (the nearest rollout's first),
+        while lanes are idle."""
+        if not aheads or not aheads[0].admitting:
             return []
         if play.finished:
-            ahead.admitting = False  # the rest waits for the next rollout
+            for ahead in aheads:
+                ahead.admitting = False  # the rest waits for the next rollouts
             return []
         new: list[GenerationRequest] = []
-        while len(play.waiting) + len(ahead.waiting) < lanes and ahead.parked:
-            new += ahead.unpark(serving, limit=1)
+        for ahead in aheads:
+            while sum(len(p.waiting) for p in plays) < lanes and ahead.parked:
+                new += ahead.unpark(serving, limit=1)
         return new
 
     def follow(key: int, output: GenerationOutput) -> list[GenerationRequest]:
@@ -194,11 +200,11 @@ def serve_plays(scheduler: RolloutScheduler, play: Play, ahead: Play | None) -> 
     class Later:  # the env steps still under way, as the engine's ``serve`` sees them
         @staticmethod
         def outstanding() -> int:
-            return play.host.outstanding() + (ahead.host.outstanding() if ahead else 0)
+            return sum(p.host.outstanding() for p in plays)
 
         @staticmethod
         def ready(wait: bool) -> list[GenerationRequest]:
-            new = ahead.played(False, serving) if ahead is not None else []
+            new = [made for ahead in aheads for made in ahead.played(False, serving)]
             return new + play.played(wait and not new, serving) + admit()
 
     first += admit()
