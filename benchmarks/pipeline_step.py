@@ -140,10 +140,15 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                              for key in dict.fromkeys(k for s in later for k in s)
                              if key != "step"},
     }
+    # the rollout phases of the later steps together: what they decoded over their time
+    summary["rollout_tokens_per_s"] = round(
+        sum(s.get("rollout/decoded_tokens", 0.0) for s in later)
+        / max(sum(s.get("time/rollout", 0.0) for s in later), 1e-9))
     if torch.cuda.is_available():
         summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if continuous and not cfg.actor_infer.num_engines:  # engine actors end with the run
-        lanes = int(later[-1].get("rollout/lanes", 0))
+        # a step whose games were all played ahead (rollout.lookahead) served nothing
+        lanes = int(max(s.get("rollout/lanes", 0) for s in later))
         if lanes:
             # the run's own mean prompt length (the tokenizer decides it: the tiny one's
             # bytes or a real model's words)
@@ -156,8 +161,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
             busy = round(statistics.mean(per_step)) if per_step else 0
             # the rollout phase against the engine alone on all the lanes (issue 33's 60%)
             summary["in_pipeline_vs_engine"] = round(
-                summary["mean_after_first"]["rollout/tokens_per_s"]
-                / summary["engine_only"]["tokens_per_s"], 3)
+                summary["rollout_tokens_per_s"] / summary["engine_only"]["tokens_per_s"], 3)
             if 0 < busy < lanes:
                 summary["busy_lanes"] = busy
                 summary["engine_only_busy"] = engine_only(pipeline, busy, prompt_len, max_new)
