@@ -8,8 +8,8 @@ An LLM run of 100 TicTacToe steps costs 15 minutes of GPU; this costs seconds. I
 move) instead of an adapter:
 
 - two agents, each in both seats, against each other and against the random player (the
-  recipe's six seatings, one per group), ``--groups`` groups of ``--group_size`` independent
-  games per step;
+  recipe's six seatings, one per group; ``--seatings random``: the random player only),
+  ``--groups`` groups of ``--group_size`` independent games per step;
 - advantage = a game's return for the seat (+1 win, 0 draw, -1 loss) minus the mean of the
   group's returns for that seat (``advantage.estimator=grpo``, ``norm: none``), or minus a
   running baseline per (agent, seat) (``--estimator rae``), given to every move of the seat;
@@ -39,8 +39,12 @@ from functools import cache
 import numpy as np
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
-SEATINGS = [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")]
-"""The recipe's env.seat_to_agent: agent A, agent B, R the random player; (X, O)."""
+SEATINGS = {
+    "mixed": [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
+    "random": [("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
+}
+"""env.seat_to_agent: agent A, agent B, R the random player; (X, O). 'mixed' is the recipe's
+(self-play and random opponents), 'random' only the random player."""
 
 
 @cache
@@ -114,7 +118,7 @@ def play(rng, tables: dict[str, Table], seating: tuple[str, str]):
 
 
 def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=4, clip=0.2,
-          estimator="grpo", decay=0.9, seed=0) -> dict:
+          estimator="grpo", decay=0.9, seed=0, seatings="mixed") -> dict:
     rng = np.random.default_rng(seed)
     tables = {"A": Table(), "B": Table()}
     baselines: dict[tuple[str, int], float] = {}
@@ -122,7 +126,7 @@ def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=
         rate = lr * (1.0 - step / steps)
         rows: dict[str, list] = {"A": [], "B": []}  # (board, k, p_old, advantage)
         for g in range(groups):
-            seating = SEATINGS[g % len(SEATINGS)]
+            seating = SEATINGS[seatings][g % len(SEATINGS[seatings])]
             games = [play(rng, tables, seating) for _ in range(group_size)]
             for seat, who in enumerate(seating):
                 if who == "R":
@@ -176,13 +180,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[100, 300])
     parser.add_argument("--minibatches", type=int, nargs="+", default=[4])
     parser.add_argument("--estimator", nargs="+", default=["grpo"], choices=["grpo", "rae"])
+    parser.add_argument("--seatings", nargs="+", default=["mixed"], choices=list(SEATINGS))
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    for groups, entropy, lr, steps, minibatches, estimator in itertools.product(
-            args.groups, args.entropy, args.lr, args.steps, args.minibatches, args.estimator):
+    for groups, entropy, lr, steps, minibatches, estimator, seatings in itertools.product(
+            args.groups, args.entropy, args.lr, args.steps, args.minibatches, args.estimator,
+            args.seatings):
         start = time.perf_counter()
         runs = [train(groups=groups, entropy=entropy, lr=lr, steps=steps,
-                      minibatches=minibatches, estimator=estimator, seed=seed)
+                      minibatches=minibatches, estimator=estimator, seed=seed,
+                      seatings=seatings)
                 for seed in range(args.seeds)]
         summary = {}
         for key in runs[0]:
@@ -194,6 +201,7 @@ def main() -> None:
         worst_o = min(min(run["A/O/sampled"]["win"], run["B/O/sampled"]["win"]) for run in runs)
         print(json.dumps({"groups": groups, "entropy": entropy, "lr": lr, "steps": steps,
                           "minibatches": minibatches, "estimator": estimator,
+                          "seatings": seatings,
                           "seeds": args.seeds, "worst_O_win": worst_o,
                           "seconds": round(time.perf_counter() - start, 1),
                           "mean_min_max": summary}), flush=True)
