@@ -103,8 +103,8 @@ class Play:
         turn) is too long: the episode ends there, truncated (counted, never trained as a
         finished game)."""
         scheduler = self.scheduler
-        prompt_ids = scheduler._chat_ids(ask.prompt.text)
-        critic_ids = (scheduler._chat_ids(ask.critic_prompt)
+        prompt_ids = scheduler.chat_ids(ask.prompt.text)
+        critic_ids = (scheduler.chat_ids(ask.critic_prompt)
                       if ask.critic_prompt is not None
                       and self.specs[index].seating[ask.seat].is_trained else None)
         longest = max(len(prompt_ids), len(critic_ids) if critic_ids is not None else 0)
@@ -113,7 +113,7 @@ class Play:
             self.prompts_too_long += 1
             self._episode_over()
             return []
-        made = scheduler._request(self.specs[index], ask, index, self.seed, prompt_ids)
+        made = scheduler.turn_request(self.specs[index], ask, index, self.seed, prompt_ids)
         self.waiting[serving.key(self)] = (index, ask, prompt_ids, critic_ids, made)
         return [made]
 
@@ -122,7 +122,7 @@ class Play:
         """An answer is done: its env step starts (here, or on an env worker while the engine
         goes on); the follow-ups of every env step done by now."""
         index, ask, prompt_ids, critic_ids, made = self.waiting.pop(key)
-        self.scheduler._check_output_version(made, output)
+        self.scheduler.check_output_version(made, output)
         serving.decoded_tokens += len(output.token_ids)
         self.stepping[index] = (ask, prompt_ids, critic_ids, made, output)
         self.host.start(index, output.text)

@@ -228,8 +228,8 @@ class RolloutScheduler:
             for group in range(cfg.num_groups) for member in range(cfg.group_size)
         ]
 
-    def _request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int,
-                 prompt_ids: list[int]) -> GenerationRequest:
+    def turn_request(self, spec: EpisodeSpec, ask: Ask, index: int, seed: int,
+                     prompt_ids: list[int]) -> GenerationRequest:
         """The acting seat's turn as a request."""
         # A seed per (rollout, episode, turn): the same turn samples the same tokens whatever
         # else shares the batch, so runs (and resumed runs) are reproducible.
@@ -252,8 +252,8 @@ class RolloutScheduler:
             self._check_version(agent, self.engine.adapter_version(agent),
                                 self.expected_version(agent), "holds")
 
-    def _check_output_version(self, request: GenerationRequest, output: GenerationOutput
-                              ) -> None:
+    def check_output_version(self, request: GenerationRequest, output: GenerationOutput
+                             ) -> None:
         """After each generation: the output came from the trainer's version."""
         if self.expected_version is not None and request.adapter in self.agent_names:
             self._check_version(request.adapter, output.adapter_version,
@@ -276,7 +276,8 @@ class RolloutScheduler:
             raise ValueError(f"seat_to_agent: {spec.raw!r} needs a snapshot pool")
         return self.snapshot_slot(spec)
 
-    def _chat_ids(self, text: str) -> list[int]:
+    def chat_ids(self, text: str) -> list[int]:
+        """A prompt's token ids after the chat template (and the system prompt, if any)."""
         return prompt_ids(self.tokenizer, text, self.config.system_prompt,
                           self.config.enable_thinking)
 
