@@ -318,16 +318,21 @@ class AgenticPipeline:
                     first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)
             quiet = "console" not in cfg.tracking.backends  # the console prints each step
+
+            def block_of(step: int) -> int:  # swap_roles_every steps per block of seatings
+                return (step - 1) // max(1, cfg.env.swap_roles_every)
+
+            def scheduler_of(step: int) -> int:
+                return block_of(step) % len(train_schedulers)
+
             while self.step < cfg.max_steps:
                 self.step += 1
-                block = (self.step - 1) // max(1, cfg.env.swap_roles_every)
-                scheduler = train_schedulers[block % len(train_schedulers)]
+                block = block_of(self.step)
+                scheduler = train_schedulers[scheduler_of(self.step)]
                 if self.step == 1 or quiet:
                     log_line(f"step {self.step}/{cfg.max_steps} ..."
                              + (" (the first compiles what it needs)" if self.step == 1 else ""))
-                metrics = self.train_step(scheduler, tracker, self._ahead_steps(
-                    lambda step: (step - 1) // max(1, cfg.env.swap_roles_every)
-                    % len(train_schedulers)))
+                metrics = self.train_step(scheduler, tracker, self._ahead_steps(scheduler_of))
                 if quiet:
                     log_line(f"step {self.step}/{cfg.max_steps}: done in "
                              f"{metrics['time/step']:.1f} s")
@@ -353,14 +358,14 @@ class AgenticPipeline:
         save_steps, max_steps = self.cfg.save_steps, self.cfg.max_steps
         return bool(save_steps and step % save_steps == 0) or step == max_steps
 
-    def _ahead_steps(self, block_of: Callable[[int], int]) -> list[int]:
+    def _ahead_steps(self, scheduler_of: Callable[[int], int]) -> list[int]:
         """The steps whose episodes this step may start in its idle lanes (rollout.lookahead):
-        up to that many next steps, played by this step's scheduler (``block_of``: a step's
-        scheduler index; swapped roles change it), none past a checkpoint (a resumed run must
+        up to that many next steps, played by this step's scheduler (``scheduler_of``: a
+        step's scheduler index; swapped roles change it), none past a checkpoint (a resumed run must
         be the run that was not interrupted: nothing is parked when one is written)."""
         steps: list[int] = []
         for later in range(self.step + 1, self.step + self.cfg.rollout.lookahead + 1):
-            if self._saves_after(later - 1) or block_of(later) != block_of(self.step):
+            if self._saves_after(later - 1) or scheduler_of(later) != scheduler_of(self.step):
                 break
             steps.append(later)
         return steps

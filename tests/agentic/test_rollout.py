@@ -465,14 +465,30 @@ def test_a_critic_view_too_long_ends_its_episode_like_a_prompt_too_long(team_eng
     assert cut.metrics["rollout/prompts_too_long"] == len(cut.episodes)
 
 
-def _same_batches(one, other):
+def same_rows(one, other):
+    """Two rollouts played the same games: the same rows (tokens, ids, rewards) and returns."""
     for field in ("input_ids", "response_mask", "agent_id", "rewards", "env_id", "seat", "turn",
                   "group_id"):
         assert torch.equal(getattr(one.batch, field), getattr(other.batch, field)), field
+    assert [e.returns for e in one.episodes] == [e.returns for e in other.episodes]
+
+
+def _same_batches(one, other):
+    same_rows(one, other)
     # other rows share the batch: the same tokens, log-probs up to float summation order
     torch.testing.assert_close(one.batch.engine_logprobs, other.batch.engine_logprobs,
                                rtol=0, atol=1e-4)
-    assert [e.returns for e in one.episodes] == [e.returns for e in other.episodes]
+
+
+def lookahead_plays_the_plain_rollouts(plain, ahead):
+    """Rollouts 5 and 6 of ``ahead`` (6's episodes started in 5's idle lanes) play what
+    ``plain``'s play without lookahead (engines serving unchanged adapters)."""
+    expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
+    played = [ahead.rollout(seed=5, ahead_seeds=[6]), ahead.rollout(seed=6)]
+    assert played[0].metrics["rollout/next_episodes_started"] > 0
+    assert played[1].metrics["rollout/ahead_turns"] > 0
+    for got, want in zip(played, expected, strict=True):
+        same_rows(got, want)
 
 
 def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team_engine):

@@ -127,6 +127,7 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
     from roll.agentic.env.renderers import render_prompt
     from roll.agentic.env.seating import build_seating
     from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+    from tests.agentic.test_rollout import lookahead_plays_the_plain_rollouts
 
     model, group = team_and_group
     tokenizer = load_tokenizer(tiny_model_path)
@@ -145,15 +146,7 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
                                  max_prompt_tokens=2048, constrained_decoding=True,
                                  enable_thinking=False, continuous=True))
 
-    plain = scheduler(local)
-    expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
-    ahead = scheduler(group)
-    played = [ahead.rollout(seed=5, ahead_seeds=[6]), ahead.rollout(seed=6)]
-    assert played[0].metrics["rollout/next_episodes_started"] > 0
-    assert played[1].metrics["rollout/ahead_turns"] > 0
-    for got, want in zip(played, expected, strict=True):
-        for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
-            assert torch.equal(getattr(got.batch, field), getattr(want.batch, field)), field
+    lookahead_plays_the_plain_rollouts(scheduler(local), scheduler(group))
 
 
 def test_a_dead_engine_stops_the_call_with_one_line(tiny_model_path, team_and_group,

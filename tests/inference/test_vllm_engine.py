@@ -344,7 +344,7 @@ def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, te
     """rollout.lookahead through VLLMEngine.serve: the next rollout's episodes join vLLM's
     running batch as this one's games end, are parked when it ends and go on in the next
     rollout; with unchanged adapters both rollouts play what they play without it."""
-    from tests.agentic.test_rollout import _scheduler
+    from tests.agentic.test_rollout import _scheduler, lookahead_plays_the_plain_rollouts
 
     _sync_both(team, [engine])
     tokenizer = load_tokenizer(tiny_model_path)
@@ -353,13 +353,4 @@ def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, te
         return _scheduler(engine, tokenizer, "tic_tac_toe", [["alice", "bob"], ["bob", "alice"]],
                           True, groups=4, size=2, max_new_tokens=16)
 
-    plain = scheduler()
-    expected = [plain.rollout(seed=5), plain.rollout(seed=6)]
-    ahead = scheduler()
-    played = [ahead.rollout(seed=5, ahead_seeds=[6]), ahead.rollout(seed=6)]
-    assert played[0].metrics["rollout/next_episodes_started"] > 0
-    assert played[1].metrics["rollout/ahead_turns"] > 0
-    for got, want in zip(played, expected, strict=True):
-        for field in ("input_ids", "response_mask", "agent_id", "rewards", "seat", "turn"):
-            assert torch.equal(getattr(got.batch, field), getattr(want.batch, field)), field
-        assert [e.returns for e in got.episodes] == [e.returns for e in want.episodes]
+    lookahead_plays_the_plain_rollouts(scheduler(), scheduler())

@@ -60,7 +60,7 @@ class Play:
                  specs: list[EpisodeSpec], seed: int, ahead: bool = False) -> None:
         self.scheduler, self.host, self.specs, self.seed = scheduler, host, specs, seed
         self.ahead = ahead
-        """Played during the previous rollout (lookahead): turns made now are ``Turn.ahead``."""
+        """Played during an earlier rollout (lookahead): turns made now are ``Turn.ahead``."""
         self.admitting = True
         """False: an episode's next turn is parked instead of requested (a lookahead whose
         rollout ended)."""

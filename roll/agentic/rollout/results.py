@@ -48,8 +48,8 @@ class Turn:
     """The answer hit max_new_tokens before any answer appeared in it (cut off, e.g. while
     thinking): a sign that rollout.sampling.max_new_tokens is too small."""
     ahead: bool = False
-    """Played during the previous rollout's tail (lookahead, play.py), with the adapters
-    before the last update."""
+    """Played during an earlier rollout's tail (lookahead, play.py), with adapters one or more
+    updates older than this rollout's."""
 
 
 @dataclass
