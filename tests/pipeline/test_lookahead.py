@@ -71,6 +71,12 @@ def test_lookahead_refuses_what_it_cannot_start_early(tmp_path, extra, reason):
                     BASE + [f"output_dir={tmp_path}", "rollout.lookahead=1", *extra])
 
 
+def test_a_negative_lookahead_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(CLIError, match=r"rollout.lookahead=-1: must be an integer >= 0"):
+        load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
+                    BASE + [f"output_dir={tmp_path}", "rollout.lookahead=-1"])
+
+
 def test_lookahead_refuses_team_tasks(tmp_path):
     with pytest.raises(CLIError, match=r"rollout.lookahead=1: is for games"):
         load_config(str(ROOT / "examples" / "math_team"), "multi_agent_math_team",
