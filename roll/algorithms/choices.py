@@ -13,6 +13,14 @@ point n of the row's sampled path:
 
     H_row  = sum_n H(π_n)                      (entropy over legal moves)
     KL_row = sum_n KL(π_n || ρ_n)              (KL(π || ρ) over legal moves)
+    KL_rev = sum_n KL(ρ_n || π_n)              (the magnet's cross-entropy to π, less its own
+                                                entropy; ``trainer.magnet_kl=reverse``)
+
+Why both: toward the uniform magnet, KL(π || ρ) = ln k - H(π) has the entropy bonus's gradient
+p_i (log p_i + H), which vanishes as π nears a deterministic policy, so a model that starts
+nearly deterministic (SmolLM2 on Leduc: 0.2-0.5 nats over up to 3 moves) is barely pulled
+back. KL(ρ || π) has gradient π - ρ with respect to the point's logits: a pull of fixed size
+out of a corner (``benchmarks/tabular_leduc.py`` shows what it buys).
 
 When the legal answers part at one token (Kuhn: Pass/Bet, Leduc: Fold/Call/Raise, Connect
 Four), the row has one point and these ARE the entropy and the KL of the distribution over
@@ -84,6 +92,15 @@ def choice_kl(logprobs: Tensor, magnet_logprobs: Tensor, choice_tokens: Tensor) 
     return _row_sum(logprobs.exp() * (logprobs - magnet), choice_tokens)
 
 
+def choice_reverse_kl(logprobs: Tensor, magnet_logprobs: Tensor, choice_tokens: Tensor) -> Tensor:
+    """(B,) KL_rev: the sum over the row's points of KL(ρ_n || π_n) = sum_c ρ(c) (log ρ(c) -
+    log π(c)) (nats); the magnet's log-probs are constants. Its gradient with respect to the
+    point's legal logits is π_n - ρ_n."""
+    magnet = torch.where(choice_tokens >= 0, magnet_logprobs.detach().float(),
+                         torch.zeros_like(logprobs))
+    return _row_sum(magnet.exp() * (magnet - logprobs), choice_tokens)
+
+
 def _row_sum(terms: Tensor, choice_tokens: Tensor) -> Tensor:
     """(B,) the sum of per-token ``terms`` (B, T, C) over each row's legal tokens at its
     branching points; padding and other positions add exactly 0 (``torch.where``, so a
@@ -101,5 +118,5 @@ def uniform_logprobs(choice_leaves: Tensor, choice_tokens: Tensor) -> Tensor:
     return share.clamp(min=1e-30).log()
 
 
-__all__ = ["choice_entropy", "choice_kl", "choice_logprobs", "move_logprobs", "points",
-           "uniform_logprobs"]
+__all__ = ["choice_entropy", "choice_kl", "choice_logprobs", "choice_reverse_kl",
+           "move_logprobs", "points", "uniform_logprobs"]

@@ -275,6 +275,12 @@ class TrainerConfig:
     last refresh, every ``magnet_refresh`` steps)."""
     magnet_refresh: int = 50
     """Train steps between refreshes of a 'snapshot' magnet (>= 1)."""
+    magnet_kl: str = "forward"
+    """Which KL ``magnet_coef`` weighs: 'forward', KL(policy || magnet) (magnetic mirror
+    descent's; toward the uniform magnet its gradient is the entropy bonus's and vanishes near a
+    deterministic policy), or 'reverse', KL(magnet || policy), whose gradient (policy - magnet
+    at each branching point) pulls a nearly deterministic policy back at a fixed rate
+    (roll/algorithms/choices.py)."""
     policy_over: str = "tokens"
     """What the policy loss's log-probs and ratios are of. 'tokens': every response token
     under the model's full next-token distribution. 'moves' (constrained decoding only): the
@@ -330,6 +336,9 @@ class TrainerConfig:
         if self.magnet not in ("uniform", "snapshot"):
             raise ConfigError("trainer.magnet", self.magnet, "must be 'uniform' or 'snapshot'")
         require_int("trainer.magnet_refresh", self.magnet_refresh)
+        if self.magnet_kl not in ("forward", "reverse"):
+            raise ConfigError("trainer.magnet_kl", self.magnet_kl,
+                              "must be 'forward' or 'reverse'")
         if self.policy_over not in ("tokens", "moves"):
             raise ConfigError("trainer.policy_over", self.policy_over,
                               "must be 'tokens' or 'moves'")

@@ -46,6 +46,7 @@ from roll.algorithms.choices import (
     choice_entropy,
     choice_kl,
     choice_logprobs,
+    choice_reverse_kl,
     move_logprobs,
     points,
     uniform_logprobs,
@@ -423,7 +424,8 @@ class MultiAgentTrainer:
                 loss = loss - cfg.action_entropy_coef * action_entropy
             parts["action_entropy"] = action_entropy.detach()
             if cfg.magnet_coef > 0:
-                kl = choice_kl(moves, micro.magnet_logprobs, micro.choice_tokens).sum() / decisions
+                pull = choice_kl if cfg.magnet_kl == "forward" else choice_reverse_kl
+                kl = pull(moves, micro.magnet_logprobs, micro.choice_tokens).sum() / decisions
                 loss = loss + cfg.magnet_coef * kl
                 parts["magnet_kl"] = kl.detach()
         parts["loss"] = loss

@@ -12,6 +12,7 @@ from roll.algorithms.choices import (
     choice_entropy,
     choice_kl,
     choice_logprobs,
+    choice_reverse_kl,
     move_logprobs,
     uniform_logprobs,
 )
@@ -74,6 +75,36 @@ def test_kl_to_the_uniform_magnet_by_hand():
     h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
     assert choice_kl(choice_logprobs(logits, tokens), magnet, tokens).tolist() == pytest.approx(
         [math.log(2.0) - h])
+
+
+def test_reverse_kl_to_the_magnet_by_hand():
+    # p = (0.8, 0.2) against the magnet (1/2, 1/2):
+    #   KL(rho || p) = 0.5 ln(0.5 / 0.8) + 0.5 ln(0.5 / 0.2) = 0.5 (-0.47000) + 0.5 (0.91629)
+    #                = 0.22314,   KL(p || rho) = 0.8 ln 1.6 + 0.2 ln 0.4 = 0.19274.
+    logits, tokens = _row([(1, [math.log(4.0), 0.0], [11, 12])])
+    magnet = torch.full((1, 4, 3), math.log(0.5))
+    logp = choice_logprobs(logits, tokens)
+    assert choice_reverse_kl(logp, magnet, tokens).tolist() == pytest.approx([0.22314], abs=1e-5)
+    assert choice_kl(logp, magnet, tokens).tolist() == pytest.approx([0.19274], abs=1e-5)
+    # Its gradient with respect to the point's logits is p - rho = (0.3, -0.3).
+    logits.requires_grad_(True)
+    choice_reverse_kl(choice_logprobs(logits, tokens), magnet, tokens).sum().backward()
+    assert logits.grad[0, 1, :2].tolist() == pytest.approx([0.3, -0.3], abs=1e-6)
+    assert logits.grad[0, 1, 2] == 0 and logits.grad[0, [0, 2, 3]].abs().sum() == 0
+
+
+def test_near_a_deterministic_policy_only_the_reverse_kl_still_pulls():
+    # p = (1 - 1e-6, 1e-6): the forward KL's gradient p_i (log p_i - log rho_i - KL) is ~1e-5,
+    # the reverse KL's is p - rho = (0.5, -0.5) (up to 1e-6).
+    forward_grad, reverse_grad = [], []
+    for pull, grads in ((choice_kl, forward_grad), (choice_reverse_kl, reverse_grad)):
+        logits, tokens = _row([(0, [math.log(1e6), 0.0], [3, 4])])
+        logits.requires_grad_(True)
+        pull(choice_logprobs(logits, tokens), torch.full((1, 4, 3), math.log(0.5)),
+             tokens).sum().backward()
+        grads.extend(logits.grad[0, 0, :2].tolist())
+    assert max(abs(g) for g in forward_grad) < 2e-5
+    assert reverse_grad == pytest.approx([0.5, -0.5], abs=1e-5)
 
 
 def test_gradients_reach_only_the_legal_logits_and_match_the_hand_derivative():

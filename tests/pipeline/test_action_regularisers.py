@@ -24,10 +24,10 @@ def _config(out: Path, *extra: str):
     return load_config(KUHN, "quickstart_cpu", BASE + [f"output_dir={out}", *extra])
 
 
-def _independent_entropy(model, turn, agent: int, temperature: float) -> float:
-    """H over the legal moves of one Kuhn turn from the full-vocabulary log-probs of each
-    legal token at the turn's one branching point (model.logprobs: log-softmax over the whole
-    vocabulary, then renormalised here by hand)."""
+def _independent_policy(model, turn, agent: int, temperature: float) -> torch.Tensor:
+    """The distribution over the legal moves of one Kuhn turn (float64), from the
+    full-vocabulary log-probs of each legal token at the turn's one branching point
+    (model.logprobs: log-softmax over the whole vocabulary, then renormalised here by hand)."""
     (offset, legal, _), = turn.choices
     prefix = turn.prompt_ids + turn.response_ids[:offset]
     ids = torch.tensor([prefix + [token] for token in legal])
@@ -35,7 +35,11 @@ def _independent_entropy(model, turn, agent: int, temperature: float) -> float:
     positions[:, -1] = True
     logp = model.logprobs(ids, torch.ones_like(ids), torch.full((len(legal),), agent),
                           positions=positions, temperature=temperature)[:, -1].double()
-    p = torch.softmax(logp, 0)  # renormalised over the legal tokens
+    return torch.softmax(logp, 0)  # renormalised over the legal tokens
+
+
+def _independent_entropy(model, turn, agent: int, temperature: float) -> float:
+    p = _independent_policy(model, turn, agent, temperature)
     return float(-(p * p.log()).sum())
 
 
@@ -69,6 +73,31 @@ def test_action_entropy_and_magnet_terms_equal_an_independent_computation(tmp_pa
         # One mini-batch: the loss is the policy loss minus the bonus plus the magnet term.
         assert m["loss"] == pytest.approx(
             m["policy_loss"] - 0.05 * m["action_entropy"] + 0.1 * m["magnet_kl"], abs=1e-6)
+
+
+def test_the_reverse_magnet_kl_equals_an_independent_computation(tmp_path):
+    """trainer.magnet_kl=reverse: the logged term is KL(uniform || policy) over Kuhn's two moves,
+    ln(1/2) - (ln p + ln(1 - p)) / 2 per decision, from an independent forward; the loss holds
+    it with its weight."""
+    cfg = _config(tmp_path / "run", "trainer.magnet_coef=0.3", "trainer.magnet_kl=reverse",
+                  "max_steps=1")
+    pipeline = AgenticPipeline(cfg)
+    scheduler = pipeline.scheduler(pipeline.train_seatings, evaluation=False)
+    result = pipeline.synced_rollout(scheduler, 123, _Quiet(), "episodes")[0]
+    trained = [t for t in result.turns if t.trained_agent is not None]
+    expected = {}  # before the update moves the adapters
+    for index, name in enumerate(pipeline.agent_names):
+        own = [_independent_policy(pipeline.model, t, index, pipeline.policy_temperature)
+               for t in trained if t.trained_agent == name]
+        expected[name] = sum(float(math.log(0.5) - p.log().sum() / 2) for p in own) / len(own)
+    metrics, _ = update_agents(cfg, pipeline.trainer, pipeline.model, result.batch, 1,
+                               pipeline.policy_temperature, None, None)
+    for name in pipeline.agent_names:
+        m = metrics[name]
+        assert m["magnet_kl"] == pytest.approx(expected[name], abs=1e-6)
+        # Not the forward KL (ln 2 - H): the two differ away from the uniform policy.
+        assert m["magnet_kl"] != pytest.approx(math.log(2.0) - m["action_entropy"], abs=1e-5)
+        assert m["loss"] == pytest.approx(m["policy_loss"] + 0.3 * m["magnet_kl"], abs=1e-6)
 
 
 def test_action_entropy_is_logged_with_every_coefficient_at_zero(tmp_path):
@@ -116,6 +145,7 @@ def test_snapshot_magnet_survives_a_checkpoint_bit_exactly(tmp_path):
     ("trainer.magnet_coef=-1", "trainer.magnet_coef"),
     ("trainer.magnet_refresh=0", "trainer.magnet_refresh"),
     ("trainer.magnet=nash", "trainer.magnet"),
+    ("trainer.magnet_kl=backward", "trainer.magnet_kl"),
 ])
 def test_bad_regulariser_settings_are_refused_naming_the_key(tmp_path, override, key):
     # load_config validates: the one-line error, before any model loads.
