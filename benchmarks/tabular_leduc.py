@@ -65,7 +65,7 @@ class Leduc:
             state = self.game.new_initial_state()
             while not state.is_terminal():
                 if state.is_chance_node():
-                    outcomes, chances = zip(*state.chance_outcomes())
+                    outcomes, chances = zip(*state.chance_outcomes(), strict=True)
                     state.apply_action(int(rng.choice(outcomes, p=chances)))
                     continue
                 seat = state.current_player()
