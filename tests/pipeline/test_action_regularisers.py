@@ -75,6 +75,7 @@ def test_action_entropy_and_magnet_terms_equal_an_independent_computation(tmp_pa
             m["policy_loss"] - 0.05 * m["action_entropy"] + 0.1 * m["magnet_kl"], abs=1e-6)
 
 
+@pytest.mark.slow  # a run's rollout and update; the KL itself is tested by hand in test_choices
 def test_the_reverse_magnet_kl_equals_an_independent_computation(tmp_path):
     """trainer.magnet_kl=reverse: the logged term is KL(uniform || policy) over Kuhn's two moves,
     ln(1/2) - (ln p + ln(1 - p)) / 2 per decision, from an independent forward; the loss holds
