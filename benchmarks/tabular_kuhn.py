@@ -19,7 +19,10 @@ state (12 per agent: 6 per seat) instead of an adapter:
   policy: at one step per rollout the ratio is 1 and this is the REINFORCE loss above;
 - ``--magnet m --magnet_refresh K``: plus m * KL(pi(.|s) || rho(.|s)) per decision, rho the
   agent's own policy as it was K steps ago, refreshed every K steps (``trainer.magnet_coef``,
-  ``magnet=snapshot``, ``magnet_refresh``: magnetic mirror descent with a moving magnet).
+  ``magnet=snapshot``, ``magnet_refresh``: magnetic mirror descent with a moving magnet);
+- ``--reverse_uniform u``: plus u * KL(uniform || pi(.|s)) per decision, whose gradient
+  u (p - 1/2) does not vanish near a deterministic policy (``trainer.magnet_coef=u``,
+  ``magnet=uniform``, ``magnet_kl=reverse``).
 
 ``--common_share s`` replaces the table by one weight vector per agent shared by its 12
 states, with the share of their gradients that an adapter has in common (SmolLM2: 0.94,
@@ -138,7 +141,7 @@ def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float,
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
           width=512, epochs=1, clip=0.2, minibatches=1, magnet=0.0,
-          magnet_refresh=50, entropy_final=None) -> list[dict]:
+          magnet_refresh=50, entropy_final=None, reverse_uniform=0.0) -> list[dict]:
     """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
 
     ``common_share`` None: one free logit per information state (a table). Else each agent's
@@ -190,6 +193,7 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
                 g = surrogate_gradient(prob[agent, seat, state], old[agent, seat, state],
                                        action, advantage, weight, clip, magnet,
                                        rho[agent, seat, state])
+                g = g + reverse_uniform * (prob[agent, seat, state] - 0.5)
                 np.add.at(grad[agent, seat], state, g)
                 decisions[agent] += len(state)
             grad /= np.maximum(decisions, 1)[:, None, None]
@@ -238,16 +242,20 @@ def main() -> None:
                         help="weight of KL(policy || snapshot magnet) (trainer.magnet_coef)")
     parser.add_argument("--magnet_refresh", type=int, nargs="+", default=[50],
                         help="steps between refreshes of the magnet (trainer.magnet_refresh)")
+    parser.add_argument("--reverse_uniform", type=float, nargs="+", default=[0.0],
+                        help="weight of KL(uniform || policy) (trainer.magnet_coef with "
+                        "magnet=uniform, magnet_kl=reverse)")
     args = parser.parse_args()
     for (games, entropy, lr, schedule, share, epochs, minibatches, magnet,
-         refresh, entropy_final) in itertools.product(
+         refresh, entropy_final, reverse) in itertools.product(
             args.games, args.entropy, args.lr, args.schedule, args.common_share, args.epochs,
-            args.minibatches, args.magnet, args.magnet_refresh, args.entropy_final):
+            args.minibatches, args.magnet, args.magnet_refresh, args.entropy_final,
+            args.reverse_uniform):
         start = time.perf_counter()
         curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
                         common_share=share, epochs=epochs, clip=args.clip,
                         minibatches=minibatches, magnet=magnet, magnet_refresh=refresh,
-                        entropy_final=entropy_final)
+                        entropy_final=entropy_final, reverse_uniform=reverse)
                   for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
@@ -257,7 +265,7 @@ def main() -> None:
             "schedule": schedule,
             "optimizer": args.optimizer, "seeds": args.seeds, "common_share": share,
             "epochs": epochs, "minibatches": minibatches, "clip": args.clip,
-            "magnet": magnet, "magnet_refresh": refresh,
+            "magnet": magnet, "magnet_refresh": refresh, "reverse_uniform": reverse,
             "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
                                  for i in marks},
             "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],

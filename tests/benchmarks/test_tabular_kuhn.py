@@ -128,3 +128,14 @@ def test_entropy_final_moves_the_weight_linearly_over_the_run():
     assert tabular_kuhn.train(entropy_final=0.0, **kwargs) != constant
     frozen = dict(kwargs, lr=0.0)
     assert tabular_kuhn.train(entropy_final=0.0, **frozen) == tabular_kuhn.train(**frozen)
+
+
+def test_a_strong_reverse_uniform_magnet_holds_every_state_near_one_half():
+    # The pull u (p - 1/2) per decision, weight 20 against advantages of a few chips: after 60
+    # steps every state's betting probability stays near 1/2, so the exploitability is close
+    # to the uniform policy's 0.458 (without it the table leaves uniform play far behind).
+    held = tabular_kuhn.train(games=64, entropy=0.0, lr=0.1, steps=60, every=60, seed=0,
+                              reverse_uniform=20.0)
+    free = tabular_kuhn.train(games=64, entropy=0.0, lr=0.1, steps=60, every=60, seed=0)
+    assert max(held[-1]["exploitability"]) == pytest.approx(0.458, abs=0.04)
+    assert max(free[-1]["exploitability"]) < 0.35
