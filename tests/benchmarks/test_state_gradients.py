@@ -55,3 +55,35 @@ def test_log_odds_are_the_evaluated_policy():
     last = state_gradients._render("state_last")(env, 0).text.split("\n")
     assert last == [recipe[0], *recipe[2:], recipe[1]]
     assert recipe[1].startswith("You are player 0. Your card:")
+
+
+def test_private_card_of_kuhn_and_leduc_states():
+    assert state_gradients.private_card("0pb") == "0"
+    # Leduc's card c is 2 * rank + suit: 3 is the second suit's rank 1 (a Queen).
+    assert state_gradients.private_card("[Observer: 1][Private: 3][Round 1][Player: 1]") == "1"
+    assert state_gradients.private_card("[Observer: 0][Private: 4][Round 2][Player: 0]") == "2"
+
+
+@pytest.mark.slow  # the whole Leduc policy is read (936 states)
+def test_leduc_log_odds_are_the_evaluated_policy():
+    """--game leduc_poker: sampled states where Call and Fold are both legal; each state's
+    log-odds equals log(P(Call) / P(Fold)) of the policy the exploitability code reads."""
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+    from roll.pipeline.exploitability import llm_policy
+
+    cfg = load_config(str(ROOT / "examples/leduc_poker"), "nash", [
+        "model.path=tiny", "model.device=cpu", "tracking.backends=[jsonl]", "save_steps=0",
+        f"output_dir={tempfile.mkdtemp()}", "eval.eval_steps=0", "team.lora.rank=4"])
+    pipeline = AgenticPipeline(cfg)
+    render = state_gradients._render("recipe")
+    names, grads, values = state_gradients.state_gradients(
+        pipeline, "agent_0", render, ("Call", "Fold"), limit=5)
+    assert len(names) == 5 and grads.shape[0] == 5 and torch.isfinite(grads).all()
+    assert all("[Player: 0]" in name or "[Player: 1]" in name for name in names)
+    table = llm_policy(cfg.env.game, {}, pipeline.trainer, pipeline.tokenizer,
+                       lambda seat: "agent_0", render, cfg.rollout.sampling.temperature)
+    for name, value in zip(names, values, strict=True):
+        probs = table.policy_for_key(name)  # actions: 0 fold, 1 call, 2 raise
+        assert probs[0] > 0 and probs[1] > 0  # both legal here
+        assert value == pytest.approx(float(np.log(probs[1] / probs[0])), abs=2e-3)
