@@ -402,15 +402,8 @@ class MultiAgentTrainer:
         for key in ("clip_frac", "approx_kl"):
             parts[key] = policy_metrics[key] * share
         if cfg.kl_coef > 0:
-            kl = kl_loss(
-                logprobs,
-                micro.ref_logprobs,
-                mask,
-                beta=1.0,
-                kind=cfg.kl_estimator,
-                agg=cfg.loss_agg_mode,
-                normalizer=normaliser,
-            )
+            kl = kl_loss(logprobs, micro.ref_logprobs, mask, beta=1.0, kind=cfg.kl_estimator,
+                         agg=cfg.loss_agg_mode, normalizer=normaliser)
             loss = loss + cfg.kl_coef * kl
             parts["kl_ref"] = kl.detach()
         ent = aggregate(entropy, mask, cfg.loss_agg_mode, normaliser)
