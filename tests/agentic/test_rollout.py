@@ -546,6 +546,7 @@ def test_lookahead_is_for_games_played_in_this_process(team_engine):
         scheduler.rollout(seed=1, items=[0, 1], ahead_seeds=[2])
 
 
+@pytest.mark.slow  # two full rollouts; the one-step lookahead test stays quick
 def test_lookahead_of_two_rollouts_admits_the_nearer_first(team_engine):
     """ahead_seeds=[6, 7]: rollout 5's idle lanes take rollout 6's episodes, then (all of
     6's started) 7's; each later rollout goes on from what was played ahead for it, and all

@@ -32,6 +32,7 @@ def _run(out: Path, *extra: str) -> list[dict]:
     return _metrics(out)
 
 
+@pytest.mark.slow  # whole runs; the quick subset keeps the scheduler-level tests
 def test_lookahead_trains_the_same_episodes_and_skips_steps_that_save(tmp_path):
     """Four steps, a checkpoint after step 2 (and the last): steps 1 and 3 start the next
     step's episodes, steps 2 and 4 admit none. With a rate so small that the adapters move
@@ -83,6 +84,7 @@ def test_lookahead_refuses_team_tasks(tmp_path):
                     [f"output_dir={tmp_path}", "rollout.lookahead=1"])
 
 
+@pytest.mark.slow  # whole runs; the quick subset keeps the scheduler-level tests
 def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted(tmp_path):
     """No episodes are parked at a checkpoint (a step that saves admits none), so stopping
     after step 2 and resuming gives the uninterrupted run's adapters bit for bit."""
@@ -106,6 +108,7 @@ def test_a_run_resumed_from_a_checkpoint_is_the_run_with_lookahead_uninterrupted
     assert all(torch.equal(ours[key], theirs[key]) for key in ours)
 
 
+@pytest.mark.slow  # whole runs; the quick subset keeps the scheduler-level tests
 def test_two_steps_ahead_still_trains_the_same_episodes(tmp_path):
     """rollout.lookahead=2: a step's idle lanes may take the next two steps' episodes (the
     nearer first); with adapters that do not move, every step plays the games it plays
