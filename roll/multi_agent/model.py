@@ -36,6 +36,7 @@ from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
 from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
+from roll.multi_agent.prefix import common_prefix, prefix_logits
 from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.multi_agent.seeds import adapter_init_seed, agent_stream_seed
 from roll.multi_agent.shape_only import adapters_on_cpu
@@ -109,6 +110,7 @@ class MultiAgentLoRAModel(nn.Module):
         self._takes_logits_to_keep = ("logits_to_keep"
                                       in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
+        self.share_prefix = False  # trainer.share_prefix (the trainer sets it): prefix.py
         self.holds_base = not any(p.is_meta for p in base_model.parameters())  # shape_only.py
         if not self.holds_base:
             adapters_on_cpu(self.lora_layers)
@@ -295,6 +297,9 @@ class MultiAgentLoRAModel(nn.Module):
             kwargs["logits_to_keep"] = torch.arange(first - 1, stop - 1, device=input_ids.device)
         if self._compiled is not None:
             logits = self._compiled.logits(input_ids, attention_mask, agent_id, kwargs)
+        elif (shared := self._shared_prefix(input_ids, attention_mask, agent_id, window,
+                                            kwargs)) is not None:
+            return shared
         elif agent_id is None:
             with self.reference():
                 logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
@@ -310,6 +315,21 @@ class MultiAgentLoRAModel(nn.Module):
         if not self._takes_logits_to_keep:
             logits = logits[:, first - 1 : stop - 1]
         return logits
+
+    def _shared_prefix(self, input_ids: Tensor, attention_mask: Tensor,
+                       agent_id: Tensor | None, window: tuple[int, int],
+                       kwargs: dict) -> Tensor | None:
+        """The window's logits, the common leading tokens once per agent (prefix.py); or None."""
+        length = common_prefix(input_ids, attention_mask, window[0] - 1) if (
+            self.share_prefix) else 0
+        ids = [] if agent_id is None else agent_id.unique().tolist()
+        if not length or any(layer.active and layer.p > 0 for i in ids
+                             for layer in self._dropouts[self.agent_names[i]][:1]):
+            return None
+        with self.reference() if agent_id is None else nullcontext():
+            return prefix_logits(self.peft_model, self.lora_layers, self.agent_names, input_ids,
+                                 attention_mask, agent_id, length, window,
+                                 kwargs if agent_id is None else dict(kwargs, adapter_names=[]))
 
     def enable_compile(self, backend: str = "inductor") -> None:
         """Route every forward of this model through compiled decoder layers, each row's
