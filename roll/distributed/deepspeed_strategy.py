@@ -190,6 +190,10 @@ class DeepSpeedStrategy:
         self.agent_names = model.agent_names
         self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
         if zero_stage == 3:
+            # One forward per micro-batch: ZeRO-3 releases a layer's partitions after its
+            # forward, and a backward through a second forward of it (the shared prefix's,
+            # prefix.py) found them empty.
+            model.share_prefix = False
             # Each adapted layer (its base weight and every agent's A/B) is gathered as one:
             # which agents a forward routes to then never changes the ranks' collectives.
             from deepspeed.utils import set_z3_leaf_modules
