@@ -10,14 +10,18 @@
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's metrics.jsonl -> $OUT
+#   bash scripts/device_runs.sh stop                      # kill the launched runs
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
+# Seen (2026-11-27): the machine goes back ~30 s after a call returns, run and all: chain the
+# `watch` calls with no pause between them (a 3-minute gap lost a 200-step run at step 40).
+# A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }
 export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
-cmd=${1:?pack, stash, setup, launch, watch or collect}; shift
+cmd=${1:?pack, stash, setup, launch, watch, stop or collect}; shift
 case $cmd in
 pack)
   mkdir -p .whl .gpu
@@ -59,6 +63,7 @@ watch)
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   done ;;
+stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
 collect)
   for d in /tmp/runs/run_*; do
     [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"

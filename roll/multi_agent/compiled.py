@@ -45,6 +45,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from roll.multi_agent.prefix import LayerKV, layer_kv
 from roll.multi_agent.routing import RowRouting
 from roll.utils.compile_workers import compile_in_process
 from roll.utils.recompiles import recompile_guard
@@ -129,32 +130,37 @@ class CompiledForward:
         return self.routing.factors
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
-               kwargs: dict) -> Tensor:
+               kwargs: dict, per_layer: list[LayerKV] | None = None) -> Tensor:
+        """The logits of these rows, each through its agent's adapter (None: the reference);
+        ``per_layer``: the shared prefix's keys/values (prefix.py)."""
         if input_ids.shape[0] == 1:
             # A one-row batch runs as that row twice, and the copy's logits are dropped (no
             # gradient reaches it): dynamic shapes specialise a size of 1 into graphs of its
             # own, and inductor's CPU backward of that graph corrupted the heap (double free,
             # torch 2.13; a 1-row tail of a mini-batch crashed a Kuhn run at step 11). Two rows
-            # reuse the general graph; no extra compile.
+            # reuse the general graph; no extra compile. (A shared prefix never has one row.)
             twice = (agent_id.repeat(2) if agent_id is not None else None)
             return self._logits(input_ids.repeat(2, 1), attention_mask.repeat(2, 1), twice,
-                                kwargs)[:1]
-        return self._logits(input_ids, attention_mask, agent_id, kwargs)
+                                kwargs, per_layer)[:1]
+        return self._logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
 
     def _logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
-                kwargs: dict) -> Tensor:
-        # The first forward with and without gradients compiles its graphs (10-60 s on a GPU,
-        # inside a step's first passes): a timestamped line, so a warm-up is not read as a hang.
+                kwargs: dict, per_layer: list[LayerKV] | None) -> Tensor:
+        # The first forward of each kind compiles its graphs (10-60 s on a GPU, inside a
+        # step's first passes): a timestamped line, so a warm-up is not read as a hang.
         kind = "training" if torch.is_grad_enabled() else "no-grad"
+        if per_layer is not None:  # the shared prefix's head records, its tail reads
+            kind += " shared-prefix " + ("head" if per_layer[0].keys is None else "tail")
         if kind in self.warmed:
-            return self._routed_logits(input_ids, attention_mask, agent_id, kwargs)
+            return self._routed_logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
         with stage(f"trainer: compiling the {kind} forward (first use; later calls reuse it)"):
-            logits = self._routed_logits(input_ids, attention_mask, agent_id, kwargs)
+            logits = self._routed_logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
         self.warmed.add(kind)
         return logits
 
     def _routed_logits(self, input_ids: Tensor, attention_mask: Tensor,
-                       agent_id: Tensor | None, kwargs: dict) -> Tensor:
+                       agent_id: Tensor | None, kwargs: dict,
+                       per_layer: list[LayerKV] | None) -> Tensor:
         # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
         # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
         # with 8 agents those flips (and undoing them) cost more host time than the forward.
@@ -163,7 +169,7 @@ class CompiledForward:
             layer._active_adapter = []
         try:
             with self.routing.route(agent_id, self.layers.embeddings.weight.dtype), \
-                    self.layers.active():
+                    self.layers.active(), layer_kv(self.layers.layers, per_layer):
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs).logits
         finally:

@@ -33,10 +33,11 @@ from torch import Tensor, nn
 
 from roll.algorithms.choices import move_logprobs
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
+from roll.multi_agent.compiled import CompiledForward, decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
 from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
-from roll.multi_agent.prefix import common_prefix, prefix_logits
+from roll.multi_agent.prefix import LayerKV, common_prefix, layer_kv, prefix_logits
 from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.multi_agent.seeds import adapter_init_seed, agent_stream_seed
 from roll.multi_agent.shape_only import adapters_on_cpu
@@ -111,6 +112,7 @@ class MultiAgentLoRAModel(nn.Module):
                                       in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
         self.share_prefix = False  # trainer.share_prefix (the trainer sets it): prefix.py
+        self._layers = decoder_layers(self.base_model)
         self.holds_base = not any(p.is_meta for p in base_model.parameters())  # shape_only.py
         if not self.holds_base:
             adapters_on_cpu(self.lora_layers)
@@ -295,48 +297,37 @@ class MultiAgentLoRAModel(nn.Module):
         if self._takes_logits_to_keep:
             # Only the positions that predict a scored token get logits: (B, stop-first, V).
             kwargs["logits_to_keep"] = torch.arange(first - 1, stop - 1, device=input_ids.device)
-        if self._compiled is not None:
-            logits = self._compiled.logits(input_ids, attention_mask, agent_id, kwargs)
-        elif (shared := self._shared_prefix(input_ids, attention_mask, agent_id, window,
-                                            kwargs)) is not None:
-            return shared
-        elif agent_id is None:
-            with self.reference():
-                logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                         **kwargs).logits
-        else:
+        forward = self._eager_logits if self._compiled is None else self._compiled.logits
+        length = common_prefix(input_ids, attention_mask, first - 1) if self.share_prefix else 0
+        ids = [] if agent_id is None or not length else agent_id.unique().tolist()
+        if length and not any(layer.active and layer.p > 0 for i in ids  # dropout: prefix.py
+                              for layer in self._dropouts[self.agent_names[i]][:1]):
+            return prefix_logits(forward, len(self._layers), input_ids, attention_mask,
+                                 agent_id, length, window, kwargs)
+        logits = forward(input_ids, attention_mask, agent_id, kwargs)
+        return logits if self._takes_logits_to_keep else logits[:, first - 1 : stop - 1]
+
+    def _eager_logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
+                      kwargs: dict, per_layer: list[LayerKV] | None = None) -> Tensor:
+        """The eager forward's logits, each row through its agent's adapter (None: the
+        reference); ``per_layer``: the shared prefix's keys/values (prefix.py)."""
+        with layer_kv(self._layers, per_layer):
+            if agent_id is None:
+                with self.reference():
+                    return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                           **kwargs).logits
             # PEFT adds no LoRA of its own ("__base__" rows; unlike disable_adapter this keeps
             # every adapter trainable); the hooks add each row segment's own agent's delta.
-            kwargs["adapter_names"] = ["__base__"] * input_ids.shape[0]
+            kwargs = dict(kwargs, adapter_names=["__base__"] * input_ids.shape[0])
             with segment_lora(self.lora_layers,
                               agent_segments(agent_id.tolist(), self.agent_names)):
-                logits = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                         **kwargs).logits
-        if not self._takes_logits_to_keep:
-            logits = logits[:, first - 1 : stop - 1]
-        return logits
-
-    def _shared_prefix(self, input_ids: Tensor, attention_mask: Tensor,
-                       agent_id: Tensor | None, window: tuple[int, int],
-                       kwargs: dict) -> Tensor | None:
-        """The window's logits, the common leading tokens once per agent (prefix.py); or None."""
-        length = common_prefix(input_ids, attention_mask, window[0] - 1) if (
-            self.share_prefix) else 0
-        ids = [] if agent_id is None else agent_id.unique().tolist()
-        if not length or any(layer.active and layer.p > 0 for i in ids
-                             for layer in self._dropouts[self.agent_names[i]][:1]):
-            return None
-        with self.reference() if agent_id is None else nullcontext():
-            return prefix_logits(self.peft_model, self.lora_layers, self.agent_names, input_ids,
-                                 attention_mask, agent_id, length, window,
-                                 kwargs if agent_id is None else dict(kwargs, adapter_names=[]))
+                return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                       **kwargs).logits
 
     def enable_compile(self, backend: str = "inductor") -> None:
         """Route every forward of this model through compiled decoder layers, each row's
         own agent's LoRA picked per row (compiled.py; ``trainer.compile``). Refused with LoRA
         dropout on."""
-        from roll.multi_agent.compiled import CompiledForward
-
         for name in self.agent_names:  # critics are not compiled: their dropout may stay
             layers = self._dropouts[name]
             if layers and layers[0].p > 0:

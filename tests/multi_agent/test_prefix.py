@@ -77,7 +77,8 @@ def test_shared_prefix_equals_the_plain_forward(tiny_model_path, agents):
         results[share] = (logprobs.detach(), entropy.detach(),
                           [None if p.grad is None else p.grad.clone() for p in params], shapes)
     rows, tokens = batch.input_ids.shape
-    segments = 1 if agents is None else 3  # runs of one agent: [0, 0], [2, 2, 2], [1]
+    # runs of one agent: [0, 0], [2, 2, 2], [1]; a lone segment runs as two rows (prefix.py)
+    segments = 2 if agents is None else 3
     assert results[False][3] == [(rows, tokens)]
     assert results[True][3] == [(segments, PREFIX), (rows, tokens - PREFIX)]
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=1e-5)
@@ -106,7 +107,7 @@ def test_lora_dropout_in_training_keeps_the_plain_forward(tiny_model_path):
     model(batch.input_ids, batch.attention_mask, batch.agent_id,  # no-grad passes: dropout off
           positions=batch.response_mask.bool())
     handle.remove()
-    assert shapes == [(4, batch.input_ids.shape[1]), (1, PREFIX),
+    assert shapes == [(4, batch.input_ids.shape[1]), (2, PREFIX),
                       (4, batch.input_ids.shape[1] - PREFIX)]
 
 
@@ -138,3 +139,42 @@ def test_training_with_shared_prefixes_equals_the_plain_step_and_independent_run
             torch.testing.assert_close(together[key], value, rtol=0, atol=1e-6)  # invariant 1
             # against the plain step: float order only, which AdamW's first steps magnify
             torch.testing.assert_close(together[key], expected[key], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow  # 16 s of compiling
+def test_compiled_shared_prefix_equals_eager_and_compiles_once_per_kind(tiny_model_path,
+                                                                        capsys):
+    """``trainer.compile`` with the prefix shared: the eager numbers; after the first batch,
+    new row counts and agent mixes (one agent alone: a lone segment) compile nothing; and
+    one graph serves every decoder layer (``LayerKV`` leaves the layer index unread)."""
+    from roll.multi_agent.compiled import compile_count, decoder_layers
+
+    from .test_compiled import _passes, _team
+
+    torch._dynamo.reset()
+    batches = [prefixed_rows([0, 2, 0, 0, 1, 2, 0, 2, 0, 1], seed=11),
+               prefixed_rows([1, 1, 2, 0, 2, 0, 1], seed=12),
+               prefixed_rows([2, 2, 2], seed=13)]
+    eager_model, eager_trainer = _team(tiny_model_path, None)
+    model, trainer = _team(tiny_model_path, "aot_eager")
+    shapes, handle = _embedded_shapes(model)
+    graphs, start = [], compile_count()  # a process-wide count
+    for batch in batches:
+        want, got = _passes(eager_model, eager_trainer, batch), _passes(model, trainer, batch)
+        for index in (0, 1):  # policy, reference
+            torch.testing.assert_close(got[index], want[index], rtol=0, atol=1e-5)
+        for name, grads in want[2].items():
+            for got_grad, want_grad in zip(got[2][name], grads, strict=True):
+                torch.testing.assert_close(got_grad, want_grad, rtol=0,
+                                           atol=1e-4 * float(want_grad.abs().max()) + 1e-9)
+        graphs.append(compile_count() - start)
+    handle.remove()
+    assert (2, PREFIX) in shapes and (3, PREFIX) in shapes  # the prefix really ran apart
+    assert graphs[1] == graphs[2] == graphs[0], graphs
+    # head and tail of the policy, reference and training forwards: 6 graphs; a graph per
+    # decoder layer (a cache indexed by the layer) would make 12 on these 2 layers
+    assert len(decoder_layers(model.base_model)) == 2 and graphs[0] <= 6, graphs
+    printed = capsys.readouterr().out
+    for kind in ("no-grad shared-prefix head", "no-grad shared-prefix tail",
+                 "training shared-prefix head", "training shared-prefix tail"):
+        assert f"trainer: compiling the {kind} forward" in printed, printed
