@@ -126,7 +126,7 @@ class MultiAgentTrainer:
         self.config = config.validate()
         if self.config.compile:
             model.enable_compile(self.config.compile_backend)
-        model.share_prefix = self.config.share_prefix
+        model.share_prefix = bool(self.config.share_prefix)
         self.temperature = float(temperature)
         self.agent_names = model.agent_names
         self.strategy: TrainStrategy = strategy if strategy is not None else TorchStrategy()

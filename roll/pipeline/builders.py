@@ -64,7 +64,8 @@ def train_spec(cfg: PipelineConfig, path, agents, temperature: float,
         model_path=str(path), dtype=cfg.model.dtype, tf32=cfg.model.tf32,
         device="cuda" if cfg.model.device.startswith("cuda") else "cpu",
         agents=tuple(agents), seed=cfg.seed, temperature=temperature,
-        trainer=dataclasses.replace(cfg.trainer, compile=trainer_compile(cfg)),
+        trainer=dataclasses.replace(cfg.trainer, compile=trainer_compile(cfg),
+                                    share_prefix=trainer_share_prefix(cfg)),
         strategy=train.strategy, zero_stage=train.zero_stage,
         zero3_live_elements=train.zero3_live_elements, zero3_gather=train.zero3_gather,
         critic=cfg.critic if with_critics else None,
@@ -150,6 +151,17 @@ def trainer_compile(cfg: PipelineConfig) -> bool:
     if cfg.trainer.compile is None:
         return str(cfg.model.device).startswith("cuda") and compile_blocker(cfg) is None
     return bool(cfg.trainer.compile)
+
+
+def trainer_share_prefix(cfg: PipelineConfig) -> bool:
+    """``trainer.share_prefix``, its default (None) resolved: on where the model is on the CPU,
+    off on CUDA. Measured (benchmarks/README.md, "A shared prefix"): the tiny Kuhn recipe's step
+    on 2 CPU cores 1.31 -> 0.99 s; the Leduc recipe's train phase on an H100 (SmolLM2,
+    compiled) 6.1 -> 10.8 s, a second forward per micro-batch costing more there than the
+    prompt tokens it saves."""
+    if cfg.trainer.share_prefix is None:
+        return not str(cfg.model.device).startswith("cuda")
+    return bool(cfg.trainer.share_prefix)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -157,6 +157,7 @@ def test_compiled_shared_prefix_equals_eager_and_compiles_once_per_kind(tiny_mod
                prefixed_rows([2, 2, 2], seed=13)]
     eager_model, eager_trainer = _team(tiny_model_path, None)
     model, trainer = _team(tiny_model_path, "aot_eager")
+    eager_model.share_prefix = model.share_prefix = True  # a trainer's default is off
     shapes, handle = _embedded_shapes(model)
     graphs, start = [], compile_count()  # a process-wide count
     for batch in batches:

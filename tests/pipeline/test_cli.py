@@ -222,6 +222,24 @@ def test_trainer_compile_defaults_to_on_where_the_model_is_on_cuda_and_can_compi
     assert on_cuda.trainer.compile is None  # the config itself is left as the user wrote it
 
 
+def test_trainer_share_prefix_defaults_to_on_where_the_model_is_on_the_cpu():
+    """trainer.share_prefix: null (the default) shares the prompts' common prefix on the CPU,
+    not on CUDA (benchmarks/README.md, "A shared prefix"); an explicit value wins; the train
+    ranks get the resolved value."""
+    from roll.pipeline.builders import train_spec, trainer_share_prefix
+
+    def cfg(*overrides: str):
+        return load_config(str(ROOT / "examples" / "kuhn_poker"), "nash", list(overrides),
+                           check_paths=False)
+
+    assert cfg().trainer.share_prefix is None
+    assert trainer_share_prefix(cfg()) is True
+    assert trainer_share_prefix(cfg("trainer.share_prefix=false")) is False
+    assert trainer_share_prefix(cfg("model.device=cuda")) is False
+    assert trainer_share_prefix(cfg("model.device=cuda", "trainer.share_prefix=true")) is True
+    assert train_spec(cfg(), "m", [], 1.0, False).trainer.share_prefix is True
+
+
 def test_exit_code_from_a_real_process(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
