@@ -112,7 +112,7 @@ class MultiAgentLoRAModel(nn.Module):
                                       in inspect.signature(self.base_model.forward).parameters)
         self._compiled = None  # compiled.CompiledForward once enable_compile() ran
         self.share_prefix = False  # trainer.share_prefix (the trainer sets it): prefix.py
-        self._layers = decoder_layers(self.base_model)
+        self._layers: list[nn.Module] = []  # the decoder layers, found at the first sharing
         self.holds_base = not any(p.is_meta for p in base_model.parameters())  # shape_only.py
         if not self.holds_base:
             adapters_on_cpu(self.lora_layers)
@@ -302,6 +302,7 @@ class MultiAgentLoRAModel(nn.Module):
         ids = [] if agent_id is None or not length else agent_id.unique().tolist()
         if length and not any(layer.active and layer.p > 0 for i in ids  # dropout: prefix.py
                               for layer in self._dropouts[self.agent_names[i]][:1]):
+            self._layers = self._layers or decoder_layers(self.base_model)
             return prefix_logits(forward, len(self._layers), input_ids, attention_mask,
                                  agent_id, length, window, kwargs)
         logits = forward(input_ids, attention_mask, agent_id, kwargs)
