@@ -11,6 +11,16 @@
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's metrics.jsonl -> $OUT
 #   bash scripts/device_runs.sh stop                      # kill the launched runs
+# A run longer than one machine (each goes back after 30 minutes held) continues on the next
+# one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
+# in two calls, and goes out again in pieces that fit beside the working tree:
+#   bash scripts/device_runs.sh bring RUN 1               # there: pieces 1-4 -> $OUT
+#   bash scripts/device_runs.sh bring RUN 2               # there: the other pieces -> $OUT
+#   bash scripts/device_runs.sh join RUN DIR...           # here: DIRs = the calls' files_at
+#   bash scripts/device_runs.sh stash .gpu/RUN_in_aa      # there, each piece (carry it)
+#   bash scripts/device_runs.sh restore RUN               # there, after setup; then `launch`
+#                                                         # with the same --tag + resume=latest
+# RUN is the run's folder under /tmp/runs (run_<recipe><tag>).
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
@@ -21,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }
 export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
-cmd=${1:?pack, stash, setup, launch, watch, stop or collect}; shift
+cmd=${1:?pack, stash, setup, launch, watch, stop, collect, bring, join or restore}; shift
 case $cmd in
 pack)
   mkdir -p .whl .gpu
@@ -63,6 +73,31 @@ watch)
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   done ;;
+bring)
+  run=/tmp/runs/${1:?RUN}; part=${2:?1 or 2}
+  if [ "$part" = 1 ]; then
+    latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
+    rm -f /tmp/bring_*
+    tar cf /tmp/bring.tar -C "$run" "checkpoints/$(basename "$latest")" metrics.jsonl
+    split -b 15m /tmp/bring.tar /tmp/bring_
+    echo "[$(ts)] $(basename "$latest"): $(du -h /tmp/bring.tar | cut -f1)"
+  fi
+  # at most 8 files of 16 MiB, 64 MiB in all, come back from one call
+  ls /tmp/bring_* | if [ "$part" = 1 ]; then head -4; else tail -n +5; fi | xargs -I{} cp {} "$OUT/"
+  ls -la "$OUT" ;;
+join)
+  run=${1:?RUN}; shift
+  for d in "$@"; do ls "$d"/bring_*; done | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2 |
+    xargs cat > ".gpu/$run.tar"
+  tar tf ".gpu/$run.tar"
+  rm -f ".gpu/${run}_in_"*
+  (cd .gpu && split -b 40000000 "$run.tar" "${run}_in_" && rm "$run.tar")
+  ls -la .gpu/"${run}"_in_* ;;
+restore)
+  run=${1:?RUN}
+  mkdir -p "/tmp/runs/$run"
+  cat /tmp/pieces/"${run}"_in_* | tar xf - -C "/tmp/runs/$run"
+  ls "/tmp/runs/$run"/checkpoints ;;
 stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
 collect)
   for d in /tmp/runs/run_*; do
