@@ -26,11 +26,24 @@
 # policies import ml_collections (not on the machine): `pack` fetches it.
 # Seen (2026-11-27): the machine goes back ~30 s after a call returns, run and all: chain the
 # `watch` calls with no pause between them (a 3-minute gap lost a 200-step run at step 40).
+# Seen again (2026-11-27, session 49): a 150-step Leduc run at step ~120 was lost because the
+# pause before the next call (the caller's own thinking) passed 30 s. Issue the next `watch` at
+# once; plan a run to end, with its last `watch`, before the machine's 30 minutes held; since
+# then each `watch` brings the metrics back (`copy_metrics`), so progress survives a release.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }
 export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
+# Each run's metrics (evaluations included) and log tail -> $OUT: every `watch` call ends with
+# this, so a machine that goes back loses at most the last call's progress.
+copy_metrics() {
+  for d in /tmp/runs/run_*; do
+    [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
+  done
+  for f in /tmp/runs/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/$(basename "$f")"; done
+  true
+}
 cmd=${1:?pack, stash, setup, launch, watch, stop, collect, bring, join or restore}; shift
 case $cmd in
 pack)
@@ -72,7 +85,8 @@ watch)
       echo "[$(ts)] $(basename "$f"): $(grep -a 'step' "$f" | tail -1 | cut -c1-150)"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-  done ;;
+  done
+  copy_metrics ;;
 bring)
   run=/tmp/runs/${1:?RUN}; part=${2:?1 or 2}
   if [ "$part" = 1 ]; then
@@ -99,10 +113,6 @@ restore)
   cat /tmp/pieces/"${run}"_in_* | tar xf - -C "/tmp/runs/$run"
   ls "/tmp/runs/$run"/checkpoints ;;
 stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
-collect)
-  for d in /tmp/runs/run_*; do
-    [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
-  done
-  ls -la "$OUT" ;;
+collect) copy_metrics; ls -la "$OUT" ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac
