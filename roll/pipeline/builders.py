@@ -112,7 +112,7 @@ def build_engine(
         # graphs where the config resolves them on).
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
                        lora_kernels=cfg.rollout.hf.lora_kernels, compile=hf_compile(cfg),
-                       cuda_graphs=cfg.rollout.hf.cuda_graphs)
+                       cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
@@ -162,6 +162,17 @@ def trainer_share_prefix(cfg: PipelineConfig) -> bool:
     if cfg.trainer.share_prefix is None:
         return not str(cfg.model.device).startswith("cuda")
     return bool(cfg.trainer.share_prefix)
+
+
+def hf_share_prefix(cfg: PipelineConfig) -> bool:
+    """``rollout.hf.share_prefix``, its default (None) resolved: on where the model is on the
+    CPU, where a prefill's cost grows with its tokens (the tiny Kuhn recipe's rollout: measured
+    in benchmarks/README.md, "A shared prefix"); off on CUDA, where a second prefill forward
+    per admission of a few rows is not measured yet (the trainer's second forward cost more
+    there than it saved)."""
+    if cfg.rollout.hf.share_prefix is None:
+        return not str(cfg.model.device).startswith("cuda")
+    return bool(cfg.rollout.hf.share_prefix)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -153,6 +153,12 @@ class HFEngineSchema:
     cuda_graphs: bool = True
     """CUDA only: continuous batching replays its fixed-shape decode step as one captured
     CUDA graph (captured once per run, again only when the adapter layout grows)."""
+    share_prefix: bool | None = None
+    """Continuous batching: the leading tokens that the prompts admitted together share (a
+    game's rules open every turn's prompt) are prefilled once per adapter, each row attending
+    to its adapter's copy (roll/inference/hf/prefill.py); the same tokens and log-probs up to
+    floating-point order. None (the default): on where the model is on the CPU, off on CUDA
+    (pipeline/builders.py ``hf_share_prefix`` says why)."""
     lora_kernels: str = "auto"
     """How each row's LoRA delta is added on decode steps: 'triton' (one tiled kernel per group
     of projections with one input: rows of one agent share its factors' loads; CUDA), 'torch'

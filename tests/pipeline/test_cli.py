@@ -240,6 +240,26 @@ def test_trainer_share_prefix_defaults_to_on_where_the_model_is_on_the_cpu():
     assert train_spec(cfg(), "m", [], 1.0, False).trainer.share_prefix is True
 
 
+def test_hf_share_prefix_defaults_to_on_where_the_model_is_on_the_cpu():
+    """rollout.hf.share_prefix: null (the default) prefills the admitted prompts' common
+    prefix once per adapter on the CPU, not on CUDA; an explicit value wins; a value that is
+    not a boolean stops the run naming the key, before any model loads."""
+    from roll.pipeline.builders import hf_share_prefix
+    from roll.pipeline.cli import CLIError
+
+    def cfg(*overrides: str):
+        return load_config(str(ROOT / "examples" / "kuhn_poker"), "nash", list(overrides),
+                           check_paths=False)
+
+    assert cfg().rollout.hf.share_prefix is None
+    assert hf_share_prefix(cfg()) is True
+    assert hf_share_prefix(cfg("rollout.hf.share_prefix=false")) is False
+    assert hf_share_prefix(cfg("model.device=cuda")) is False
+    assert hf_share_prefix(cfg("model.device=cuda", "rollout.hf.share_prefix=true")) is True
+    with pytest.raises(CLIError, match="rollout.hf.share_prefix"):
+        cfg("rollout.hf.share_prefix=maybe")
+
+
 def test_exit_code_from_a_real_process(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -50,8 +50,8 @@ from roll.inference.base import Follow, GenerationRequest, Later
 from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.cuda_graph import CapturedStep, compile_step, upload
 from roll.inference.hf.lanes import Lane, Step, constrain
+from roll.inference.hf.prefill import prefill
 from roll.inference.hf.ring import (
-    CaptureCache,
     RingCache,
     additive_mask,
     aligned_columns,
@@ -114,13 +114,15 @@ class ContinuousDecoder:
         self.column = 0
         self.decode_steps = 0
         self.prefills = 0
+        self.shared_tokens = self.head_prefills = 0
+        """Prompt tokens whose prefill a shared head saved, and the heads' forwards (prefill.py)."""
 
     def reset(self) -> None:
         """Forget every lane (a new ``serve``); buffers and the captured graph are kept."""
         self.running = [None] * self.lanes
         self.visible.zero_()
         self.rows_stale = True
-        self.decode_steps = self.prefills = 0
+        self.decode_steps = self.prefills = self.shared_tokens = self.head_prefills = 0
 
     # ------------------------------------------------------------------ the loop
     def serve(self, first: list[GenerationRequest], follow: Follow,
@@ -204,36 +206,27 @@ class ContinuousDecoder:
         """Prefill these requests into their lanes, sample each one's first token."""
         engine = self.engine
         prompts = [request.prompt_ids for _, _, request in admitted]
-        width = max(len(p) for p in prompts)
-        rows = len(prompts)
-        input_ids = torch.full((rows, width), engine.pad_id, dtype=torch.long)
-        real = torch.zeros(rows, width, dtype=torch.bool)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            real[row, width - len(prompt):] = True
-        input_ids = upload(input_ids, torch.long, self.device)
-        real = upload(real, torch.bool, self.device)
-        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (rows, width)
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-        allowed = causal[None] & real[:, None, :]  # (rows, width, width)
-        capture = CaptureCache()
-        engine.fused.set_rows([request.adapter for _, _, request in admitted])
         self.rows_stale = True
         self.prefills += 1
-        logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], self.dtype),
-                                     positions, capture)  # (rows, V)
+        adapters = [request.adapter for _, _, request in admitted]
+        logits, capture, shared, width = prefill(  # (rows, V); keys/values (rows, H, width, D)
+            engine, prompts, adapters, engine.share_prefix, self.dtype)
+        self.shared_tokens += shared * (len(prompts) - len(set(adapters)))
+        self.head_prefills += bool(shared)
         lane_list = [lane for lane, _, _ in admitted]
         lanes = upload(lane_list, torch.long, self.device)
-        # Every prompt token's (lane, ring column) and (prefill row, position), flattened (P,).
+        # Every prompt token's (lane, ring column) and (prefill row, capture column), flattened
+        # (P,): the shared head's tokens sit at their own index, a row's own tokens end at width.
         lengths = [len(request.prompt_ids) for _, _, request in admitted]
         repeats = torch.tensor(lengths)
         lane_of = torch.repeat_interleave(torch.tensor(lane_list), repeats)
-        row_of = torch.repeat_interleave(torch.arange(rows), repeats)
+        row_of = torch.repeat_interleave(torch.arange(len(prompts)), repeats)
         back = torch.cat([torch.arange(length, 0, -1) for length in lengths])  # tokens before
-        lane_of, row_of, back = (upload(t, torch.long, self.device)  # the current column
-                                 for t in (lane_of, row_of, back))
-        column_of = (self.column - back) % self.capacity
-        position_of = width - back  # in the left-padded prefill
+        index = repeats.repeat_interleave(repeats) - back  # the token's index in its prompt
+        position_of = torch.where(index < shared, index, width - back)
+        lane_of, row_of, back, position_of = (upload(t, torch.long, self.device)  # the current
+                                              for t in (lane_of, row_of, back, position_of))
+        column_of = (self.column - back) % self.capacity  # column
         self.ring.write(capture, lane_of, column_of, row_of, position_of)
         self.visible[lanes] = False
         self.visible[lane_of, column_of] = True

@@ -102,6 +102,7 @@ class HFEngine:
         lora_dtype: torch.dtype | None = None,
         cuda_graphs: bool = True,
         lora_kernels: str = "auto",
+        share_prefix: bool = False,
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
@@ -159,13 +160,17 @@ class HFEngine:
         self.forward_calls = 0
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
         self.cuda_graphs = cuda_graphs
+        self.share_prefix = share_prefix
+        """Continuous batching: the leading tokens that an admission's prompts share are
+        prefilled once per adapter (hf/prefill.py)."""
         self._decoder: ContinuousDecoder | None = None
         """The continuous decoder of the last ``serve`` (kept: its ring and graph are reused
         while lanes and capacity stay the same)."""
         self.graph_captures = 0
         """CUDA graph captures of the continuous decoder so far (constant after warm-up)."""
         self.last_serve: dict[str, int] = {}
-        """Figures of the last ``serve`` call: lanes, capacity, served, prefills, decode_steps."""
+        """Figures of the last ``serve`` call: lanes, capacity, served, prefills, decode_steps,
+        shared_tokens (prompt tokens a shared head saved), ..."""
 
     # ------------------------------------------------------------------ adapter slots
     def load_adapter(
@@ -283,12 +288,13 @@ class HFEngine:
             decoder.reset()
         with self._generation_mode():
             served = decoder.serve(first, follow, limit=context_len, later=later)
-        self.forward_calls += decoder.prefills + decoder.decode_steps
+        self.forward_calls += decoder.prefills + decoder.head_prefills + decoder.decode_steps
         self.graph_captures = decoder.captures
         self.last_serve = {"lanes": lanes, "capacity": decoder.capacity, "served": served,
                            "prefills": decoder.prefills, "decode_steps": decoder.decode_steps,
                            "graph_captures": decoder.captures, "grows": decoder.grows,
-                           "graph_failures": decoder.capture_failures}
+                           "graph_failures": decoder.capture_failures,
+                           "shared_tokens": decoder.shared_tokens}
         return served
 
     def sleep(self) -> None:
