@@ -247,9 +247,10 @@ class TrainerConfig:
     """Run the leading tokens that every row of a forward shares (a game's rules open every
     prompt) once per agent, each row attending to them (prefix.py): the same log-probs and
     gradients up to floating-point order, about half the tokens of a Kuhn or Leduc prompt;
-    applies with LoRA dropout 0, not under ZeRO-3. None (the default): the pipeline turns it
-    on where the model is on the CPU and off on CUDA (pipeline/builders.py
-    ``trainer_share_prefix`` says why); a trainer built directly reads None as off."""
+    applies with LoRA dropout 0, not under ZeRO-3 (true is refused there; None leaves it off).
+    None (the default): the pipeline turns it on where the model is on the CPU and off on
+    CUDA (pipeline/builders.py ``trainer_share_prefix`` says why); a trainer built directly
+    reads None as off."""
     compile_backend: str = "inductor"
     """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
     generating kernels: a quick check when a compiled run misbehaves)."""

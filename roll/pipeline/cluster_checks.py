@@ -36,6 +36,11 @@ def check_cluster(cfg: PipelineConfig) -> None:
                               "(pip install 'roll[deepspeed]')")
         if train.zero_stage not in ZERO_STAGES:
             raise ConfigError("actor_train.zero_stage", train.zero_stage, "must be 2 or 3")
+        if train.zero_stage == 3 and cfg.trainer.share_prefix is True:
+            raise ConfigError("trainer.share_prefix", True, "cannot run under "
+                              "actor_train.zero_stage=3 (a layer's partitions are released "
+                              "after each forward, before the backward through both): set "
+                              "it to false or null")
         for agent in cfg.team.resolved_agents():
             if agent.optim.name != "adamw":
                 raise ConfigError("team.optim.name", agent.optim.name,

@@ -1,9 +1,11 @@
-"""``trainer.share_prefix`` in a run: on the CPU (its default) a Kuhn run's trainer forwards
-run the prompts' common leading tokens apart (roll/multi_agent/prefix.py); on CUDA's default,
-or with the option off, they do not."""
+"""``trainer.share_prefix`` and ``rollout.hf.share_prefix`` in a run: on the CPU (their
+default) a Kuhn run's trainer forwards and engine prefills run the prompts' common leading
+tokens apart (roll/multi_agent/prefix.py, roll/inference/hf/prefill.py); with the options off
+they do not."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,18 @@ def test_a_cpu_run_shares_the_prompts_prefix_in_its_trainer_forwards(tmp_path, m
         return real(forward, num_layers, input_ids, attention_mask, agent_id, length, *rest)
 
     monkeypatch.setattr(model_module, "prefix_logits", recorded)
-    extra = [] if share is None else [f"trainer.share_prefix={str(share).lower()}"]
+    extra = [] if share is None else [f"trainer.share_prefix={str(share).lower()}",
+                                      f"rollout.hf.share_prefix={str(share).lower()}"]
     cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "quickstart_cpu",
                       BASE + [f"output_dir={tmp_path}", *extra])
     AgenticPipeline(cfg).run()
+    saved = [json.loads(line).get("rollout/shared_tokens")
+             for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    saved = [value for value in saved if value is not None]
     if share is False:
-        assert shared == []
+        assert shared == [] and saved == [0.0]
         return
+    assert len(saved) == 1 and saved[0] >= 40  # the engine's prefills shared the rules too
     # the old-log-prob pass (no gradients) and the training forwards both shared
     assert {grad for grad, _, _ in shared} == {False, True}
     # the rules open every Kuhn prompt: dozens of tokens, a good part of each row

@@ -11,12 +11,12 @@ from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 
 
 def test_rollout_phase_metrics_by_hand():
-    served = {"lanes": 8, "decode_steps": 20, "served": 10, "prefills": 3}
+    served = {"lanes": 8, "decode_steps": 20, "served": 10, "prefills": 3, "shared_tokens": 40}
     out = rollout_phase_metrics({"rollout/decoded_tokens": 100.0}, served, 2.0)
     # 100 tokens in 2 s; 10 of them came from prefills, 90 from 20 decode steps: 4.5 rows each
     assert out == {"rollout/tokens_per_s": 50.0, "rollout/lanes": 8.0,
                    "rollout/decode_steps": 20.0, "rollout/prefills": 3.0,
-                   "rollout/busy_lanes": 4.5}
+                   "rollout/shared_tokens": 40.0, "rollout/busy_lanes": 4.5}
     # a phase that decoded nothing (its episodes all played ahead) reports no stale serve
     assert rollout_phase_metrics({"rollout/decoded_tokens": 0.0}, served, 0.5) == {
         "rollout/tokens_per_s": 0.0}
