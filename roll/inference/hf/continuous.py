@@ -224,9 +224,9 @@ class ContinuousDecoder:
         back = torch.cat([torch.arange(length, 0, -1) for length in lengths])  # tokens before
         index = repeats.repeat_interleave(repeats) - back  # the token's index in its prompt
         position_of = torch.where(index < shared, index, width - back)
-        lane_of, row_of, back, position_of = (upload(t, torch.long, self.device)  # the current
+        lane_of, row_of, back, position_of = (upload(t, torch.long, self.device)
                                               for t in (lane_of, row_of, back, position_of))
-        column_of = (self.column - back) % self.capacity  # column
+        column_of = (self.column - back) % self.capacity  # before the current column
         self.ring.write(capture, lane_of, column_of, row_of, position_of)
         self.visible[lanes] = False
         self.visible[lane_of, column_of] = True

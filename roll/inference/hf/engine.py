@@ -170,7 +170,7 @@ class HFEngine:
         """CUDA graph captures of the continuous decoder so far (constant after warm-up)."""
         self.last_serve: dict[str, int] = {}
         """Figures of the last ``serve`` call: lanes, capacity, served, prefills, decode_steps,
-        shared_tokens (prompt tokens a shared head saved), ..."""
+        graph captures, ring growths, shared_tokens (prompt tokens a shared head saved)."""
 
     # ------------------------------------------------------------------ adapter slots
     def load_adapter(
