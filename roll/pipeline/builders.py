@@ -159,9 +159,7 @@ def trainer_share_prefix(cfg: PipelineConfig) -> bool:
     on 2 CPU cores 1.31 -> 0.99 s; the Leduc recipe's train phase on an H100 (SmolLM2,
     compiled) 6.1 -> 10.8 s, a second forward per micro-batch costing more there than the
     prompt tokens it saves."""
-    if cfg.trainer.share_prefix is None:
-        return not str(cfg.model.device).startswith("cuda")
-    return bool(cfg.trainer.share_prefix)
+    return _off_on_cuda(cfg.trainer.share_prefix, cfg)
 
 
 def hf_share_prefix(cfg: PipelineConfig) -> bool:
@@ -170,9 +168,12 @@ def hf_share_prefix(cfg: PipelineConfig) -> bool:
     in benchmarks/README.md, "A shared prefix"); off on CUDA, where a second prefill forward
     per admission of a few rows is not measured yet (the trainer's second forward cost more
     there than it saved)."""
-    if cfg.rollout.hf.share_prefix is None:
-        return not str(cfg.model.device).startswith("cuda")
-    return bool(cfg.rollout.hf.share_prefix)
+    return _off_on_cuda(cfg.rollout.hf.share_prefix, cfg)
+
+
+def _off_on_cuda(value: bool | None, cfg: PipelineConfig) -> bool:
+    """A shared-prefix option resolved: as set, or (None) on unless the model is on CUDA."""
+    return not str(cfg.model.device).startswith("cuda") if value is None else bool(value)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -66,15 +66,12 @@ def test_prefill_with_a_shared_head_equals_the_plain_one(tiny_model_path, team):
     torch.testing.assert_close(logits, plain_logits, atol=1e-5, rtol=1e-5)
     for row, prompt in enumerate(prompts):
         for layer in (0, len(plain.keys) - 1):
-            # token t: column t of the head when t < P, else its place from the right
-            want = plain.keys[layer][row, :, plain_width - len(prompt):]  # (H, L, D)
-            got = torch.cat([capture.keys[layer][row, :, :shared],
-                             capture.keys[layer][row, :, width - len(prompt) + shared:]], 1)
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-            want_v = plain.values[layer][row, :, plain_width - len(prompt):]
-            got_v = torch.cat([capture.values[layer][row, :, :shared],
-                               capture.values[layer][row, :, width - len(prompt) + shared:]], 1)
-            torch.testing.assert_close(got_v, want_v, atol=1e-5, rtol=1e-5)
+            for ours, theirs in ((capture.keys, plain.keys), (capture.values, plain.values)):
+                # token t: column t of the head when t < P, else its place from the right
+                want = theirs[layer][row, :, plain_width - len(prompt):]  # (H, L, D)
+                got = torch.cat([ours[layer][row, :, :shared],
+                                 ours[layer][row, :, width - len(prompt) + shared:]], 1)
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_served_requests_equal_with_and_without_sharing(tiny_model_path, team):
