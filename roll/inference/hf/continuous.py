@@ -59,8 +59,6 @@ from roll.inference.hf.ring import (
 )
 from roll.inference.hf.sampling import (
     _VOCAB_SALT,
-    filter_top_k_top_p,
-    gumbel_noise,
     mix32,
     seed_key,
 )
@@ -318,22 +316,16 @@ class ContinuousDecoder:
     def _sample(self, lane_list: list[int], lanes: Tensor, logits: Tensor) -> Step:
         """Choose the next token of these lanes (``lanes``: ``lane_list`` on the device; logits
         (n, V)) on the device and start copying it to the host; ``_finish`` reads it."""
-        logits = logits.float()
         states = [self.running[lane] for lane in lane_list]
-        masked = constrain(logits, states)
-        temperature = self.temperature[lanes][:, None]  # (n, 1)
-        tokens = masked.argmax(-1)  # greedy first
         # What to run is decided from the requests on the host: no device read before the one
         # below (each read waits for the whole step).
         params = [state.request.sampling for state in states]
-        if not all(sampling.greedy for sampling in params):
-            sampled = ~self.greedy[lanes]
-            scaled = masked / temperature
-            if any(sampling.top_k > 0 or sampling.top_p < 1.0 for sampling in params):
-                scaled = filter_top_k_top_p(scaled, self.top_k[lanes], self.top_p[lanes])
-            noisy = scaled + gumbel_noise(self.row_keys[lanes], self.steps[lanes], self.vocab_keys)
-            tokens = torch.where(sampled, noisy.argmax(-1), tokens)
-        logprobs = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None])[:, 0]
+        sampled = None if all(p.greedy for p in params) else ~self.greedy[lanes]
+        filters = any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params)
+        tokens, logprobs = self.engine.pick(
+            logits, self.temperature[lanes][:, None], sampled, self.row_keys[lanes],
+            self.steps[lanes], self.vocab_keys, constrain(logits, states),
+            self.top_k[lanes] if filters else None, self.top_p[lanes] if filters else None)
         self.last_token[lanes] = tokens
         self.steps[lanes] += 1
         for state in states:

@@ -45,7 +45,7 @@ from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_s
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
 from roll.inference.hf.ring import additive_mask, decode_attention
-from roll.inference.hf.sampling import BatchSampler
+from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
 from roll.utils.stages import stage
 
 LORA_KERNELS = ("auto", *KERNELS)
@@ -133,6 +133,10 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.static_cache = static_cache or compile
         self.compile = compile
+        self.pick: Picker = (compiled_picker() if compile and self.device.type == "cuda"
+                             else pick_tokens)
+        """How rows pick their next token (sampling.py): compiled where the decode step is
+        compiled on CUDA (the eager form's passes over the vocabulary cost ~15% of a step)."""
         self.config = self.model.config.get_text_config()
         self.vocab_size = int(self.config.vocab_size)
         self.eos_ids = _eos_ids(tokenizer, self.model)
@@ -230,9 +234,6 @@ class HFEngine:
                            self.device)
         host = HostChecks(params, tries + [None] * filler, self.eos_ids, self.decode_text)
         logprobs = torch.zeros(rows, max_new, dtype=torch.float32, device=self.device)
-        # Log-probs are taken at each row's sampling temperature (1 for greedy rows).
-        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
-                                   dtype=torch.float32, device=self.device)[:, None]  # (B, 1)
 
         with self._generation_mode():
             mask = attention_mask if self.static_cache else attention_mask[:, :prompt_width]
@@ -242,12 +243,9 @@ class HFEngine:
                 input_ids, mask, position_ids, self._new_cache(rows, total), positions
             )
             for step in range(max_new):
-                logits = logits.float()  # (B, V)
-                tokens = sampler.select(host.mask_logits(logits), step)  # (B,)
-                token_logprobs = torch.log_softmax(logits / temperature, -1).gather(
-                    -1, tokens[:, None]
-                )
-                logprobs[:, step] = token_logprobs[:, 0]
+                # (B,) each; log-probs at each row's temperature (1 for greedy rows)
+                tokens, logprobs[:, step] = sampler.select(logits, host.masked(logits),
+                                                           self.pick)
                 finish.update(step, tokens)
                 if host:
                     stopped = host.step(tokens.tolist())

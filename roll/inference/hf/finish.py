@@ -88,9 +88,12 @@ class HostChecks:
     def __bool__(self) -> bool:
         return bool(self.rows)
 
-    def mask_logits(self, logits: Tensor) -> Tensor:
-        """Logits (B, V) restricted to each live constrained row's allowed next tokens."""
-        return self.constraints.mask_logits(logits, self.finished) if self.constraints else logits
+    def masked(self, logits: Tensor) -> Tensor | None:
+        """Logits (B, V) as float32 restricted to each live constrained row's allowed next
+        tokens; None where no row is constrained."""
+        if not self.constraints:
+            return None
+        return self.constraints.mask_logits(logits.float(), self.finished)
 
     def step(self, tokens: list[int]) -> list[int]:
         """Follow this step's tokens; return the rows that end now by a stop string or a

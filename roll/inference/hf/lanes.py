@@ -88,8 +88,9 @@ class Step:
     """Recorded after the copy (CUDA); None on CPU, where the copy is already done."""
 
 
-def constrain(logits: Tensor, states: list[Lane]) -> Tensor:
-    """Logits (n, V) with every token a constrained lane may not emit next at -inf."""
+def constrain(logits: Tensor, states: list[Lane]) -> Tensor | None:
+    """Logits (n, V) as float32 with every token a constrained lane may not emit next at -inf;
+    None where no lane is constrained."""
     rows, allowed = [], []
     for row, state in enumerate(states):
         if state.trie is not None:
@@ -97,7 +98,8 @@ def constrain(logits: Tensor, states: list[Lane]) -> Tensor:
             rows += [row] * len(options)
             allowed += options
     if not rows:
-        return logits
+        return None
+    logits = logits.float()
     bias = torch.zeros_like(logits)
     bias[upload(sorted(set(rows)), torch.long, logits.device)] = float("-inf")
     bias[upload(rows, torch.long, logits.device), upload(allowed, torch.long, logits.device)

@@ -44,7 +44,7 @@ def test_draws_follow_the_tempered_and_filtered_softmax():
     def draw(**params) -> torch.Tensor:
         sampler = BatchSampler.build([SamplingParams(**params)] * rows, list(range(rows)), 5,
                                      "cpu")
-        return sampler.select(logits.expand(rows, 5).clone(), step=3)
+        return sampler.select(logits.expand(rows, 5).clone(), None)[0]
 
     p1 = torch.softmax(logits, -1)
     assert _chi_square(draw(temperature=1.0), p1) < 18.47
@@ -56,3 +56,58 @@ def test_draws_follow_the_tempered_and_filtered_softmax():
     assert _chi_square(draw(temperature=1.0, top_k=3), top3) < 13.82
     nucleus = torch.tensor([0.4, 0.3, 0.0, 0.0, 0.0]) / 0.7  # top-p 0.6: 0.4 + 0.3 covers it
     assert _chi_square(draw(temperature=1.0, top_p=0.6), nucleus) < 10.83  # 1 dof, 0.1%
+
+
+def test_pick_tokens_by_hand_and_compiled_equal_to_eager():
+    """pick_tokens: greedy rows take the argmax of the (masked) logits; every log-prob is the
+    picked token's under softmax(logits / T) without the mask (the policy the trainer
+    scores); the compiled picker (inductor on this CPU, and aot_eager) gives the same tokens
+    and log-probs as the eager function for sampled, masked, filtered and greedy rows."""
+    import math
+
+    from roll.inference.hf.sampling import _VOCAB_SALT, compiled_picker, pick_tokens, seed_key
+
+    logits = torch.tensor([[0.0, math.log(2.0), 0.0], [0.0, math.log(2.0), 0.0]],
+                          dtype=torch.bfloat16)  # (2, 3): probabilities 1/4, 1/2, 1/4
+    vocab_keys = mix32(torch.arange(3) + _VOCAB_SALT)
+    keys, steps = torch.tensor([5, 7]), torch.tensor([0, 3])
+    masked = logits.float().clone()
+    masked[1, 1] = float("-inf")  # row 1 may not play token 1
+    tokens, logprobs = pick_tokens(logits, torch.ones(2, 1), None, keys, steps, vocab_keys,
+                                   masked)
+    assert tokens.tolist() == [1, 0]  # row 1: the first of the two allowed ties
+    assert torch.allclose(logprobs, torch.tensor([math.log(0.5), math.log(0.25)]), atol=1e-3)
+    # temperature 2: probabilities proportional to 1, sqrt 2, 1
+    _, at_two = pick_tokens(logits, torch.full((2, 1), 2.0), None, keys, steps, vocab_keys)
+    assert abs(float(at_two[0]) - math.log(2**0.5 / (2 + 2**0.5))) < 1e-3
+
+    generator = torch.Generator().manual_seed(0)
+    rows, vocab = 37, 301
+    logits = torch.randn(rows, vocab, generator=generator).to(torch.bfloat16)
+    temperature = torch.rand(rows, 1, generator=generator) + 0.5
+    sampled = torch.arange(rows) % 3 != 0
+    keys = torch.tensor([seed_key(seed) for seed in range(rows)])
+    steps = torch.arange(rows) % 5
+    vocab_keys = mix32(torch.arange(vocab) + _VOCAB_SALT)
+    masked = logits.float().masked_fill(torch.rand(rows, vocab, generator=generator) < 0.5,
+                                        float("-inf"))
+    top_k = torch.where(torch.arange(rows) % 2 == 0, 5, 0)
+    top_p = torch.full((rows,), 0.9)
+    calls = [(logits, temperature, sampled, keys, steps, vocab_keys),
+             (logits, temperature, sampled, keys, steps, vocab_keys, masked),
+             (logits, temperature, sampled, keys, steps, vocab_keys, None, top_k, top_p),
+             (logits, temperature, None, keys, steps, vocab_keys, masked)]
+    for backend in ("aot_eager", "inductor"):
+        picker = compiled_picker(backend)
+        for args in calls:
+            want_tokens, want_logprobs = pick_tokens(*args)
+            got_tokens, got_logprobs = picker(*args)
+            assert torch.equal(got_tokens, want_tokens), backend
+            assert torch.allclose(got_logprobs, want_logprobs, atol=1e-5), backend
+        # a different row count reuses the dynamic graph and still agrees
+        few = tuple(arg[:9] if arg is not None and arg.shape[0] == rows else arg
+                    for arg in calls[1])
+        assert torch.equal(picker(*few)[0], pick_tokens(*few)[0])
+    # the sampled rows did draw: not all of them took the argmax
+    assert not torch.equal(pick_tokens(*calls[0])[0][sampled],
+                           logits.float().argmax(-1)[sampled])
