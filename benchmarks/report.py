@@ -13,5 +13,6 @@ def emit(summary: dict, name: str) -> str:
     text = json.dumps(summary, indent=2)
     print(text)
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], name).write_text(text + "\n")
     return text
