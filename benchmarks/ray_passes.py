@@ -50,8 +50,7 @@ def main() -> None:
     from roll.distributed.roles import TrainSpec
     from roll.models import load_model
     from roll.models.tiny import TinyModelSpec, build_tiny_model
-    from roll.multi_agent.config import (CriticConfig, LoRAConfig, MultiAgentConfig,
-                                         TrainerConfig)
+    from roll.multi_agent.config import CriticConfig, LoRAConfig, MultiAgentConfig, TrainerConfig
     from roll.multi_agent.critics import critic_agents
     from roll.multi_agent.model import MultiAgentLoRAModel
 

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roll.distributed.roles import push_adapters
 from roll.inference import GenerationRequest, HFEngine, SamplingParams
+from roll.inference.hf.sampling import pick_tokens  # noqa: E402
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig  # noqa: E402
 from roll.multi_agent.model import MultiAgentLoRAModel  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
@@ -192,6 +193,12 @@ def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
     figures, outputs, times = {}, {}, {name: [] for name in variants}
 
     def call(name, engine, requests):
+        if name.endswith("_eager_sampler"):  # the same engine, its sampler uncompiled
+            picker, engine.pick = engine.pick, pick_tokens
+            try:
+                return engine.generate(requests)
+            finally:
+                engine.pick = picker
         return served(engine, requests) if name.endswith("_serve") else engine.generate(requests)
 
     for name, (engine, requests) in variants.items():
@@ -337,6 +344,11 @@ def main() -> None:
                         help="timed calls of each compiled engine, interleaved round by round")
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
+    parser.add_argument("--eager-sampler", action="store_true",
+                        help="also: the compiled engine with its token picker uncompiled "
+                             "(sampling.pick_tokens eager, as before it was compiled)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one compiled-engine call (with --serve, one serve call "
                              "too): top kernels, top host ops, CUDA runtime calls per step")
@@ -356,7 +368,9 @@ def main() -> None:
         "model": "tiny" if args.tiny else "Qwen3-0.6B shape, random weights",
         "dtype": str(dtype).removeprefix("torch."),
         "agents": agents, "lora_rank": rank, "lora_targets": ALL_LINEAR,
-        "prompt_tokens": prompt_len, "new_tokens": new_tokens, "decoding": "greedy, EOS ignored",
+        "prompt_tokens": prompt_len, "new_tokens": new_tokens,
+        "decoding": ("greedy" if args.temperature == 0 else
+                     f"sampled at temperature {args.temperature}") + ", EOS ignored",
         "results": {},
         "notes": [
             "logprob_vs_trainer: |engine log-prob - trainer teacher-forced log-prob| per token "
@@ -388,7 +402,8 @@ def main() -> None:
             push_adapters(torch_kernels, team, version=1)
 
     gen = torch.Generator().manual_seed(0)
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=new_tokens,
+                              ignore_eos=True)
     stock_estimate = None
     requests_of: dict[int, list[GenerationRequest]] = {}
     for batch in batches:
@@ -408,6 +423,8 @@ def main() -> None:
             variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
+        if compiled is not None and args.eager_sampler:
+            variants["ours_compiled_eager_sampler"] = (compiled, requests)
         if compiled is not None and args.serve:
             variants["ours_compiled_serve"] = (compiled, requests)
             variants["ours_eager_serve"] = (eager, requests)
