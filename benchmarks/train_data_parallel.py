@@ -59,6 +59,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     from roll.multi_agent.strategy import TorchStrategy
     from roll.multi_agent.trainer import MultiAgentTrainer
 
+    torch_linear = torch.nn.functional.linear
     device = torch.device("cpu" if args.tiny else f"cuda:{rank}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -145,7 +146,9 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
                      "load_peak_gb_rank0": round(load_peak / 1e9, 2) if cuda else None,
                      "base_gb": round(base_bytes / 1e9, 2),
                      "base_share_gb": round(base_bytes / world_size / 1e9, 2),
-                     "shape": args.shape if not args.tiny else "tiny"})
+                     "shape": args.shape if not args.tiny else "tiny",
+                     # DeepSpeed's zero.Init may replace it for the whole process
+                     "functional_linear_is_torch": torch.nn.functional.linear is torch_linear})
     if world_size > 1:
         dist.destroy_process_group()
 

@@ -120,6 +120,11 @@ def deepspeed_config(stage: int, live_elements: int | None = None) -> dict:
         # whole by default): the frozen base is sharded all the way, and the adapters are
         # gathered where the trainer reads them.
         zero["stage3_param_persistence_threshold"] = 0
+        # Keep torch's own linear: DeepSpeed's "memory-efficient" one (the default) replaces
+        # torch.nn.functional.linear for the whole process, runs a matmul where torch fuses
+        # an addmm and gathers a weight again in the backward; our leaves (a decoder layer,
+        # or an adapted projection) are gathered whole in their forward and backward already.
+        zero["memory_efficient_linear"] = False
         if live_elements is not None:
             # Live: gathered at once; prefetch: fetched ahead; reuse distance: a gathered
             # weight used again within this many elements (the backward after a forward) is

@@ -1,0 +1,32 @@
+"""benchmarks/train_data_parallel.py on the tiny model: a ZeRO-3 rank built partitioned
+(zero.Init) trains a step and leaves torch's own ``torch.nn.functional.linear`` in place.
+
+DeepSpeed's default "memory-efficient linear" replaces that function for the whole process
+(a matmul instead of torch's fused linear, the weight gathered again in the backward); our
+ZeRO-3 config turns it off (roll/distributed/deepspeed_strategy.py ``deepspeed_config``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/train_data_parallel.py"), "--tiny",
+         "--world_sizes", "1", "--strategy", "deepspeed", "--zero_stage", "3", "--repeats", "1"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "OUT": str(tmp_path),
+                          "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    entry = json.loads((tmp_path / "train_data_parallel.json").read_text())["results"][0]
+    assert entry["zero_stage"] == 3 and entry["seconds"] > 0
+    assert entry["functional_linear_is_torch"] is True
