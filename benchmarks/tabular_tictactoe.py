@@ -13,6 +13,10 @@ move) instead of an adapter:
 - advantage = a game's return for the seat (+1 win, 0 draw, -1 loss) minus the mean of the
   group's returns for that seat (``advantage.estimator=grpo``, ``norm: none``), or minus a
   running baseline per (agent, seat) (``--estimator rae``), given to every move of the seat;
+  or, per move, GAE over the seat's own decisions (gamma 1, ``--lam``) from a value table per
+  (agent, seat, board) fitted to the lambda-returns at rate ``--value_lr`` (``--estimator
+  critic``: what ``advantage.estimator=ippo`` with ``critic.mode=per_agent`` does with a
+  value adapter);
 - ``--minibatches`` optimizer steps per rollout on PPO's clipped surrogate (``--clip``) against
   the rollout's policy, plus ``--entropy`` times the entropy of the legal-move distribution
   (``trainer.action_entropy_coef``), plain gradient steps on the logits at a rate decayed
@@ -117,11 +121,25 @@ def play(rng, tables: dict[str, Table], seating: tuple[str, str]):
     return decisions, outcome(board)
 
 
+def gae(values: list[float], ret: float, lam: float) -> list[float]:
+    """Advantages of one seat's decisions (gamma 1, reward only at the end): values (n,) of
+    the boards it moved from, ``ret`` its return; delta_t = V(s_t+1) - V(s_t), the last
+    delta_t = ret - V(s_t); A_t = sum_k lam^k delta_t+k."""
+    following = [*values[1:], ret]
+    advantages, running = [0.0] * len(values), 0.0
+    for t in reversed(range(len(values))):
+        running = following[t] - values[t] + lam * running
+        advantages[t] = running
+    return advantages
+
+
 def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=4, clip=0.2,
-          estimator="grpo", decay=0.9, seed=0, seatings="mixed") -> dict:
+          estimator="grpo", decay=0.9, seed=0, seatings="mixed", lam=0.95,
+          value_lr=0.3) -> dict:
     rng = np.random.default_rng(seed)
     tables = {"A": Table(), "B": Table()}
     baselines: dict[tuple[str, int], float] = {}
+    values: dict[tuple[str, int, str], float] = {}  # critic: (agent, seat, board) -> V
     for step in range(steps):
         rate = lr * (1.0 - step / steps)
         rows: dict[str, list] = {"A": [], "B": []}  # (board, k, p_old, advantage)
@@ -132,6 +150,16 @@ def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=
                 if who == "R":
                     continue
                 returns = [(result if seat == 0 else -result) for _, result in games]
+                if estimator == "critic":
+                    for (decisions, _), ret in zip(games, returns, strict=True):
+                        keys = [(who, seat, board) for board, _, _ in decisions[seat]]
+                        old = [values.get(key, 0.0) for key in keys]
+                        advantages = gae(old, ret, lam)
+                        rows[who] += [(*d, a) for d, a in zip(decisions[seat], advantages,
+                                                              strict=True)]
+                        for key, v, a in zip(keys, old, advantages, strict=True):
+                            values[key] = values.get(key, 0.0) + value_lr * a  # -> v + a
+                    continue
                 if estimator == "grpo":
                     base = [float(np.mean(returns))] * len(returns)
                 else:  # rae: the running baseline, read before it is updated
@@ -179,17 +207,25 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[1.0])
     parser.add_argument("--steps", type=int, nargs="+", default=[100, 300])
     parser.add_argument("--minibatches", type=int, nargs="+", default=[4])
-    parser.add_argument("--estimator", nargs="+", default=["grpo"], choices=["grpo", "rae"])
+    parser.add_argument("--estimator", nargs="+", default=["grpo"],
+                        choices=["grpo", "rae", "critic"])
+    parser.add_argument("--lam", type=float, nargs="+", default=[0.95],
+                        help="GAE lambda of --estimator critic")
+    parser.add_argument("--value_lr", type=float, nargs="+", default=[0.3],
+                        help="the value table's rate toward each lambda-return (critic)")
     parser.add_argument("--seatings", nargs="+", default=["mixed"], choices=list(SEATINGS))
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    for groups, entropy, lr, steps, minibatches, estimator, seatings in itertools.product(
-            args.groups, args.entropy, args.lr, args.steps, args.minibatches, args.estimator,
-            args.seatings):
+    for (groups, entropy, lr, steps, minibatches, estimator, seatings, lam,
+         value_lr) in itertools.product(args.groups, args.entropy, args.lr, args.steps,
+                                        args.minibatches, args.estimator, args.seatings,
+                                        args.lam, args.value_lr):
+        if estimator != "critic" and (lam, value_lr) != (args.lam[0], args.value_lr[0]):
+            continue  # lam and value_lr are the critic's
         start = time.perf_counter()
         runs = [train(groups=groups, entropy=entropy, lr=lr, steps=steps,
                       minibatches=minibatches, estimator=estimator, seed=seed,
-                      seatings=seatings)
+                      seatings=seatings, lam=lam, value_lr=value_lr)
                 for seed in range(args.seeds)]
         summary = {}
         for key in runs[0]:
@@ -201,6 +237,8 @@ def main() -> None:
         worst_o = min(min(run["A/O/sampled"]["win"], run["B/O/sampled"]["win"]) for run in runs)
         print(json.dumps({"groups": groups, "entropy": entropy, "lr": lr, "steps": steps,
                           "minibatches": minibatches, "estimator": estimator,
+                          **({"lam": lam, "value_lr": value_lr} if estimator == "critic"
+                             else {}),
                           "seatings": seatings,
                           "seeds": args.seeds, "worst_O_win": worst_o,
                           "seconds": round(time.perf_counter() - start, 1),

@@ -56,3 +56,15 @@ def test_the_update_rule_learns():
     result = tabular_tictactoe.train(groups=12, steps=40, lr=300.0, entropy=0.01, seed=0)
     assert result["A/O/sampled"]["win"] > before + 0.05
     assert result["A/X/sampled"]["win"] > 0.5849 + 0.05
+
+
+def test_the_critics_gae_by_hand_and_its_rule_learns():
+    # values 0.2, 0.5 of the two boards a seat moved from, return 1, lambda 0.5:
+    # deltas 0.5 - 0.2 = 0.3 and 1 - 0.5 = 0.5; A_1 = 0.5, A_0 = 0.3 + 0.5 * 0.5 = 0.55
+    assert tabular_tictactoe.gae([0.2, 0.5], 1.0, 0.5) == pytest.approx([0.55, 0.5])
+    # lambda 1: every move gets the return minus its own value (Monte Carlo)
+    assert tabular_tictactoe.gae([0.2, 0.5], -1.0, 1.0) == pytest.approx([-1.2, -1.5])
+    assert tabular_tictactoe.gae([0.2, 0.5], -1.0, 0.0) == pytest.approx([0.3, -1.5])  # TD(0)
+    result = tabular_tictactoe.train(groups=12, steps=40, lr=300.0, entropy=0.01, seed=0,
+                                     estimator="critic", lam=0.5, value_lr=0.3)
+    assert result["A/O/sampled"]["win"] > 0.2880 + 0.05
