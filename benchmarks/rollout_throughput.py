@@ -344,6 +344,9 @@ def main() -> None:
                         help="timed calls of each compiled engine, interleaved round by round")
     parser.add_argument("--vllm", action="store_true",
                         help="also run the same workload on roll's VLLMEngine (needs vllm)")
+    parser.add_argument("--triton-attention", action="store_true",
+                        help="also: the compiled engine with attention_kernel='triton' (reads "
+                             "only the cache blocks a row sees), one more warm-up")
     parser.add_argument("--eager-sampler", action="store_true",
                         help="also: the compiled engine with its token picker uncompiled "
                              "(sampling.pick_tokens eager, as before it was compiled)")
@@ -390,12 +393,16 @@ def main() -> None:
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = hf_engine_for(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
-    compiled = no_lora = torch_kernels = None
+    compiled = no_lora = torch_kernels = triton_attention = None
     if compile_ours:
         compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
         result["lora_kernels"] = compiled.fused.kernels
         no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
+        if args.triton_attention:
+            triton_attention = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
+                                             compile=True, attention_kernel="triton")
+            push_adapters(triton_attention, team, version=1)
         if args.torch_kernels:
             torch_kernels = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
                                           compile=True, lora_kernels="torch")
@@ -423,6 +430,10 @@ def main() -> None:
             variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
+        if triton_attention is not None:
+            variants["ours_compiled_triton_attention"] = (triton_attention, requests)
+            if args.serve:
+                variants["ours_compiled_triton_attention_serve"] = (triton_attention, requests)
         if compiled is not None and args.eager_sampler:
             variants["ours_compiled_eager_sampler"] = (compiled, requests)
         if compiled is not None and args.serve:
@@ -493,7 +504,7 @@ def main() -> None:
         import gc
         import shutil
 
-        del eager, compiled, no_lora, torch_kernels
+        del eager, compiled, no_lora, torch_kernels, triton_attention
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

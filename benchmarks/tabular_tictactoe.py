@@ -157,8 +157,8 @@ def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=
                         advantages = gae(old, ret, lam)
                         rows[who] += [(*d, a) for d, a in zip(decisions[seat], advantages,
                                                               strict=True)]
-                        for key, v, a in zip(keys, old, advantages, strict=True):
-                            values[key] = values.get(key, 0.0) + value_lr * a  # -> v + a
+                        for key, a in zip(keys, advantages, strict=True):  # toward v + a
+                            values[key] = values.get(key, 0.0) + value_lr * a
                     continue
                 if estimator == "grpo":
                     base = [float(np.mean(returns))] * len(returns)

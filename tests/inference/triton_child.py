@@ -120,5 +120,80 @@ def engine_gaps(path: str) -> dict:
     return result
 
 
+def attention_gaps(path: str) -> dict:
+    """The Triton ring attention against ``ring_decode_attention`` (SDPA): lanes whose visible
+    columns are a prefix, a ring wrapped around, one column, and none; query heads per kv head
+    2 and 3 (padded to 4), head dims 32 and 24 (padded); hidden columns filled with NaN (a
+    kernel that read them would return NaN). Then the tiny model's engine, lock-step and
+    continuous, with each attention kernel."""
+    from roll.inference.hf.attention_kernel import ring_attention
+    from roll.inference.hf.ring import additive_mask, ring_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    columns = 80  # blocks of 32: 0-31, 32-63, 64-79
+    visible = torch.zeros(5, columns, dtype=torch.bool)
+    visible[0, :50] = True  # a prefix: the third block unread
+    visible[1, 70:] = True  # a wrapped ring: the end ...
+    visible[1, :5] = True  # ... and the start; the middle block unread
+    visible[2, 40] = True  # one column
+    visible[3, 10:74] = True
+    # lane 4 sees nothing
+    result: dict = {"cases": []}
+    for query_heads, kv_heads, head_dim in ((4, 2, 32), (6, 2, 24)):
+        q = torch.randn(5, query_heads, 1, head_dim, generator=gen)
+        k = torch.randn(5, kv_heads, columns, head_dim, generator=gen)
+        v = torch.randn(5, kv_heads, columns, head_dim, generator=gen)
+        mask = additive_mask(visible[:, None, None, :], torch.float32)  # (5, 1, 1, C)
+        expected = ring_decode_attention(None, q, k, v, mask, scaling=0.3)[0][:, 0]  # (5, Hq, D)
+        poisoned_k, poisoned_v = k.clone(), v.clone()
+        hidden = ~visible[:, None, :, None].expand_as(k)
+        poisoned_k[hidden], poisoned_v[hidden] = float("nan"), float("nan")
+        got = ring_attention(q[:, :, 0], poisoned_k, poisoned_v, mask[:, 0, 0], 0.3)
+        result["cases"].append({
+            "shape": [query_heads, kv_heads, head_dim],
+            "gap": float((got[:4] - expected[:4]).abs().max()),
+            "size": float(expected[:4].abs().max()),
+            "blind_lane_zero": bool((got[4] == 0).all()),
+            "finite": bool(torch.isfinite(got).all())})
+
+    from roll.inference.hf import attention_kernel
+
+    calls = {"sdpa": 0, "triton": 0}
+    kernel_op = attention_kernel.ring_attention
+
+    def counted(*args):
+        calls[current] += 1
+        return kernel_op(*args)
+    attention_kernel.ring_attention = counted
+    team = perturbed_team(path, 3)
+    tokenizer = load_tokenizer(path)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
+    prompts = [prompt[-6 - i:] for i, prompt in enumerate(chat_prompts(path))]
+    slots = [*team.agent_names, None]
+    requests = [GenerationRequest(prompts[i], slots[i], sampling) for i in range(4)]
+    outputs = {}
+    for kernel in ("sdpa", "triton"):
+        current = kernel
+        engine = hf_engine_for(team, tokenizer, lora_kernels="torch", attention_kernel=kernel)
+        push_adapters(engine, team, version=1)
+        served = {}
+
+        def follow(key, output, _store=served):
+            _store[key] = output
+            return []
+        engine.serve(requests, follow)
+        outputs[kernel] = engine.generate(requests) + [served[key] for key in range(4)]
+    pairs = list(zip(outputs["sdpa"], outputs["triton"], strict=True))
+    result["engine"] = {
+        "kernel_calls": calls,
+        "tokens_equal": all(a.token_ids == b.token_ids for a, b in pairs),
+        "logprob_gap": max(max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs, strict=True))
+                           for a, b in pairs)}
+    return result
+
+
 if __name__ == "__main__":
-    print(json.dumps({"kernel": kernel_gaps(), "engine": engine_gaps(sys.argv[1])}))
+    if sys.argv[2:] == ["attention"]:
+        print(json.dumps(attention_gaps(sys.argv[1])))
+    else:
+        print(json.dumps({"kernel": kernel_gaps(), "engine": engine_gaps(sys.argv[1])}))

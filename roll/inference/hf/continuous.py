@@ -279,7 +279,7 @@ class ContinuousDecoder:
                           else self._forward_step)
 
         def forward() -> Tensor:
-            with decode_attention(engine.model):
+            with decode_attention(engine.model, engine.attention_kernel):
                 return self._step(self.last_token[:, None], self.mask, self.position[:, None])
 
         if not self.graphs:

@@ -44,7 +44,7 @@ from roll.inference.hf.continuous import ContinuousDecoder
 from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
-from roll.inference.hf.ring import additive_mask, decode_attention
+from roll.inference.hf.ring import ATTENTION_KERNELS, additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
 from roll.utils.stages import stage
 
@@ -103,9 +103,16 @@ class HFEngine:
         cuda_graphs: bool = True,
         lora_kernels: str = "auto",
         share_prefix: bool = False,
+        attention_kernel: str = "sdpa",
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
+        if attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel={attention_kernel!r}: must be one of "
+                             f"{list(ATTENTION_KERNELS)}")
+        self.attention_kernel = attention_kernel
+        """The decode steps' attention (ring.py ATTENTION_KERNELS; 'triton' reads only the
+        cache blocks a row sees: CUDA, or Triton's interpreter in tests)."""
         if _is_peft_wrapper(model):
             raise TypeError(
                 "HFEngine takes a transformers model (the trainer's base, with adapters_off), "
@@ -420,7 +427,7 @@ class HFEngine:
         dtype = self.model.get_input_embeddings().weight.dtype
         mask = additive_mask(attention_mask.bool()[:, None, None, :], dtype)
         inputs = (input_ids, mask, position_ids, cache_position)
-        with decode_attention(self.model):
+        with decode_attention(self.model, self.attention_kernel):
             if not self.compile:
                 return self._run(input_ids, mask, position_ids, cache, cache_position)[0]
             if self._compiled_step is None:

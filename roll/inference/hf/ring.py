@@ -102,21 +102,43 @@ def ring_decode_attention(module, query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, length, head_dim).transpose(1, 2), None
 
 
+def ring_decode_attention_triton(module, query: Tensor, key: Tensor, value: Tensor,
+                                 attention_mask: Tensor, dropout: float = 0.0,
+                                 scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """``ring_decode_attention``'s contract through the Triton kernel of attention_kernel.py,
+    which reads only the key/value blocks a lane's mask lets it see. One token per lane."""
+    from roll.inference.hf.attention_kernel import ring_attention
+
+    batch, query_heads, length, head_dim = query.shape
+    if length != 1:
+        raise ValueError(f"the Triton ring attention decodes one token per lane, not {length}")
+    scale = scaling if scaling is not None else head_dim ** -0.5
+    out = ring_attention(query[:, :, 0], key, value, attention_mask[:, 0, 0], scale)
+    return out[:, None], None  # (B, 1, Hq, D)
+
+
+ATTENTION_KERNELS = {"sdpa": RING_ATTENTION, "triton": RING_ATTENTION + "_triton"}
+"""The decode attention's implementations (``HFEngine(attention_kernel=...)``): one fused
+``scaled_dot_product_attention`` over the whole cache, or the Triton kernel that skips the
+blocks a lane cannot see (attention_kernel.py)."""
+
+
 def register_ring_attention() -> None:
-    """Make ``ring_decode_attention`` selectable as ``config._attn_implementation``."""
+    """Make the decode attentions selectable as ``config._attn_implementation``."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(RING_ATTENTION, ring_decode_attention)
+    AttentionInterface.register(ATTENTION_KERNELS["sdpa"], ring_decode_attention)
+    AttentionInterface.register(ATTENTION_KERNELS["triton"], ring_decode_attention_triton)
 
 
 @contextmanager
-def decode_attention(model: nn.Module) -> Iterator[None]:
-    """The model's attention layers run ``ring_decode_attention`` inside (one new token per
-    row, a ready 4D additive mask); set outside a compiled or captured step, so the step sees
-    one value throughout."""
+def decode_attention(model: nn.Module, kernel: str = "sdpa") -> Iterator[None]:
+    """The model's attention layers run the decode attention ``kernel`` (ATTENTION_KERNELS)
+    inside (one new token per row, a ready 4D additive mask); set outside a compiled or
+    captured step, so the step sees one value throughout."""
     register_ring_attention()
     config = model.config
-    usual, config._attn_implementation = config._attn_implementation, RING_ATTENTION
+    usual, config._attn_implementation = config._attn_implementation, ATTENTION_KERNELS[kernel]
     try:
         yield
     finally:
