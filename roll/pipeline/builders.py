@@ -111,7 +111,8 @@ def build_engine(
         # The same decode path in this process and in engine actors (compiled step, CUDA
         # graphs where the config resolves them on).
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
-                       lora_kernels=cfg.rollout.hf.lora_kernels, compile=hf_compile(cfg),
+                       lora_kernels=cfg.rollout.hf.lora_kernels,
+                       attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
                        cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env

@@ -165,6 +165,10 @@ class HFEngineSchema:
     (every slot's stacked products and a row mask, three kernels per projection), or 'auto':
     triton on CUDA when it is importable, torch otherwise. Prefills always use the stacked
     products."""
+    attention_kernel: str = "sdpa"
+    """The decode steps' attention: 'sdpa' (one fused scaled_dot_product_attention over the
+    whole cache, the mask hiding what a row may not see) or 'triton' (a kernel that reads only
+    the cache blocks a row sees: roll/inference/hf/attention_kernel.py; CUDA)."""
 
 
 @dataclass

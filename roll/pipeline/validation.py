@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll.errors import ConfigError, require_int
 from roll.inference.hf.engine import LORA_KERNELS
+from roll.inference.hf.ring import ATTENTION_KERNELS
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
@@ -145,6 +146,12 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
         raise ConfigError("rollout.hf.lora_kernels", kernels, f"must be one of {LORA_KERNELS}")
     if kernels == "triton" and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.lora_kernels", kernels, "needs model.device=cuda")
+    attention = rollout.hf.attention_kernel
+    if attention not in ATTENTION_KERNELS:
+        raise ConfigError("rollout.hf.attention_kernel", attention,
+                          f"must be one of {list(ATTENTION_KERNELS)}")
+    if attention == "triton" and not device.startswith("cuda"):
+        raise ConfigError("rollout.hf.attention_kernel", attention, "needs model.device=cuda")
     utilization = rollout.vllm.gpu_memory_utilization
     if utilization is not None and not 0 < utilization <= 1:
         raise ConfigError("rollout.vllm.gpu_memory_utilization", utilization, "must be in (0, 1]")
