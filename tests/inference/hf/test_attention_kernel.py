@@ -27,6 +27,7 @@ def child(tiny_model_path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_kernel_equals_sdpa_and_never_reads_a_hidden_column(child):
     """Lanes seeing a prefix, a wrapped ring, one column: the kernel's output equals the
     fused SDPA path's with NaN in every hidden column (SDPA itself would return NaN there),
@@ -39,6 +40,7 @@ def test_kernel_equals_sdpa_and_never_reads_a_hidden_column(child):
         assert case["finite"] and case["blind_lane_zero"]
 
 
+@pytest.mark.slow
 def test_engine_with_the_triton_attention_equals_sdpa(child):
     engine = child["engine"]
     # lock-step generate and continuous serve: same greedy tokens, log-probs within fp32
