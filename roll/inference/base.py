@@ -35,6 +35,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _token_ids(ids) -> bool:
+    """Every id an int >= 0 (bools refused). Plain ints, the usual case, are checked at C
+    speed: a step's requests hold ~10^5 prompt tokens, and a Python test per token was
+    ~2% of the tiny CPU recipe's step."""
+    if set(map(type, ids)) <= {int}:
+        return min(ids) >= 0
+    return all(_is_int(t) and t >= 0 for t in ids)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded. Invalid values raise ``ValueError`` naming the field."""
@@ -104,7 +113,7 @@ class GenerationRequest:
         ids = self.prompt_ids
         if not isinstance(ids, list | tuple) or not ids:
             raise ValueError(f"{where}.prompt_ids: must be a non-empty list of token ids")
-        if not all(_is_int(t) and t >= 0 for t in ids):
+        if not _token_ids(ids):
             raise ValueError(f"{where}.prompt_ids: every token id must be an int >= 0")
         if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
             raise ValueError(f"{where}.adapter={self.adapter!r}: must be None or a slot name")
@@ -119,7 +128,7 @@ class GenerationRequest:
                     raise ValueError(
                         f"{where}.allowed_completions: {seq!r} must be a non-empty token list"
                     )
-                if not all(_is_int(t) and t >= 0 for t in seq):
+                if not _token_ids(seq):
                     raise ValueError(
                         f"{where}.allowed_completions: {seq!r} has a token that is not an int >= 0"
                     )
