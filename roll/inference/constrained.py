@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+_TRIES: dict = {}
+"""(completions, vocab size) -> its CompletionTrie (``CompletionTrie.of``)."""
+_TRIES_KEPT = 4096
+"""Tries kept before the memo starts again."""
+
 
 class CompletionTrie:
     """Prefix tree of allowed token sequences; node 0 is the root.
@@ -48,6 +53,20 @@ class CompletionTrie:
                     f"allowed_completions: {self.path_to(node)} is a strict prefix of another "
                     f"allowed sequence; end every sequence with EOS"
                 )
+
+    @classmethod
+    def of(cls, completions: list[list[int]], vocab_size: int | None = None) -> CompletionTrie:
+        """The trie of these completions, built once per distinct set and then shared (a
+        trie is never changed after it is built; a game asks for the same few sets of legal
+        answers turn after turn)."""
+        key = (tuple(map(tuple, completions)), vocab_size)
+        trie = _TRIES.get(key)
+        if trie is None:
+            trie = cls(completions, vocab_size)
+            if len(_TRIES) >= _TRIES_KEPT:
+                _TRIES.clear()
+            _TRIES[key] = trie
+        return trie
 
     def path_to(self, target: int) -> list[int]:
         """Token sequence leading from the root to a node (for error messages)."""

@@ -569,3 +569,44 @@ def test_lookahead_of_two_rollouts_admits_the_nearer_first(team_engine):
         _same_batches(got, want)
     assert played[1].metrics["rollout/ahead_turns"] > 0
     assert played[2].metrics["rollout/ahead_turns"] > 0
+
+
+def test_prompts_and_answers_are_tokenised_once_and_handed_out_as_fresh_lists(team_engine):
+    """The scheduler's memo (scheduler.chat_ids, _completions): the same ids as the tokenizer
+    gives, a new list at every call (a caller that changes one cannot change the next), the
+    tokenizer called once per distinct prompt; and CompletionTrie.of shares one trie per set."""
+    from roll.agentic.env.actions import answer_token_ids
+    from roll.inference.constrained import CompletionTrie
+    from roll.models.loading import prompt_ids
+
+    _, engine, tokenizer = team_engine
+    scheduler = _scheduler(engine, tokenizer, "kuhn_poker", [AGENTS])
+    calls = {"n": 0}
+    template = tokenizer.apply_chat_template
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return template(*args, **kwargs)
+    tokenizer.apply_chat_template = counted
+    try:
+        first = scheduler.chat_ids("Your card: K.")
+        first.append(-1)
+        second = scheduler.chat_ids("Your card: K.")
+        other = scheduler.chat_ids("Your card: Q.")
+    finally:
+        del tokenizer.apply_chat_template
+    assert second == prompt_ids(tokenizer, "Your card: K.", None, False) and -1 not in second
+    assert other != second and calls["n"] == 2
+    legal = ["Pass", "Bet"]
+
+    class Ask:  # what _completions reads of a turn's ask
+        env_name = "kuhn_poker"
+    Ask.legal = legal
+    answers = scheduler._completions(Ask())
+    assert answers == answer_token_ids(tokenizer, legal)
+    answers[0].append(-1)
+    assert scheduler._completions(Ask()) == answer_token_ids(tokenizer, legal)
+    assert CompletionTrie.of([[1, 2], [3]], 10) is CompletionTrie.of([[1, 2], [3]], 10)
+    assert CompletionTrie.of([[1, 2], [3]], 10) is not CompletionTrie.of([[1, 2], [4]], 10)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        CompletionTrie.of([[1, 12]], 10)

@@ -145,7 +145,7 @@ class Play:
                 trained_agent=spec.agent_name if spec.is_trained else None,
                 turn_index=turn_index, prompt_ids=prompt_ids,
                 response_ids=list(output.token_ids), logprobs=list(output.logprobs),
-                choices=(None if made.allowed_completions is None else CompletionTrie(
+                choices=(None if made.allowed_completions is None else CompletionTrie.of(
                     made.allowed_completions).branch_points(list(output.token_ids))),
                 critic_prompt_ids=critic_ids,
                 format_error=result.format_error,

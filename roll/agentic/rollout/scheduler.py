@@ -25,6 +25,7 @@ one or more updates later, marked ``Turn.ahead`` and counted (``rollout/ahead_tu
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -148,6 +149,12 @@ class RolloutScheduler:
         self.config = config.validate()
         self.snapshot_slot = snapshot_slot
         self.expected_version = expected_version
+        self._tokenized: dict[str, array] = {}
+        """Prompt text -> its chat-template token ids, and legal moves -> their constrained
+        answers: a game's turns repeat prompts (Kuhn has a dozen information states per seat)
+        and the tokenizer and template cost ~10% of the tiny CPU recipe's step. Cleared when
+        it reaches ``_MEMO_SIZE`` entries."""
+        self._answers: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
         self.cooperative = cooperative
         self.episodes: EpisodeHost = episodes if episodes is not None else LocalEpisodes()
         self.summarize = summarize
@@ -278,8 +285,12 @@ class RolloutScheduler:
 
     def chat_ids(self, text: str) -> list[int]:
         """A prompt's token ids after the chat template (and the system prompt, if any)."""
-        return prompt_ids(self.tokenizer, text, self.config.system_prompt,
-                          self.config.enable_thinking)
+        ids = self._tokenized.get(text)
+        if ids is None:
+            ids = array("q", prompt_ids(self.tokenizer, text, self.config.system_prompt,
+                                        self.config.enable_thinking))
+            _remember(self._tokenized, text, ids)
+        return ids.tolist()
 
 
     def _completions(self, ask: Ask) -> list[list[int]] | None:
@@ -288,7 +299,12 @@ class RolloutScheduler:
         legal = ask.legal
         if not legal:
             return None
-        completions = answer_token_ids(self.tokenizer, legal)
+        key = tuple(legal)
+        known = self._answers.get(key)
+        if known is None:
+            known = tuple(map(tuple, answer_token_ids(self.tokenizer, legal)))
+            _remember(self._answers, key, known)
+        completions = [list(answer) for answer in known]
         longest = max(completions, key=len)
         if len(longest) > self.sampling.max_new_tokens:
             # Cut off, it could never be parsed: every such turn would be a format error.
@@ -299,3 +315,14 @@ class RolloutScheduler:
             )
         return completions
 
+
+_MEMO_SIZE = 8192
+"""Entries a scheduler's tokenisation memo holds before it starts again (8 bytes a token: ~33
+MB for 500-token prompts; a game with more distinct prompts, e.g. long free-text dialogues,
+then tokenises about as before)."""
+
+
+def _remember(memo: dict, key, value) -> None:
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[key] = value

@@ -233,7 +233,7 @@ class ContinuousDecoder:
                  for sampling in params]
         for lane, key, request in admitted:
             completions = request.allowed_completions
-            trie = CompletionTrie(completions, engine.vocab_size) if completions else None
+            trie = CompletionTrie.of(completions, engine.vocab_size) if completions else None
             self.running[lane] = Lane(key, request, trie)
         # one host → device copy per buffer for all admitted lanes
         for buffer, values in (

@@ -208,7 +208,7 @@ class HFEngine:
         for index, request in enumerate(requests):
             self.check_request(request, f"requests[{index}]")
             completions = request.allowed_completions
-            tries.append(CompletionTrie(completions, self.vocab_size) if completions else None)
+            tries.append(CompletionTrie.of(completions, self.vocab_size) if completions else None)
         seeds = [r.sampling.seed if r.sampling.seed is not None else self.next_seed()
                  for r in requests]
         outputs: list[GenerationOutput] = []
