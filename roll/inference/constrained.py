@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from roll.utils.memo import memoized
+
 _TRIES: dict = {}
 """(completions, vocab size) -> its CompletionTrie (``CompletionTrie.of``)."""
 _TRIES_KEPT = 4096
@@ -59,14 +61,8 @@ class CompletionTrie:
         """The trie of these completions, built once per distinct set and then shared (a
         trie is never changed after it is built; a game asks for the same few sets of legal
         answers turn after turn)."""
-        key = (tuple(map(tuple, completions)), vocab_size)
-        trie = _TRIES.get(key)
-        if trie is None:
-            trie = cls(completions, vocab_size)
-            if len(_TRIES) >= _TRIES_KEPT:
-                _TRIES.clear()
-            _TRIES[key] = trie
-        return trie
+        return memoized(_TRIES, (tuple(map(tuple, completions)), vocab_size),
+                        lambda: cls(completions, vocab_size), _TRIES_KEPT)
 
     def path_to(self, target: int) -> list[int]:
         """Token sequence leading from the root to a node (for error messages)."""

@@ -50,6 +50,7 @@ from roll.agentic.rollout.results import (
 from roll.errors import require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams
 from roll.models.loading import prompt_ids
+from roll.utils.memo import memoized
 
 __all__ = ["EnvFactory", "Renderer", "RolloutConfig", "RolloutScheduler"]
 
@@ -150,11 +151,12 @@ class RolloutScheduler:
         self.snapshot_slot = snapshot_slot
         self.expected_version = expected_version
         self._tokenized: dict[str, array] = {}
-        """Prompt text -> its chat-template token ids, and legal moves -> their constrained
-        answers: a game's turns repeat prompts (Kuhn has a dozen information states per seat)
-        and the tokenizer and template cost ~10% of the tiny CPU recipe's step. Cleared when
-        it reaches ``_MEMO_SIZE`` entries."""
+        """Prompt text -> its chat-template token ids (``_answers``: the same for answers): a
+        game's turns repeat prompts (Kuhn has a dozen information states per seat) and the
+        tokenizer and template cost ~10% of the tiny CPU recipe's step. Each memo starts again
+        at ``_MEMO_SIZE`` entries (roll/utils/memo.py)."""
         self._answers: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
+        """Legal moves -> their constrained answers, checked against the token budget."""
         self.cooperative = cooperative
         self.episodes: EpisodeHost = episodes if episodes is not None else LocalEpisodes()
         self.summarize = summarize
@@ -285,12 +287,9 @@ class RolloutScheduler:
 
     def chat_ids(self, text: str) -> list[int]:
         """A prompt's token ids after the chat template (and the system prompt, if any)."""
-        ids = self._tokenized.get(text)
-        if ids is None:
-            ids = array("q", prompt_ids(self.tokenizer, text, self.config.system_prompt,
-                                        self.config.enable_thinking))
-            _remember(self._tokenized, text, ids)
-        return ids.tolist()
+        return memoized(self._tokenized, text, lambda: array("q", prompt_ids(
+            self.tokenizer, text, self.config.system_prompt, self.config.enable_thinking)),
+            _MEMO_SIZE).tolist()
 
 
     def _completions(self, ask: Ask) -> list[list[int]] | None:
@@ -299,12 +298,14 @@ class RolloutScheduler:
         legal = ask.legal
         if not legal:
             return None
-        key = tuple(legal)
-        known = self._answers.get(key)
-        if known is None:
-            known = tuple(map(tuple, answer_token_ids(self.tokenizer, legal)))
-            _remember(self._answers, key, known)
-        completions = [list(answer) for answer in known]
+        known = memoized(self._answers, tuple(legal), lambda: self._answer_ids(ask),
+                         _MEMO_SIZE)
+        return [list(answer) for answer in known]
+
+    def _answer_ids(self, ask: Ask) -> tuple[tuple[int, ...], ...]:
+        """The constrained answers to ``ask``'s legal moves, checked against the token budget
+        once per set of moves."""
+        completions = answer_token_ids(self.tokenizer, ask.legal)
         longest = max(completions, key=len)
         if len(longest) > self.sampling.max_new_tokens:
             # Cut off, it could never be parsed: every such turn would be a format error.
@@ -313,7 +314,7 @@ class RolloutScheduler:
                 f"constrained answer {self.tokenizer.decode(longest)!r} of {ask.env_name} needs "
                 f"{len(longest)} tokens"
             )
-        return completions
+        return tuple(map(tuple, completions))
 
 
 _MEMO_SIZE = 8192
@@ -321,8 +322,3 @@ _MEMO_SIZE = 8192
 MB for 500-token prompts; a game with more distinct prompts, e.g. long free-text dialogues,
 then tokenises about as before)."""
 
-
-def _remember(memo: dict, key, value) -> None:
-    if len(memo) >= _MEMO_SIZE:
-        memo.clear()
-    memo[key] = value
