@@ -78,7 +78,8 @@ class TrainRank:
                    critic_agents(spec.critic, [agent.name for agent in spec.agents]))
         self.model = MultiAgentLoRAModel(base, list(spec.agents), seed=spec.seed,
                                          critics=critics)
-        self.critics = (Critics(spec.critic, self.model, critics, TorchDistributedSync())
+        self.critics = (Critics(spec.critic, self.model, critics, TorchDistributedSync(),
+                                trainer=spec.trainer)
                         if critics else None)
         if spec.strategy == "deepspeed":
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy

@@ -387,8 +387,10 @@ class CriticConfig:
     value_clip: float | None = 0.2
     """A value moves at most this far from its value at rollout time to gain on the loss;
     null: plain squared error."""
-    micro_batch_size: int = 8
-    """Rows of one critic per forward/backward; gradients accumulate over its micro-batches."""
+    micro_batch_size: int | None = None
+    """Rows of one critic per forward/backward; gradients accumulate over its micro-batches.
+    null: the trainer's ``trainer.micro_batch_size``. (The critics' no-grad value pass runs in
+    forwards of the trainer's ``logprob_micro_batch_size`` rows, as the log-prob passes do.)"""
 
     def validate(self, model_modules: set[str] | None = None) -> CriticConfig:
         """Each field on its own (whether the estimator needs critics is the pipeline's
@@ -399,8 +401,12 @@ class CriticConfig:
             raise ConfigError("critic.input", self.input, f"must be one of {CRITIC_INPUTS}")
         if self.value_clip is not None and not self.value_clip > 0:
             raise ConfigError("critic.value_clip", self.value_clip, "must be > 0 or null")
-        if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
-            raise ConfigError("critic.micro_batch_size", self.micro_batch_size, "must be >= 1")
+        if self.micro_batch_size is not None and (
+            not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool)
+            or self.micro_batch_size < 1
+        ):
+            raise ConfigError("critic.micro_batch_size", self.micro_batch_size,
+                              "must be an integer >= 1 or null (the trainer's)")
         if self.mode == "none":
             if self.input != "local":
                 raise ConfigError("critic.input", self.input,

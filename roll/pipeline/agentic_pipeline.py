@@ -115,7 +115,8 @@ class AgenticPipeline:
             base = load_base(cfg, path)
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
-        self.critics = Critics(cfg.critic, self.model, critics) if critics else None
+        self.critics = (Critics(cfg.critic, self.model, critics, trainer=cfg.trainer)
+                        if critics else None)
         """Value models (adapters on the same base) when critic.mode asks for them."""
         self.baselines = RunningBaselines() if cfg.advantage.estimator == "rae" else None
         """advantage.estimator=rae: each (agent, seat)'s running baseline, kept in checkpoints."""

@@ -208,3 +208,46 @@ def test_a_non_finite_critic_loss_refuses_the_whole_step(tiny_model_path):
         trainer.train_step(step.with_fields(returns=returns), critic_id)
     assert all(torch.equal(a, b) for a, b in zip(heads.parameters(), before, strict=True))
     assert trainer.optimizers["critic_a"].state == {}
+
+
+def test_critics_take_the_trainers_sizes_and_the_value_pass_runs_in_its_chunks(tiny_model_path):
+    """critic.micro_batch_size null -> the trainer's micro-batch; the no-grad value pass runs
+    in forwards of the trainer's logprob_micro_batch_size rows of one critic (before: 8-row
+    forwards, 60 of them a step on the TicTacToe recipe), with the same values as row by row."""
+    import roll.multi_agent.critics as critics_module
+    from roll.multi_agent.config import CriticConfig, TrainerConfig
+    from roll.multi_agent.critics import Critics
+
+    model, _, critics = _critic_team(tiny_model_path, ["critic_a", "critic_b"])
+    trainer = TrainerConfig(micro_batch_size=5, logprob_micro_batch_size=4)
+    held = Critics(CriticConfig(mode="per_agent"), model, critics, trainer=trainer)
+    assert (held.trainer.micro_batch_size, held.trainer.forward_rows) == (5, 4)
+    own = Critics(CriticConfig(mode="per_agent", micro_batch_size=3), model, critics,
+                  trainer=trainer)
+    assert (own.trainer.micro_batch_size, own.trainer.forward_rows) == (3, 4)
+    alone = Critics(CriticConfig(mode="per_agent", micro_batch_size=3), model, critics)
+    assert (alone.trainer.micro_batch_size, alone.trainer.forward_rows) == (3, 3)
+
+    with torch.no_grad():  # the heads start at 0: give the critics different values
+        for param in held.heads.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(7)))
+    batch = make_rows([0] * 11, seed=8)
+    critic_id = torch.tensor([0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1])  # 7 rows of a, 4 of b
+    sizes = []
+    real = critics_module.critic_values
+
+    def counted(model_, heads_, input_ids, *args, **kwargs):
+        sizes.append(input_ids.shape[0])
+        return real(model_, heads_, input_ids, *args, **kwargs)
+
+    critics_module.critic_values = counted
+    try:
+        chunked = held.trainer.values(batch, critic_id)
+        assert sizes == [4, 3, 4]  # critic_a's 7 rows in 4 + 3, critic_b's 4 in one
+        held.trainer.forward_rows = 1
+        row_by_row = held.trainer.values(batch, critic_id)
+    finally:
+        critics_module.critic_values = real
+    assert len(sizes) == 3 + 11
+    torch.testing.assert_close(chunked, row_by_row, rtol=0, atol=1e-5)
+    assert chunked[batch.response_mask.bool()].abs().min() > 0

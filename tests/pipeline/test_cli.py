@@ -55,6 +55,8 @@ BAD = [
     (["critic.mode=both", "advantage.estimator=gae"], "critic.mode='both'"),
     (["advantage.estimator=ippo", "critic.mode=per_agent", "critic.value_clip=0"],
      "critic.value_clip=0"),
+    (["advantage.estimator=ippo", "critic.mode=per_agent", "critic.micro_batch_size=0"],
+     ("critic.micro_batch_size=0", "or null")),
     (["advantage.estimator=ippo", "critic.mode=per_agent", "critic.lora.target_modules=[qkv]"],
      "critic.lora.target_modules"),
     (["advantage.estimator=ippo", "critic.mode=per_agent", "critic.optim.lr=0"],
