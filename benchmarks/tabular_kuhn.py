@@ -141,13 +141,17 @@ def surrogate_gradient(p, p_old, action, advantage, entropy: float, clip: float,
 def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", steps=1000,
           decay=0.9, seed=0, every=50, betas=(0.9, 0.999), common_share=None,
           width=512, epochs=1, clip=0.2, minibatches=1, magnet=0.0,
-          magnet_refresh=50, entropy_final=None, reverse_uniform=0.0) -> list[dict]:
+          magnet_refresh=50, entropy_final=None, reverse_uniform=0.0,
+          ema=None) -> list[dict]:
     """One run; returns [{step, exploitability: [agent_0, agent_1]}] every ``every`` steps.
 
     ``common_share`` None: one free logit per information state (a table). Else each agent's
     12 logits are SMOLLM2_LOG_ODDS + features @ w, with one weight vector w per agent shared by
     all its states (``shared_features``): an adapter's situation, where a step for one state
-    moves the others."""
+    moves the others.
+
+    ``ema`` d: also the exploitability of each agent's averaged weights, w_avg <- d w_avg +
+    (1 - d) w after every update (``exploitability_ema``; ``trainer.average_adapter``)."""
     rng = np.random.default_rng(seed)
     if common_share is None:
         logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
@@ -157,6 +161,7 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
         weights = np.zeros((2, width))
         logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
     first_moment, second_moment = np.zeros_like(weights), np.zeros_like(weights)
+    averaged = weights.copy()
     baseline = np.zeros((2, 2))  # (agent, seat)
     curve = []
     for step in range(steps):
@@ -211,10 +216,19 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
                 weights -= rate * grad
             if common_share is not None:
                 logits = SMOLLM2_LOG_ODDS + np.einsum("kij,aj->aki", features, weights)
+        if ema is not None:
+            averaged = ema * averaged + (1 - ema) * weights
         if (step + 1) % every == 0:
             prob = 1 / (1 + np.exp(-logits))
-            curve.append({"step": step + 1, "exploitability": [
-                round(exploitability(prob[a, 0], prob[a, 1]), 4) for a in range(2)]})
+            point = {"step": step + 1, "exploitability": [
+                round(exploitability(prob[a, 0], prob[a, 1]), 4) for a in range(2)]}
+            if ema is not None:
+                mean_logits = (averaged if common_share is None else SMOLLM2_LOG_ODDS
+                               + np.einsum("kij,aj->aki", features, averaged))
+                mean_prob = 1 / (1 + np.exp(-mean_logits))
+                point["exploitability_ema"] = [
+                    round(exploitability(mean_prob[a, 0], mean_prob[a, 1]), 4) for a in range(2)]
+            curve.append(point)
     return curve
 
 
@@ -245,19 +259,28 @@ def main() -> None:
     parser.add_argument("--reverse_uniform", type=float, nargs="+", default=[0.0],
                         help="weight of KL(uniform || policy) (trainer.magnet_coef with "
                         "magnet=uniform, magnet_kl=reverse)")
+    parser.add_argument("--ema", type=float, nargs="+", default=[None],
+                        help="also score each agent's exponential average of its weights "
+                        "with this decay (trainer.average_adapter)")
     args = parser.parse_args()
     for (games, entropy, lr, schedule, share, epochs, minibatches, magnet,
-         refresh, entropy_final, reverse) in itertools.product(
+         refresh, entropy_final, reverse, ema) in itertools.product(
             args.games, args.entropy, args.lr, args.schedule, args.common_share, args.epochs,
             args.minibatches, args.magnet, args.magnet_refresh, args.entropy_final,
-            args.reverse_uniform):
+            args.reverse_uniform, args.ema):
         start = time.perf_counter()
         curves = [train(games, entropy, lr, schedule, args.optimizer, args.steps, seed=seed,
                         common_share=share, epochs=epochs, clip=args.clip,
                         minibatches=minibatches, magnet=magnet, magnet_refresh=refresh,
-                        entropy_final=entropy_final, reverse_uniform=reverse)
+                        entropy_final=entropy_final, reverse_uniform=reverse, ema=ema)
                   for seed in range(args.seeds)]
         worse = np.array([[max(p["exploitability"]) for p in c] for c in curves])
+        averaged = {}
+        if ema is not None:
+            worse_ema = np.array([[max(p["exploitability_ema"]) for p in c] for c in curves])
+            averaged = {"ema": ema, "worse_agent_ema_last_per_seed":
+                        [round(float(x), 3) for x in worse_ema[:, -1]],
+                        "worse_agent_ema_last_mean": round(float(worse_ema[:, -1].mean()), 3)}
         marks = [i for i, p in enumerate(curves[0]) if p["step"] in
                  (args.steps // 4, args.steps // 2, args.steps)]
         print(json.dumps({
@@ -269,6 +292,7 @@ def main() -> None:
             "worse_agent_mean": {curves[0][i]["step"]: round(float(worse[:, i].mean()), 3)
                                  for i in marks},
             "worse_agent_last_per_seed": [round(float(x), 3) for x in worse[:, -1]],
+            **averaged,
             "seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
 
