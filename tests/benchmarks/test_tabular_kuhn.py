@@ -139,3 +139,20 @@ def test_a_strong_reverse_uniform_magnet_holds_every_state_near_one_half():
     free = tabular_kuhn.train(games=64, entropy=0.0, lr=0.1, steps=60, every=60, seed=0)
     assert max(held[-1]["exploitability"]) == pytest.approx(0.458, abs=0.04)
     assert max(free[-1]["exploitability"]) < 0.35
+
+
+def test_the_weight_average_by_hand():
+    """--ema d: w_avg <- d w_avg + (1 - d) w after every update. d = 0 is the current weights
+    (same exploitability, and the run itself unchanged); d = 1 never leaves the start, so on
+    shared features (weights 0 at the start) it scores SmolLM2's starting log-odds."""
+    kwargs = dict(games=64, entropy=0.2, lr=0.5, steps=30, every=10, seed=0, common_share=0.94)
+    plain = tabular_kuhn.train(**kwargs)
+    current = tabular_kuhn.train(ema=0.0, **kwargs)
+    assert [p["exploitability"] for p in current] == [p["exploitability"] for p in plain]
+    assert all(p["exploitability_ema"] == p["exploitability"] for p in current)
+    start = 1 / (1 + np.exp(-tabular_kuhn.SMOLLM2_LOG_ODDS))  # (seat, state) betting probs
+    frozen = tabular_kuhn.exploitability(start[0], start[1])
+    assert all(p["exploitability_ema"] == [pytest.approx(frozen, abs=1e-4)] * 2
+               for p in tabular_kuhn.train(ema=1.0, **kwargs))
+    halfway = tabular_kuhn.train(ema=0.5, **kwargs)  # in between: neither of the two
+    assert all(p["exploitability_ema"] != p["exploitability"] for p in halfway)
