@@ -151,7 +151,8 @@ def train(games=64, entropy=0.01, lr=0.03, schedule="const", optimizer="adam", s
     moves the others.
 
     ``ema`` d: also the exploitability of each agent's averaged weights, w_avg <- d w_avg +
-    (1 - d) w after every update (``exploitability_ema``; ``trainer.average_adapter``)."""
+    (1 - d) w after every update (``exploitability_ema``; an "average policy" check, no
+    pipeline option does this)."""
     rng = np.random.default_rng(seed)
     if common_share is None:
         logits = rng.normal(0.0, 0.5, (2, 2, 6))  # (agent, seat, state)
@@ -261,7 +262,7 @@ def main() -> None:
                         "magnet=uniform, magnet_kl=reverse)")
     parser.add_argument("--ema", type=float, nargs="+", default=[None],
                         help="also score each agent's exponential average of its weights "
-                        "with this decay (trainer.average_adapter)")
+                        "with this decay (no pipeline option does this)")
     args = parser.parse_args()
     for (games, entropy, lr, schedule, share, epochs, minibatches, magnet,
          refresh, entropy_final, reverse, ema) in itertools.product(

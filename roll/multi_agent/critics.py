@@ -166,8 +166,8 @@ class CriticTrainer:
 
     def __init__(self, model: MultiAgentLoRAModel, heads: ValueHeads,
                  critics: Sequence[AgentConfig], config: CriticConfig,
-                 grad_sync: GradSync | None = None, *, micro_batch_size: int = 8,
-                 forward_rows: int | None = None) -> None:
+                 grad_sync: GradSync | None = None,
+                 trainer: TrainerConfig | None = None) -> None:
         if [c.name for c in critics] != model.critic_names:
             raise ValueError(f"critic trainer critics {[c.name for c in critics]} differ from "
                              f"the model's {model.critic_names}")
@@ -175,11 +175,12 @@ class CriticTrainer:
         self.names = list(model.critic_names)
         self.grad_sync = grad_sync
         """Data-parallel ranks summing the critics' gradients (None: this process alone)."""
-        self.micro_batch_size = config.micro_batch_size or micro_batch_size
+        trainer = trainer or TrainerConfig()
+        self.micro_batch_size = config.micro_batch_size or trainer.micro_batch_size
         """Rows per forward/backward of the update (``critic.micro_batch_size``, else the
-        argument: the trainer's)."""
-        self.forward_rows = forward_rows or self.micro_batch_size
-        """Rows per forward of the no-grad value pass."""
+        agents' trainer's)."""
+        self.forward_rows = trainer.forward_rows
+        """Rows per forward of the no-grad value pass (the trainer's log-prob passes')."""
         self.rows_forwarded = 0
         """Rows this process ran forward/backward in the last ``backward`` (its share)."""
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
@@ -348,17 +349,16 @@ class Critics:
     def __init__(self, cfg: CriticConfig, model: MultiAgentLoRAModel,
                  critics: list[AgentConfig], grad_sync: GradSync | None = None,
                  trainer: TrainerConfig | None = None) -> None:
-        """``trainer``: the agents' trainer config, whose sizes the critics take where
-        ``cfg`` leaves them null (micro-batch rows; the no-grad pass's rows)."""
+        """``trainer``: the agents' trainer config (None: its defaults), whose sizes the
+        critics take where ``cfg`` leaves them null (micro-batch rows; the no-grad pass's
+        rows)."""
         self._prepared: tuple[dict, dict[str, float]] | None = None
         self.mode = cfg.mode
         self.input = cfg.input
         self.model = model
         self.heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size,
                                 model.tensor_device)
-        sizes = {} if trainer is None else {"micro_batch_size": trainer.micro_batch_size,
-                                            "forward_rows": trainer.forward_rows}
-        self.trainer = CriticTrainer(model, self.heads, critics, cfg, grad_sync, **sizes)
+        self.trainer = CriticTrainer(model, self.heads, critics, cfg, grad_sync, trainer)
 
     @property
     def names(self) -> list[str]:

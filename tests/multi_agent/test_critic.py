@@ -226,7 +226,9 @@ def test_critics_take_the_trainers_sizes_and_the_value_pass_runs_in_its_chunks(t
                   trainer=trainer)
     assert (own.trainer.micro_batch_size, own.trainer.forward_rows) == (3, 4)
     alone = Critics(CriticConfig(mode="per_agent", micro_batch_size=3), model, critics)
-    assert (alone.trainer.micro_batch_size, alone.trainer.forward_rows) == (3, 3)
+    assert (alone.trainer.micro_batch_size, alone.trainer.forward_rows) == (3, 32)  # 4 x 8
+    default = Critics(CriticConfig(mode="per_agent"), model, critics)  # TrainerConfig()'s
+    assert (default.trainer.micro_batch_size, default.trainer.forward_rows) == (8, 32)
 
     with torch.no_grad():  # the heads start at 0: give the critics different values
         for param in held.heads.parameters():
