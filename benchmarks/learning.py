@@ -119,9 +119,16 @@ def run_recipe(args, name: str) -> dict:
     versus = {}
     if name in VERSUS and args.vs_mcts:
         versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
+    tactics = {}
+    if args.tactics and name in VERSUS:  # TicTacToe: what the policy reads, exactly
+        import tictactoe_policy
+
+        tactics["before"] = tictactoe_policy.report(pipeline)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
+    if tactics:
+        tactics["after"] = tictactoe_policy.report(pipeline)
     if args.greedy_too:  # the greedy policy (the argmax move), beside the sampled one
         versus["greedy_vs_random"] = _versus(pipeline, "random", out, temperature=0.0)
         if args.vs_mcts:
@@ -138,6 +145,9 @@ def run_recipe(args, name: str) -> dict:
     if versus:
         result[f"vs_mcts{args.vs_mcts}"] = versus
         print(json.dumps({"recipe": name, f"vs_mcts{args.vs_mcts}": versus}), flush=True)
+    if tactics:
+        result["tactics"] = tactics
+        print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
 
@@ -332,6 +342,10 @@ def main() -> None:
                         help="after training also evaluate each agent's greedy policy (the "
                              "argmax move) in both seats against random (and MCTS with "
                              "--vs_mcts): for games where winning, not mixing, is the goal")
+    parser.add_argument("--tactics", action="store_true",
+                        help="TicTacToe recipes: before and after training, each agent's exact "
+                             "win / loss against random per seat and how often it takes a win "
+                             "or blocks a threat (benchmarks/tictactoe_policy.py)")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
     parser.add_argument("--seeds_of", default=None, metavar="NAME",

@@ -439,7 +439,8 @@ class AgenticPipeline:
             from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
 
             metrics.update(agent_exploitabilities(self.cfg, self.trainer, self.tokenizer,
-                                                  self.agent_names, self.render))
+                                                  self.agent_names,
+                                                  self.render or self.env_setup.render))
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 

@@ -66,9 +66,13 @@ def _game_setup(cfg: PipelineConfig) -> EnvSetup:
     import pyspiel
 
     from roll.agentic.env.openspiel_env import OpenSpielEnv, load_game
-    from roll.agentic.env.renderers import render_prompt
+    from roll.agentic.env.renderers import renderer_named
 
     game, params = cfg.env.game, dict(cfg.env.params)
+    try:
+        render = renderer_named(cfg.env.renderer, game)
+    except KeyError as error:
+        raise ConfigError("env.renderer", cfg.env.renderer, str(error)) from None
     try:
         loaded = load_game(game, params)
     except ValueError as error:
@@ -81,7 +85,7 @@ def _game_setup(cfg: PipelineConfig) -> EnvSetup:
     def factory() -> OpenSpielEnv:
         return OpenSpielEnv(game, params)
 
-    return EnvSetup(game, loaded.num_players(), cooperative, factory, factory, render_prompt)
+    return EnvSetup(game, loaded.num_players(), cooperative, factory, factory, render)
 
 
 def _task_setup(cfg: PipelineConfig) -> EnvSetup:
@@ -90,6 +94,9 @@ def _task_setup(cfg: PipelineConfig) -> EnvSetup:
 
     env, data = cfg.env, cfg.env.data
     spec = task_spec(env.task)  # ConfigError naming env.task
+    if env.renderer:
+        raise ConfigError("env.renderer", env.renderer,
+                          f"games only: the task {env.task!r} renders its own prompts")
     if data.builtin_size < 1:
         raise ConfigError("env.data.builtin_size", data.builtin_size, "must be >= 1")
     splits, factories = {}, {}

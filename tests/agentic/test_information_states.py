@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from roll.agentic.env.openspiel_env import OpenSpielEnv
-from roll.agentic.env.renderers import render_generic, render_prompt
+from roll.agentic.env.renderers import render_generic, render_prompt, renderer_named
 
 SMALL_HANABI = {"players": 2, "colors": 2, "ranks": 2, "hand_size": 2,
                 "max_information_tokens": 3, "max_life_tokens": 1}
@@ -50,6 +50,7 @@ CASES: list[tuple[str, dict, Key, Callable]] = [
     ("kuhn_poker", {"players": 3}, _information_state, render_prompt),
     ("leduc_poker", {}, _leduc_without_suits, render_prompt),
     ("tic_tac_toe", {}, _board, render_prompt),
+    ("tic_tac_toe", {}, _board, renderer_named("tic_tac_toe_lines", "tic_tac_toe")),
     ("connect_four", {}, _board, render_prompt),
     ("hanabi", SMALL_HANABI, _board, render_prompt),
     # rendered generically

@@ -10,7 +10,7 @@ from roll.agentic.env.actions import ActionConfig, parse_action
 from roll.agentic.env.base import MultiAgentEnv
 from roll.agentic.env.openspiel_env import OpenSpielEnv, unique_action_strings
 from roll.agentic.env.opponents import MCTSOpponent, RandomOpponent
-from roll.agentic.env.renderers import RENDERERS, render_generic, render_prompt
+from roll.agentic.env.renderers import RENDERERS, render_generic, render_prompt, renderer_named
 
 SMALL_HANABI = {"players": 2, "colors": 2, "ranks": 2, "hand_size": 2,
                 "max_information_tokens": 3, "max_life_tokens": 1}
@@ -251,3 +251,28 @@ def test_mcts_is_reproducible_with_a_seed() -> None:
         return env.history_ids()
 
     assert history(3) == history(3)
+
+
+def test_tic_tac_toe_lines_renderer_shows_each_moves_lines() -> None:
+    """o to move on  o.. / .x. / ..x : each legal move followed by the other two cells of every
+    line through it (row, column, then the diagonals it is on), marks first."""
+    env = OpenSpielEnv("tic_tac_toe")
+    env.reset(0)
+    for cell in (4, 0, 8):  # x centre, o corner, x opposite corner
+        env.apply_action_id(cell)
+    prompt = renderer_named("tic_tac_toe_lines", "tic_tac_toe")(env, 1)
+    assert "You are o." in prompt.text and "Board:\no..\n.x.\n..x\n" in prompt.text
+    for line in ("1. o(0,1) lines: o. x.",         # row 0: o + empty; column 1: x + empty
+                 "2. o(0,2) lines: o. x. x.",      # row, column 2 (x at 2,2), anti-diagonal
+                 "4. o(1,2) lines: x. x.",
+                 "5. o(2,0) lines: x. o. x.",
+                 "6. o(2,1) lines: x. x."):
+        assert line in prompt.text
+    legal = env.legal_actions(1)
+    assert prompt.numbered_moves
+    assert parse_action("<answer>2</answer>", legal, ActionConfig(), True).action == "o(0,2)"
+    assert renderer_named("", "tic_tac_toe") is render_prompt
+    with pytest.raises(KeyError, match="tic_tac_toe_lines"):
+        renderer_named("no_such_renderer", "tic_tac_toe")
+    with pytest.raises(KeyError, match="for kuhn_poker"):  # a variant of another game
+        renderer_named("tic_tac_toe_lines", "kuhn_poker")

@@ -68,3 +68,40 @@ def test_the_critics_gae_by_hand_and_its_rule_learns():
     result = tabular_tictactoe.train(groups=12, steps=40, lr=300.0, entropy=0.01, seed=0,
                                      estimator="critic", lam=0.5, value_lr=0.3)
     assert result["A/O/sampled"]["win"] > 0.2880 + 0.05
+
+
+@pytest.mark.parametrize("order, seat", [((0, 1, 2, 3, 4, 5, 6, 7, 8), 0),
+                                         ((4, 0, 2, 6, 8, 1, 3, 5, 7), 1),
+                                         ((8, 2, 5, 4, 0, 6, 3, 1, 7), 1)])
+def test_a_fixed_cell_order_scores_what_a_table_holding_it_scores(order, seat):
+    """tictactoe_vs_random.fixed_order (a player blind to the marks: the first free cell of a
+    fixed order) against the table's own exact evaluation of the same deterministic policy."""
+    table = tabular_tictactoe.Table()
+    mark = "XO"[seat]
+
+    def fill(board: str) -> None:
+        if tabular_tictactoe.outcome(board) is not None:
+            return
+        mover = "X" if board.count("X") == board.count("O") else "O"
+        if mover == mark:
+            logits = [-50.0] * 9
+            logits[next(i for i in order if board[i] == ".")] = 50.0
+            table.logits[board] = np.array(logits)
+        for i in tabular_tictactoe.legal(board):
+            fill(board[:i] + mover + board[i + 1:])
+
+    fill("." * 9)
+    expected = tabular_tictactoe.versus_random(table, seat, temperature=0.0)
+    assert tictactoe_vs_random.fixed_order(order, mark) == pytest.approx(expected, abs=1e-9)
+    if order == tuple(range(9)):
+        # X takes 0, 1, 2 and wins on its third move when O's first pick (of 8 cells) misses
+        # cells 1 and 2 and its second (of 7) misses cell 2: 6/8 * 6/7 = 36/56, plus later wins.
+        assert expected[0] > 36 / 56
+
+
+def test_no_fixed_cell_order_reaches_the_goal_as_o():
+    """The board-blind ceiling the GPU runs stall at: the best of 500 orders wins < 65% as O and
+    loses > 30% (the goal: >= 85% wins, <= 5% losses), while the best response wins 91.6%."""
+    blind = tictactoe_vs_random.best_fixed_order("O", 500)
+    assert 0.5 < blind["win"] < 0.65 and blind["loss"] > 0.3
+    assert tictactoe_vs_random.best("." * 9, "X", "O", 1.0)[0] > 0.9

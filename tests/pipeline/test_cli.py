@@ -18,6 +18,10 @@ CONFIG = ["--config_path", str(ROOT / "examples" / "tictactoe"),
 
 BAD = [
     (["env.game=tic_tac_tow"], "env.game"),
+    (["env.renderer=tic_tac_toe_board"], ("env.renderer='tic_tac_toe_board'", "registered")),
+    (["env.game=kuhn_poker", "env.seat_to_agent=[agent_0,agent_1]",
+      "env.renderer=tic_tac_toe_lines"], ("env.renderer='tic_tac_toe_lines'", "for kuhn_poker")),
+    (["env.task=math_team", "env.renderer=tic_tac_toe_lines"], ("env.renderer", "games only")),
     (["env.seat_to_agent=[agent_0,agent_9]"], "agent_9"),
     (["model.path=/no/such/model"], "model.path"),
     (["team.optim.lr=-0.001"], "optim.lr"),

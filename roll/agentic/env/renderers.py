@@ -41,13 +41,18 @@ class RenderedPrompt:
 
 Renderer = Callable[["OpenSpielEnv", int], RenderedPrompt]
 RENDERERS: dict[str, Renderer] = {}
+RENDERER_GAMES: dict[str, str] = {}
+"""The game each registered renderer draws (its short name)."""
 
 
-def register_renderer(game_name: str) -> Callable[[Renderer], Renderer]:
-    """Decorator registering a renderer for OpenSpiel game ``game_name`` (its short name)."""
+def register_renderer(name: str, game: str | None = None) -> Callable[[Renderer], Renderer]:
+    """Decorator registering a renderer under ``name``: an OpenSpiel game's short name (and no
+    ``game``) makes it that game's prompt; a variant names its ``game`` and a run picks it
+    with ``env.renderer``."""
 
     def register(renderer: Renderer) -> Renderer:
-        RENDERERS[game_name] = renderer
+        RENDERERS[name] = renderer
+        RENDERER_GAMES[name] = game or name
         return renderer
 
     return register
@@ -56,6 +61,19 @@ def register_renderer(game_name: str) -> Callable[[Renderer], Renderer]:
 def render_prompt(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
     """The prompt for ``seat`` (the seat acting now) in ``env``."""
     return RENDERERS.get(env.name, render_generic)(env, seat)
+
+
+def renderer_named(name: str, game: str) -> Renderer:
+    """The renderer registered as ``name`` (``env.renderer``) for ``game``; '' gives
+    ``render_prompt`` (each game its own). KeyError naming the choices for an unknown name or
+    one that draws another game."""
+    if not name:
+        return render_prompt
+    choices = sorted(n for n, drawn in RENDERER_GAMES.items() if drawn == game)
+    if RENDERER_GAMES.get(name) != game:
+        raise KeyError(f"no renderer {name!r} for {game}; registered for it: {choices or 'none'} "
+                       "('' = the game's own)")
+    return RENDERERS[name]
 
 
 def _prompt(rules: str, state: str, legal: list[str], numbered: bool) -> RenderedPrompt:
@@ -111,10 +129,40 @@ def render_goofspiel(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
 
 @register_renderer("tic_tac_toe")
 def render_tic_tac_toe(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
-    mark = "xo"[seat]
-    rules = (f"Tic-tac-toe. You are {mark}. Three in a row, column or diagonal wins. "
-             "Cells are (row,col), from 0.")
-    return _prompt(rules, f"Board:\n{env.observation(seat)}", env.legal_actions(seat), True)
+    return _prompt(_tic_tac_toe_rules(seat), f"Board:\n{env.observation(seat)}",
+                   env.legal_actions(seat), True)
+
+
+@register_renderer("tic_tac_toe_lines", game="tic_tac_toe")
+def render_tic_tac_toe_lines(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """TicTacToe's prompt with, after each legal move, the other two cells of every line
+    through its cell (its row, its column, and the diagonals it is on), marks first: e.g.
+    ``o(0,2) lines: xx o. ..``. Nothing the board does not show; it puts next to each move
+    what decides whether it wins or blocks, where a small model can see it. (Runs of the
+    plain prompt learn a fixed order of cells and block no better than chance:
+    benchmarks/README.md, "TicTacToe: what the policy reads".)"""
+    board = env.observation(seat).rstrip("\n")
+    cells = "".join(board.split())  # (9,) row by row
+    listed = []
+    for number, move in enumerate(env.legal_actions(seat), 1):
+        row, col = map(int, re.findall(r"\d", move))
+        through = [[(row, k) for k in range(3)], [(k, col) for k in range(3)]]
+        if row == col:
+            through.append([(k, k) for k in range(3)])
+        if row + col == 2:
+            through.append([(k, 2 - k) for k in range(3)])
+        others = ["".join(sorted((cells[3 * r + c] for r, c in line if (r, c) != (row, col)),
+                                 key="xo.".index)) for line in through]
+        listed.append(f"{number}. {move} lines: {' '.join(others)}")
+    moves = ("Legal moves (after each, the other two cells of each line through it):\n"
+             + "\n".join(listed))
+    return RenderedPrompt(f"{_tic_tac_toe_rules(seat)}\nBoard:\n{board}\n{moves}\n"
+                          f"{ANSWER_NUMBERED}", True)
+
+
+def _tic_tac_toe_rules(seat: int) -> str:
+    return (f"Tic-tac-toe. You are {'xo'[seat]}. Three in a row, column or diagonal wins. "
+            "Cells are (row,col), from 0.")
 
 
 @register_renderer("connect_four")
