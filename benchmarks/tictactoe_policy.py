@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -67,36 +68,31 @@ def score(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
     playing seat ``seat`` (0: X, 1: O) against the uniformly random player."""
     me = "XO"[seat]
     other = "OX"[seat]
-    totals = dict.fromkeys(("win", "loss", "win_reach", "wins_taken", "block_reach",
-                            "blocks_made"), 0.0)
 
-    def walk(board: str, reach: float) -> None:
+    @cache
+    def totals(board: str) -> np.ndarray:
+        """(win, loss, win reach, wins taken, block reach, blocks made) of the play from
+        ``board`` on, per unit of probability of reaching it: every figure is linear in it."""
         ended = winner(board)
         if ended or "." not in board:
-            totals["win"] += reach * (ended == me)
-            totals["loss"] += reach * (ended == other)
-            return
+            return np.array([ended == me, ended == other, 0, 0, 0, 0], dtype=float)
         free = [i for i, c in enumerate(board) if c == "."]
         if to_move(board) != me:
-            for i in free:
-                walk(board[:i] + other + board[i + 1:], reach / len(free))
-            return
+            return sum(totals(board[:i] + other + board[i + 1:]) for i in free) / len(free)
         probs = policy[board]
+        here = np.zeros(6)
         wins, threats = completing(board, me), completing(board, other)
         if wins:
-            totals["win_reach"] += reach
-            totals["wins_taken"] += reach * sum(probs[i] for i in wins)
+            here[2:4] = 1.0, sum(probs[i] for i in wins)
         elif threats:
-            totals["block_reach"] += reach
-            totals["blocks_made"] += reach * sum(probs[i] for i in threats)
-        for i in free:
-            if probs[i] > 0:
-                walk(board[:i] + me + board[i + 1:], reach * probs[i])
+            here[4:6] = 1.0, sum(probs[i] for i in threats)
+        return here + sum(probs[i] * totals(board[:i] + me + board[i + 1:])
+                          for i in free if probs[i] > 0)
 
-    walk("." * 9, 1.0)
-    return {"win": totals["win"], "loss": totals["loss"],
-            "wins_taken": totals["wins_taken"] / max(totals["win_reach"], 1e-12),
-            "blocks_made": totals["blocks_made"] / max(totals["block_reach"], 1e-12)}
+    win, loss, win_reach, wins_taken, block_reach, blocks_made = totals("." * 9)
+    return {"win": float(win), "loss": float(loss),
+            "wins_taken": float(wins_taken / max(win_reach, 1e-12)),
+            "blocks_made": float(blocks_made / max(block_reach, 1e-12))}
 
 
 def uniform_policy() -> dict[str, np.ndarray]:

@@ -68,6 +68,7 @@ def _passes(model, trainer, batch):
     return policy, reference, grads
 
 
+@pytest.mark.slow  # the full CI runs it; ~9 s of compiling (quick subset < 3 min)
 def test_compiled_passes_equal_the_eager_path_and_do_not_recompile(tiny_model_path, capsys):
     torch._dynamo.reset()
     # alice 5 rows, bob 2, carol 3 (micro 4: forwards of 4, 4 and 2 rows); then other counts;

@@ -15,6 +15,8 @@ from roll.inference import HFEngine
 from roll.models import load_model, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
+# The full CI runs them; Triton's interpreter takes ~9 s in the child (quick subset < 3 min).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
