@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tictactoe_vs_random import LINES  # noqa: E402  (one list of the eight lines)
 
 
 def winner(board: str) -> str | None:
