@@ -72,7 +72,7 @@ from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
-from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.routing import agent_segments
 from roll.multi_agent.strategy import GradSync, sum_gradients
 from roll.utils.checkpoint import critic_dir
 
@@ -107,13 +107,7 @@ def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tens
     Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
     (its dropout masks are then those of a forward of its rows alone)."""
     segments = agent_segments(critic_id.tolist(), model.critic_names)
-    decoder = model.base_model.get_decoder()
-    # PEFT's own LoRA off (the reference context; it also freezes every adapter, so they are
-    # made trainable again inside it); the segment hooks add each row's critic's delta.
-    with model.reference(), segment_lora(model.lora_layers, segments):
-        model._all_trainable()
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                         use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = model.segment_hidden(input_ids, attention_mask, segments)  # (B, T, H)
     values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     parts = [heads(name, hidden[first:stop, :-1]) for name, first, stop in segments]
     values = torch.cat([values[:, :1], torch.cat(parts)], dim=1) if parts else values
