@@ -72,7 +72,7 @@ from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.optim import build_optimizer, clip_gradients, schedule
-from roll.multi_agent.routing import agent_segments
+from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.multi_agent.strategy import GradSync, sum_gradients
 from roll.utils.checkpoint import critic_dir
 
@@ -107,7 +107,15 @@ def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tens
     Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
     (its dropout masks are then those of a forward of its rows alone)."""
     segments = agent_segments(critic_id.tolist(), model.critic_names)
-    hidden = model.segment_hidden(input_ids, attention_mask, segments)  # (B, T, H)
+    # PEFT adds no LoRA of its own ("__base__" rows) and the segment hooks add each row's
+    # critic's delta: no adapter is switched off and on (``model.reference()`` costs ~70 ms of
+    # host time a call on SmolLM2, as much as a small forward on a GPU). One position's logits.
+    keep = {"logits_to_keep": 1} if model._takes_logits_to_keep else {}
+    with segment_lora(model.lora_layers, segments):
+        output = model.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  use_cache=False, output_hidden_states=True,
+                                  adapter_names=["__base__"] * input_ids.shape[0], **keep)
+    hidden = output.hidden_states[-1]  # (B, T, H), after the final norm (last_hidden_state)
     values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     parts = [heads(name, hidden[first:stop, :-1]) for name, first, stop in segments]
     values = torch.cat([values[:, :1], torch.cat(parts)], dim=1) if parts else values

@@ -325,21 +325,6 @@ class MultiAgentLoRAModel(nn.Module):
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs).logits
 
-    def segment_hidden(self, input_ids: Tensor, attention_mask: Tensor,
-                       segments: list[tuple[str, int, int]]) -> Tensor:
-        """The decoder's last hidden state (B, T, H) with rows ``[first, stop)`` of each
-        segment through adapter ``name`` (``routing.agent_segments`` over agent or critic
-        names), differentiable in those adapters (the critics' value forward). PEFT adds no
-        LoRA of its own ("__base__" rows), so no adapter is switched off and on again
-        (``reference()`` costs ~70 ms of host time a call on SmolLM2, as much as a small
-        forward on a GPU); only one position's logits are formed where the model allows."""
-        kwargs = {"logits_to_keep": 1} if self._takes_logits_to_keep else {}
-        with segment_lora(self.lora_layers, segments):
-            output = self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False, output_hidden_states=True,
-                                     adapter_names=["__base__"] * input_ids.shape[0], **kwargs)
-        return output.hidden_states[-1]  # after the final norm, as last_hidden_state
-
     def enable_compile(self, backend: str = "inductor") -> None:
         """Route every forward of this model through compiled decoder layers, each row's
         own agent's LoRA picked per row (compiled.py; ``trainer.compile``). Refused with LoRA
