@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 def _policies(pipeline) -> dict[str, np.ndarray]:
     """Per agent, (information states, 2) legal-move probabilities, each seat played by it."""
-    from roll.agentic.env.renderers import render_prompt
     from roll.pipeline.exploitability import llm_policy
 
     cfg = pipeline.cfg
@@ -41,7 +40,7 @@ def _policies(pipeline) -> dict[str, np.ndarray]:
     for agent in pipeline.agent_names:
         table = llm_policy(cfg.env.game, dict(cfg.env.params), pipeline.trainer,
                            pipeline.tokenizer, lambda seat, agent=agent: agent,
-                           pipeline.render or render_prompt,
+                           pipeline.render,
                            cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking)
         tables[agent] = np.array(table.action_probability_array)
     return tables

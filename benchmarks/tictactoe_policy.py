@@ -29,16 +29,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tictactoe_vs_random import LINES  # noqa: E402  (one list of the eight lines)
+from tictactoe_vs_random import LINES, won  # noqa: E402  (one copy of the rules)
 
 
 def winner(board: str) -> str | None:
     """'X' or 'O' if that mark has three in a line (board: 9 cells of 'X', 'O', '.')."""
-    for line in LINES:
-        marks = {board[i] for i in line}
-        if len(marks) == 1 and board[line[0]] != ".":
-            return board[line[0]]
-    return None
+    return next((mark for mark in "XO" if won(board, mark)), None)
 
 
 def to_move(board: str) -> str:
@@ -131,7 +127,7 @@ def agent_policies(pipeline, boards: list[str] | None = None
     for agent in pipeline.agent_names:
         probabilities = move_probabilities(
             env, states, pipeline.trainer, pipeline.tokenizer, lambda seat, a=agent: a,
-            pipeline.render or pipeline.env_setup.render, cfg.eval.temperature,
+            pipeline.render, cfg.eval.temperature,
             enable_thinking=cfg.model.enable_thinking)
         table = {}
         for board, (action_ids, probs) in zip(boards, probabilities, strict=True):

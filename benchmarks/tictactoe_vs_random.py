@@ -19,57 +19,62 @@ import argparse
 import itertools
 import json
 import random
+from collections.abc import Callable
 from functools import cache
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 
 
-def _won(board: str, mark: str) -> bool:
+def won(board: str, mark: str) -> bool:
+    """``mark`` has three in a line (board: 9 cells of 'X', 'O', '.', row by row)."""
     return any(all(board[i] == mark for i in line) for line in LINES)
 
 
-@cache
-def best(board: str, to_move: str, me: str, loss_weight: float) -> tuple[float, float]:
-    """(P(win), P(loss)) of ``me`` playing best against random from ``board``."""
+def _versus_random(me: str, my_move: Callable) -> Callable[[str, str], tuple[float, float]]:
+    """(board, to_move) -> (P(win), P(loss)) of ``me`` against the uniformly random player,
+    cached; at its own turn ``me`` gets ``my_move(board, moves, after)``, where ``after(cell)``
+    is the outcome once ``me`` takes that cell."""
     other = "O" if me == "X" else "X"
-    if _won(board, me):
-        return 1.0, 0.0
-    if _won(board, other):
-        return 0.0, 1.0
-    moves = [i for i, cell in enumerate(board) if cell == "."]
-    if not moves:
-        return 0.0, 0.0
-    following = "O" if to_move == "X" else "X"
-    outcomes = [best(board[:i] + to_move + board[i + 1:], following, me, loss_weight)
-                for i in moves]
-    if to_move == me:
-        return max(outcomes, key=lambda o: o[0] - loss_weight * o[1])
-    return (sum(o[0] for o in outcomes) / len(outcomes),
-            sum(o[1] for o in outcomes) / len(outcomes))
-
-
-def fixed_order(order: tuple[int, ...], me: str) -> tuple[float, float]:
-    """(P(win), P(loss)) of ``me`` always taking the first free cell of ``order`` (cells 0-8,
-    row by row) against the random player."""
 
     @cache
     def value(board: str, to_move: str) -> tuple[float, float]:
-        other = "O" if me == "X" else "X"
-        if _won(board, me):
+        if won(board, me):
             return 1.0, 0.0
-        if _won(board, other):
+        if won(board, other):
             return 0.0, 1.0
         moves = [i for i, cell in enumerate(board) if cell == "."]
         if not moves:
             return 0.0, 0.0
         following = "O" if to_move == "X" else "X"
+
+        def after(cell: int) -> tuple[float, float]:
+            return value(board[:cell] + to_move + board[cell + 1:], following)
+
         if to_move == me:
-            cell = next(i for i in order if board[i] == ".")
-            return value(board[:cell] + me + board[cell + 1:], following)
-        outcomes = [value(board[:i] + to_move + board[i + 1:], following) for i in moves]
+            return my_move(board, moves, after)
+        outcomes = [after(i) for i in moves]
         return (sum(o[0] for o in outcomes) / len(outcomes),
                 sum(o[1] for o in outcomes) / len(outcomes))
 
+    return value
+
+
+@cache
+def _best_response(me: str, loss_weight: float) -> Callable[[str, str], tuple[float, float]]:
+    return _versus_random(me, lambda board, moves, after: max(
+        (after(i) for i in moves), key=lambda o: o[0] - loss_weight * o[1]))
+
+
+def best(board: str, to_move: str, me: str, loss_weight: float) -> tuple[float, float]:
+    """(P(win), P(loss)) of ``me`` playing best against random from ``board``."""
+    return _best_response(me, loss_weight)(board, to_move)
+
+
+def fixed_order(order: tuple[int, ...], me: str) -> tuple[float, float]:
+    """(P(win), P(loss)) of ``me`` always taking the first free cell of ``order`` (cells 0-8,
+    row by row) against the random player."""
+    value = _versus_random(me, lambda board, moves, after: after(
+        next(i for i in order if board[i] == ".")))
     return value("." * 9, "X")
 
 

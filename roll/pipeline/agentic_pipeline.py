@@ -91,7 +91,6 @@ class AgenticPipeline:
         the env must have as many seats as the configured game)."""
         self.cfg = cfg
         self.env_factory = env_factory
-        self.render = render
         self.output_dir = Path(cfg.output_dir)
         if cfg.cluster.backend == "ray":
             start_ray(cfg)  # and check its resources, before any model loads
@@ -100,6 +99,9 @@ class AgenticPipeline:
         self.agent_names = [a.name for a in agents]
         self.env_setup = build_env_setup(cfg)
         """The game or team task: seats, env factories, renderer, datasets (env_setup.py)."""
+        self.render = render or self.env_setup.render
+        """The prompts of every consumer (rollouts, env workers, the exact policy): the
+        renderer given, else the run's (``env.renderer``, the game's own, or the task's)."""
         self.train_seatings, self.eval_seatings = run_seatings(cfg, self.env_setup,
                                                                self.agent_names)
         holds_base = controller_holds_base(cfg)
@@ -111,7 +113,7 @@ class AgenticPipeline:
             self.tokenizer = load_tokenizer(path)
             # A first prompt that cannot fit would cut every episode: refused before the load.
             check_first_prompts(cfg, self.env_setup, self.train_seatings, self.tokenizer,
-                                env_factory, render)
+                                env_factory, self.render)
             base = load_base(cfg, path)
         critics = critic_agents(cfg.critic, self.agent_names)
         self.model = MultiAgentLoRAModel(base, agents, seed=cfg.seed, critics=critics)
@@ -200,7 +202,7 @@ class AgenticPipeline:
         return RolloutScheduler(
             env_factory=self.env_factory or (setup.eval_factory if evaluation
                                              else setup.train_factory),
-            render=self.render or setup.render,
+            render=self.render,
             seatings=seatings,
             agent_names=self.agent_names,
             engine=self.engine,
@@ -439,8 +441,7 @@ class AgenticPipeline:
             from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
 
             metrics.update(agent_exploitabilities(self.cfg, self.trainer, self.tokenizer,
-                                                  self.agent_names,
-                                                  self.render or self.env_setup.render))
+                                                  self.agent_names, self.render))
         metrics["time/eval"] = time.perf_counter() - start
         return metrics
 
