@@ -12,7 +12,9 @@ shows). Then, exactly over the game tree, for each seat against the uniformly ra
 - `wins_taken`: where the agent can win at once, the probability it does (mean over those
   decisions, weighted by how often the game reaches them);
 - `blocks_made`: where it cannot win at once but the opponent threatens to (two in a line, the
-  third cell empty), the probability it takes a threatened cell (same weighting).
+  third cell empty), the probability it takes a threatened cell (same weighting);
+- `greedy_win`, `greedy_loss`: the same two for the policy's argmax move on every board (what
+  sampling noise costs: a policy that holds the right move beneath it gains here).
 A player that ignores the marks (a fixed order of cells, `tictactoe_vs_random.fixed_order`)
 takes wins and blocks only where its order happens to; the best such player wins about 61% as O
 and loses about 35%, far from the goal (>= 85% wins, <= 5% losses). Prints JSON.
@@ -138,10 +140,22 @@ def agent_policies(pipeline, boards: list[str] | None = None
     return tables
 
 
+def greedy(policy: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The argmax move of ``policy`` on every board, with probability 1 (ties: the lowest
+    cell)."""
+    return {board: np.eye(9)[int(np.argmax(probs))] for board, probs in policy.items()}
+
+
+def figures(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
+    """``score`` of ``policy`` in ``seat`` plus its greedy policy's win and loss, rounded."""
+    sampled, argmax = score(policy, seat), score(greedy(policy), seat)
+    both = {**sampled, "greedy_win": argmax["win"], "greedy_loss": argmax["loss"]}
+    return {key: round(value, 4) for key, value in both.items()}
+
+
 def report(pipeline) -> dict[str, dict[str, dict[str, float]]]:
-    """{agent: {"X": figures, "O": figures}} for the pipeline's current adapters, rounded."""
-    return {agent: {mark: {k: round(v, 4) for k, v in score(table, seat).items()}
-                    for seat, mark in enumerate("XO")}
+    """{agent: {"X": figures, "O": figures}} for the pipeline's current adapters."""
+    return {agent: {mark: figures(table, seat) for seat, mark in enumerate("XO")}
             for agent, table in agent_policies(pipeline).items()}
 
 
@@ -163,8 +177,7 @@ def main() -> None:
     pipeline = AgenticPipeline(cfg)
     if args.checkpoint:
         pipeline.load(Path(args.checkpoint))
-    chance = {mark: {k: round(v, 4) for k, v in score(uniform_policy(), seat).items()}
-              for seat, mark in enumerate("XO")}
+    chance = {mark: figures(uniform_policy(), seat) for seat, mark in enumerate("XO")}
     print(json.dumps({"checkpoint": args.checkpoint, "uniform": chance,
                       "agents": report(pipeline)}, indent=1))
 

@@ -90,6 +90,30 @@ def test_a_tactician_takes_every_win_and_makes_every_block():
         assert figures["blocks_made"] == pytest.approx(1.0)
 
 
+def test_greedy_play_is_the_argmax_move_scored_exactly():
+    """A policy that leans 0.5 toward a fixed order's cell and spreads the rest over the other
+    free cells: its greedy policy is that fixed order, whose exact score the tree search gives;
+    a tie goes to the lowest cell (the first-free-cell order)."""
+    order = (4, 0, 8, 2, 6, 1, 3, 5, 7)
+    table = {}
+    for board in tictactoe_policy.decision_boards():
+        free = [i for i, c in enumerate(board) if c == "."]
+        pick = next(i for i in order if board[i] == ".")
+        row = np.zeros(9)
+        row[free] = 0.5 / len(free)
+        row[pick] += 0.5
+        table[board] = row
+    for seat, mark in enumerate("XO"):
+        figures = tictactoe_policy.figures(table, seat)
+        expected = tictactoe_vs_random.fixed_order(order, mark)
+        assert (figures["greedy_win"], figures["greedy_loss"]) == pytest.approx(expected, abs=1e-4)
+        assert figures["win"] < figures["greedy_win"]  # the spread mass costs wins
+    tie = {board: np.array([c == "." for c in board], dtype=float)
+           for board in tictactoe_policy.decision_boards()}
+    first_free = tictactoe_vs_random.fixed_order(tuple(range(9)), "X")
+    argmax = tictactoe_policy.figures(tie, 0)
+    assert (argmax["greedy_win"], argmax["greedy_loss"]) == pytest.approx(first_free, abs=1e-4)
+
 
 def test_a_first_free_cell_x_wins_at_least_the_hand_counted_share():
     """X takes the first free cell of 0, 1, 2, ...: it wins on its third move when O's first
