@@ -35,6 +35,11 @@ generator in the eager path; a compiled graph cannot keep that). LoRA products r
 layer's dtype with the adapter weights cast down, as in the eager path.
 Not used by the inference engines: the compiled layers are switched in only around the
 trainer's forwards.
+
+Critics (``critic_names``, when none has LoRA dropout) go through the same compiled layers:
+their rows are a second group of the routing (each row's own critic's factors, stacked per
+forward), and ``hidden`` returns the final hidden states their value heads read. A forward is
+one group's rows; each group has its graphs (dynamo guards on which group is routed).
 """
 
 from __future__ import annotations
@@ -112,11 +117,14 @@ class CompiledForward:
     adapter) and each row's own agent's delta added by the row routing."""
 
     def __init__(self, peft_model: nn.Module, lora_layers: Sequence[nn.Module],
-                 agent_names: Sequence[str], backend: str = "inductor") -> None:
+                 agent_names: Sequence[str], backend: str = "inductor",
+                 critic_names: Sequence[str] = ()) -> None:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
-        self.routing = RowRouting(self.lora_layers, agent_names)
+        self.routing = RowRouting(self.lora_layers, agent_names, critic_names)
+        self.routes_critics = bool(critic_names)
+        """Whether critics' forwards (``hidden``) run here too (module docstring)."""
         self.warmed: set[str] = set()  # "training" / "no-grad": forwards compiled so far
 
     def close(self) -> None:
@@ -133,34 +141,48 @@ class CompiledForward:
                kwargs: dict, per_layer: list[LayerKV] | None = None) -> Tensor:
         """The logits of these rows, each through its agent's adapter (None: the reference);
         ``per_layer``: the shared prefix's keys/values (prefix.py)."""
+        return self._output(input_ids, attention_mask, agent_id, kwargs, per_layer).logits
+
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor, critic_id: Tensor,
+               kwargs: dict) -> Tensor:
+        """The final hidden states (B, T, H) of these rows, each through its own critic's
+        adapter (``critic_id`` indexes the critics); ``kwargs`` as for the model's forward."""
+        kwargs = dict(kwargs, output_hidden_states=True)
+        return self._output(input_ids, attention_mask, critic_id, kwargs, None,
+                            critics=True).hidden_states[-1]
+
+    def _output(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
+                kwargs: dict, per_layer: list[LayerKV] | None, critics: bool = False):
         if input_ids.shape[0] == 1:
-            # A one-row batch runs as that row twice, and the copy's logits are dropped (no
+            # A one-row batch runs as that row twice, and the copy's outputs are dropped (no
             # gradient reaches it): dynamic shapes specialise a size of 1 into graphs of its
             # own, and inductor's CPU backward of that graph corrupted the heap (double free,
             # torch 2.13; a 1-row tail of a mini-batch crashed a Kuhn run at step 11). Two rows
             # reuse the general graph; no extra compile. (A shared prefix never has one row.)
-            twice = (agent_id.repeat(2) if agent_id is not None else None)
-            return self._logits(input_ids.repeat(2, 1), attention_mask.repeat(2, 1), twice,
-                                kwargs, per_layer)[:1]
-        return self._logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
+            twice = row_id.repeat(2) if row_id is not None else None
+            output = self._warmed(input_ids.repeat(2, 1), attention_mask.repeat(2, 1), twice,
+                                  kwargs, per_layer, critics)
+            return _first_row(output)
+        return self._warmed(input_ids, attention_mask, row_id, kwargs, per_layer, critics)
 
-    def _logits(self, input_ids: Tensor, attention_mask: Tensor, agent_id: Tensor | None,
-                kwargs: dict, per_layer: list[LayerKV] | None) -> Tensor:
+    def _warmed(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
+                kwargs: dict, per_layer: list[LayerKV] | None, critics: bool):
         # The first forward of each kind compiles its graphs (10-60 s on a GPU, inside a
         # step's first passes): a timestamped line, so a warm-up is not read as a hang.
-        kind = "training" if torch.is_grad_enabled() else "no-grad"
+        kind = ("critics' " if critics else "") + (
+            "training" if torch.is_grad_enabled() else "no-grad")
         if per_layer is not None:  # the shared prefix's head records, its tail reads
             kind += " shared-prefix " + ("head" if per_layer[0].keys is None else "tail")
+        args = (input_ids, attention_mask, row_id, kwargs, per_layer, critics)
         if kind in self.warmed:
-            return self._routed_logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
+            return self._routed(*args)
         with stage(f"trainer: compiling the {kind} forward (first use; later calls reuse it)"):
-            logits = self._routed_logits(input_ids, attention_mask, agent_id, kwargs, per_layer)
+            output = self._routed(*args)
         self.warmed.add(kind)
-        return logits
+        return output
 
-    def _routed_logits(self, input_ids: Tensor, attention_mask: Tensor,
-                       agent_id: Tensor | None, kwargs: dict,
-                       per_layer: list[LayerKV] | None) -> Tensor:
+    def _routed(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
+                kwargs: dict, per_layer: list[LayerKV] | None, critics: bool):
         # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
         # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
         # with 8 agents those flips (and undoing them) cost more host time than the forward.
@@ -168,10 +190,19 @@ class CompiledForward:
         for layer in self.lora_layers:
             layer._active_adapter = []
         try:
-            with self.routing.route(agent_id, self.layers.embeddings.weight.dtype), \
+            with self.routing.route(row_id, self.layers.embeddings.weight.dtype, critics), \
                     self.layers.active(), layer_kv(self.layers.layers, per_layer):
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                       **kwargs).logits
+                                       **kwargs)
         finally:
             for layer, active in zip(self.lora_layers, previous, strict=True):
                 layer._active_adapter = active
+
+
+def _first_row(output):
+    """A model output with only its first row of logits and hidden states (the doubled
+    one-row batch of ``CompiledForward._output``)."""
+    output.logits = output.logits[:1]
+    if output.hidden_states is not None:
+        output.hidden_states = tuple(state[:1] for state in output.hidden_states)
+    return output

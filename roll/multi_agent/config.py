@@ -237,8 +237,9 @@ class TrainerConfig:
     micro_batch_size rows, each row through its own adapter (fewer forwards when agents have
     few rows each); false: one agent's micro-batch per forward (the reference path)."""
     compile: bool | None = None
-    """Run the trainer's forwards (training, old-log-prob, reference) through compiled
-    decoder layers, each row's own agent's LoRA picked per row (roll/multi_agent/compiled.py):
+    """Run the trainer's forwards (training, old-log-prob, reference; the critics' too unless
+    one has LoRA dropout) through compiled decoder layers, each row's own agent's (critic's)
+    LoRA picked per row (roll/multi_agent/compiled.py):
     fused kernels on a GPU, after a warm-up of one compile per input signature. Needs LoRA
     dropout 0 and the torch strategy. None (the default): the pipeline turns it on where the
     model is on CUDA and the run can compile (pipeline/builders.py ``trainer_compile``), else

@@ -16,6 +16,11 @@ Rows are routed to critics exactly as the agents' forward routes rows to agents:
 contiguous run of one critic's rows gets that critic's LoRA delta (``routing.segment_lora``),
 with PEFT's own LoRA off, so a critic's gradients come from its own rows only.
 
+Under ``trainer.compile`` (and no critic dropout) the critics' forwards run through the
+agents' compiled decoder layers, each row routed to its own critic's factors (compiled.py):
+the eager forward is host-bound on a GPU (a TicTacToe critic update of ~1,500 rows in
+micro-batches of 32 took 10.5 s of a 27 s step on an H100).
+
 A critic is saved as a standard PEFT adapter folder plus ``value_head.safetensors``.
 
 Update (``CriticTrainer``): each critic trains its own LoRA adapter and value head on its own
@@ -107,15 +112,21 @@ def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tens
     Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
     (its dropout masks are then those of a forward of its rows alone)."""
     segments = agent_segments(critic_id.tolist(), model.critic_names)
-    # PEFT adds no LoRA of its own ("__base__" rows) and the segment hooks add each row's
-    # critic's delta: no adapter is switched off and on (``model.reference()`` costs ~70 ms of
-    # host time a call on SmolLM2, as much as a small forward on a GPU). One position's logits.
-    keep = {"logits_to_keep": 1} if model._takes_logits_to_keep else {}
-    with segment_lora(model.lora_layers, segments):
-        output = model.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                  use_cache=False, output_hidden_states=True,
-                                  adapter_names=["__base__"] * input_ids.shape[0], **keep)
-    hidden = output.hidden_states[-1]  # (B, T, H), after the final norm (last_hidden_state)
+    kwargs = {"use_cache": False}
+    if model._takes_logits_to_keep:
+        kwargs["logits_to_keep"] = 1  # one position's logits: the values read hidden states
+    compiled = model._compiled
+    if compiled is not None and compiled.routes_critics:  # trainer.compile (compiled.py)
+        hidden = compiled.hidden(input_ids, attention_mask, critic_id, kwargs)
+    else:
+        # PEFT adds no LoRA of its own ("__base__" rows) and the segment hooks add each row's
+        # critic's delta: no adapter is switched off and on (``model.reference()`` costs ~70
+        # ms of host time a call on SmolLM2, as much as a small forward on a GPU).
+        with segment_lora(model.lora_layers, segments):
+            output = model.peft_model(input_ids=input_ids, attention_mask=attention_mask,
+                                      output_hidden_states=True,
+                                      adapter_names=["__base__"] * input_ids.shape[0], **kwargs)
+        hidden = output.hidden_states[-1]  # (B, T, H), after the final norm
     values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     parts = [heads(name, hidden[first:stop, :-1]) for name, first, stop in segments]
     values = torch.cat([values[:, :1], torch.cat(parts)], dim=1) if parts else values

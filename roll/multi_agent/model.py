@@ -329,14 +329,15 @@ class MultiAgentLoRAModel(nn.Module):
         """Route every forward of this model through compiled decoder layers, each row's
         own agent's LoRA picked per row (compiled.py; ``trainer.compile``). Refused with LoRA
         dropout on."""
-        for name in self.agent_names:  # critics are not compiled: their dropout may stay
-            layers = self._dropouts[name]
-            if layers and layers[0].p > 0:
+        dropout = {name: layers[0].p for name, layers in self._dropouts.items() if layers}
+        for name in self.agent_names:
+            if dropout.get(name, 0) > 0:
                 raise ValueError(f"trainer.compile=true needs LoRA dropout 0; agent {name!r} "
-                                 f"has dropout {layers[0].p}")
-        self._compiled = CompiledForward(self.peft_model, [layer for _, layer in
-                                                           self.lora_layers],
-                                         self.agent_names, backend)
+                                 f"has dropout {dropout[name]}")
+        # Critics are compiled too, unless one has LoRA dropout (then all stay eager).
+        critics = [] if any(dropout.get(n, 0) > 0 for n in self.critic_names) else self.critic_names
+        self._compiled = CompiledForward(self.peft_model, [layer for _, layer in self.lora_layers],
+                                         self.agent_names, backend, critics)
 
     def disable_compile(self) -> None:
         """Undo ``enable_compile``: eager forwards, no hooks left on the base model's layers

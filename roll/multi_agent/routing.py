@@ -9,7 +9,9 @@
   every mix of agents and row counts.
 
 Either way agent j's A/B get gradients from agent j's rows only (DESIGN.md invariant 1).
-Critics are routed by ``segment_lora`` too. The engines route rows at decode time on their own
+Critics are routed the same two ways: ``segment_lora`` eagerly, or, under ``trainer.compile``
+with no critic dropout, ``RowRouting``'s second group of rows (each row's own critic's
+factors, stacked per forward). The engines route rows at decode time on their own
 (roll/inference/hf/fused_lora.py).
 """
 
@@ -86,14 +88,17 @@ ROW_CAPACITY = 256
 
 class RowRouting:
     """Forward hooks that add each row's own agent's LoRA delta while a route is open (module
-    docstring); no-ops otherwise (eager forwards, the engines)."""
+    docstring); no-ops otherwise (eager forwards, the engines). ``critic_names``: a second
+    group of rows, routed to the critics' factors (``route(..., critics=True)``); a forward
+    routes one group."""
 
-    def __init__(self, lora_layers: Sequence[nn.Module], agent_names: Sequence[str]) -> None:
-        self.agent_names = list(agent_names)
+    def __init__(self, lora_layers: Sequence[nn.Module], agent_names: Sequence[str],
+                 critic_names: Sequence[str] = ()) -> None:
+        self.agent_names, self.critic_names = list(agent_names), list(critic_names)
         self.base_layers: list[nn.Module] = []
         self._handles = []
-        routed = [layer for layer in lora_layers
-                  if any(name in layer.lora_A for name in self.agent_names)]  # not critics'
+        names = (*self.agent_names, *self.critic_names)
+        routed = [layer for layer in lora_layers if any(name in layer.lora_A for name in names)]
         for layer in routed:
             if hasattr(layer.base_layer, "lora_rows"):
                 # A second team's hook would also read this layer's row index and pick its own
@@ -106,11 +111,12 @@ class RowRouting:
         for layer in routed:
             base = layer.base_layer
             base.lora_rows = None  # (capacity,): row b's agent index, while routed
+            base.lora_critics = False  # rows index the critics, not the agents (one graph each)
             base.lora_stack = self.factors.stacks.get(id(layer)) if self.factors else None
             # Permanent while compiled (not per forward): a hook registered anew each forward
             # would be a new object to dynamo's guards, i.e. a recompile per forward.
             self._handles.append(base.register_forward_hook(
-                partial(add_row_delta, layer, self.agent_names)))
+                partial(add_row_delta, layer, self.agent_names, self.critic_names)))
             self.base_layers.append(base)
 
     def close(self) -> None:
@@ -119,15 +125,18 @@ class RowRouting:
         for handle in self._handles:
             handle.remove()
         for base in self.base_layers:
-            del base.lora_rows, base.lora_stack
+            del base.lora_rows, base.lora_stack, base.lora_critics
         if self.factors is not None:
             self.factors.release()
         self._handles, self.base_layers, self.factors = [], [], None
 
     @contextmanager
-    def route(self, agent_id: Tensor | None, dtype: torch.dtype) -> Iterator[None]:
+    def route(self, agent_id: Tensor | None, dtype: torch.dtype,
+              critics: bool = False) -> Iterator[None]:
         """Rows with these agent indices (B,) through their agents' deltas, in any order;
-        None: the reference (no delta)."""
+        None: the reference (no delta). ``critics``: the indices are into ``critic_names``."""
+        if critics and (agent_id is None or not self.critic_names):
+            raise ValueError("a critics' route needs critic rows and routed critics")
         rows = None
         if agent_id is not None:
             # Dynamo gives a module attribute's tensor a static shape: a (B,) index would
@@ -137,12 +146,12 @@ class RowRouting:
             rows = torch.zeros(capacity, dtype=torch.long, device=agent_id.device)
             rows[: len(agent_id)] = agent_id.long()
         for base in self.base_layers:
-            base.lora_rows = rows
+            base.lora_rows, base.lora_critics = rows, critics
         try:
             yield
         finally:
             for base in self.base_layers:
-                base.lora_rows = None
+                base.lora_rows, base.lora_critics = None, False
 
 
 def stacked_factors(layer: nn.Module, agent_names: Sequence[str], dtype: torch.dtype
@@ -167,18 +176,22 @@ def stacked_factors(layer: nn.Module, agent_names: Sequence[str], dtype: torch.d
     return torch.stack(a_blocks).to(dtype), torch.stack(b_blocks).to(dtype)
 
 
-def add_row_delta(layer, agent_names, module, args, output):
-    """Forward hook of an adapted base layer: + each row's own agent's LoRA delta."""
+def add_row_delta(layer, agent_names, critic_names, module, args, output):
+    """Forward hook of an adapted base layer: + each row's own agent's (or critic's) LoRA
+    delta."""
     if module.lora_rows is None:
+        return output
+    names = critic_names if module.lora_critics else agent_names
+    if not any(name in layer.lora_A for name in names):  # only the other group adapts it
         return output
     x = args[0]  # (B, T, in)
     dtype = output.dtype
-    rows = module.lora_rows[: x.shape[0]]  # (B,) row b's agent
-    stack = module.lora_stack
+    rows = module.lora_rows[: x.shape[0]]  # (B,) row b's agent (or critic)
+    stack = None if module.lora_critics else module.lora_stack
     if stack is not None:
         a_all, b_all = stack.a.to(dtype), (stack.b * stack.scales).to(dtype)
     else:
-        a_all, b_all = stacked_factors(layer, agent_names, dtype)  # (N, r, in), (N, out, r)
+        a_all, b_all = stacked_factors(layer, names, dtype)  # (N, r, in), (N, out, r)
     # A gather, not a one-hot matmul: its backward adds each row's gradient to its own
     # agent's factors only (a one-hot's transpose would add 0 x another agent's NaN = NaN).
     a_rows = a_all[rows]  # (B, r, in)

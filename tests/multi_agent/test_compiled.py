@@ -329,3 +329,92 @@ def test_compiled_layers_keep_compiling_past_torchs_recompile_limit(tiny_model_p
     trainer.train_step(batch)
     assert after_no_grad > 0 and compile_count() > after_no_grad
     assert torch._dynamo.config.recompile_limit == 1  # patched for the forwards only
+
+
+def _critic_pair(path, critic_dropout: float = 0.0):
+    """alice and bob, and critics critic_a (rank 4) and critic_b (rank 2, other targets: the
+    routing pads ranks and skips layers), their tensors and heads perturbed alike."""
+    from roll.models import load_model
+    from roll.multi_agent.critics import ValueHeads
+    from roll.multi_agent.model import MultiAgentLoRAModel
+
+    lora = LoRAConfig(rank=4, alpha=8, dropout=critic_dropout)
+    optim = OptimConfig(lr=1e-2)
+    critics = [AgentConfig("critic_a", lora=lora, optim=optim),
+               AgentConfig("critic_b", lora=LoRAConfig(rank=2, alpha=4, dropout=critic_dropout,
+                                                       target_modules=["q_proj", "down_proj"]),
+                           optim=optim)]
+    agents = [AgentConfig(name, lora=LoRAConfig(rank=4, alpha=8)) for name in ("alice", "bob")]
+    model = MultiAgentLoRAModel(load_model(path), agents, seed=0, critics=critics)
+    heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name in model.critic_names:
+            for _, tensor in model.named_agent_tensors(name):
+                tensor.add_(0.2 * torch.randn(tensor.shape, generator=generator))
+        for param in heads.parameters():
+            param.add_(torch.randn(param.shape, generator=generator))
+    return model, heads, critics
+
+
+@pytest.mark.slow  # the full CI runs it; ~10 s of compiling (quick subset < 3 min)
+def test_critics_forwards_through_the_compiled_layers_equal_the_eager_path(tiny_model_path,
+                                                                           capsys):
+    """Under trainer.compile the critics' values and gradients come through the compiled
+    layers (each row routed to its own critic's factors) and equal the eager path's (fp32:
+    values to 1e-6, gradients to 1e-4 relative); new row and token counts compile nothing more;
+    no agent gets a gradient. A critic with LoRA dropout keeps every critic eager."""
+    from roll.multi_agent.config import CriticConfig
+    from roll.multi_agent.critics import CriticTrainer, critic_values
+
+    torch._dynamo.reset()
+    eager, eager_heads, critics = _critic_pair(tiny_model_path)
+    model, heads, _ = _critic_pair(tiny_model_path)
+    model.enable_compile("aot_eager")
+    graphs = []
+    for rows, seed, length in (([0, 0, 0, 1, 1], 21, 14), ([1, 1, 0], 22, 11), ([0], 23, 9)):
+        batch = make_rows(rows, seed=seed, length=length)
+        critic_id, positions = torch.tensor(rows), batch.response_mask.bool()
+        with torch.no_grad():
+            want = critic_values(eager, eager_heads, batch.input_ids, batch.attention_mask,
+                                 critic_id, positions)
+            got = critic_values(model, heads, batch.input_ids, batch.attention_mask,
+                                critic_id, positions)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        for team, team_heads in ((eager, eager_heads), (model, heads)):
+            values = critic_values(team, team_heads, batch.input_ids, batch.attention_mask,
+                                   critic_id, positions)
+            values.square().mean().backward()
+        for name in model.critic_names:
+            params = [*model.agent_parameters(name), *heads.heads[name].parameters()]
+            wanted = [*eager.agent_parameters(name), *eager_heads.heads[name].parameters()]
+            for got_param, want_param in zip(params, wanted, strict=True):
+                if want_param.grad is None:  # a critic without rows in this batch
+                    assert got_param.grad is None or not got_param.grad.any(), name
+                    continue
+                # fp32, other reduction orders (batched products, per-row gathers): a wrong
+                # routing is off by the size of the gradient itself
+                torch.testing.assert_close(got_param.grad, want_param.grad, rtol=1e-4,
+                                           atol=1e-5)
+                got_param.grad = want_param.grad = None
+        for name in model.agent_names:
+            assert all(p.grad is None or not p.grad.any() for p in model.agent_parameters(name))
+        graphs.append(compile_count())
+    assert {"critics' no-grad", "critics' training"} <= model._compiled.warmed
+    assert graphs[0] > 0 and graphs[1] == graphs[2] == graphs[0], graphs
+    assert "trainer: compiling the critics' training forward" in capsys.readouterr().out
+    # one update of both critics (value loss over micro-batches of 2, AdamW): equal adapters
+    batch = make_rows([0, 1, 1, 0, 1], seed=24)
+    critic_id = torch.tensor([0, 1, 1, 0, 1])
+    for team, team_heads in ((eager, eager_heads), (model, heads)):
+        trainer = CriticTrainer(team, team_heads, critics, CriticConfig(micro_batch_size=2))
+        targets = batch.with_fields(values=trainer.values(batch, critic_id),
+                                    returns=torch.ones(batch.input_ids.shape))
+        trainer.train_step(targets, critic_id)
+    for name in model.critic_names:
+        for key, value in eager.export_adapter(name).items():
+            torch.testing.assert_close(model.export_adapter(name)[key], value, rtol=0, atol=1e-6)
+    assert compile_count() == graphs[0]
+    with_dropout, _, _ = _critic_pair(tiny_model_path, critic_dropout=0.1)
+    with_dropout.enable_compile("aot_eager")
+    assert not with_dropout._compiled.routes_critics
