@@ -54,6 +54,15 @@ RECIPES = {
     # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
     # random player; evaluated against random (both seats) and, after training, MCTS.
     "tictactoe_mixed": ("examples/tictactoe", "mixed", []),
+    # The candidate for the O seat (benchmarks/README.md, session 53): mixed.yaml with a critic
+    # per agent (per-move credit), 256 games a step, and each agent's O-against-random seating
+    # twice (on the table stand-in: as O 0.875 / 0.045 after 400 steps, against 0.84 / 0.07).
+    "tictactoe_critics": ("examples/tictactoe", "mixed", [
+        "advantage.estimator=ippo", "critic.mode=per_agent", "advantage.lam=0.9",
+        "critic.optim.lr=5e-4", "rollout.num_groups=64", "trainer.ppo_mini_batch_size=176",
+        "team.optim.lr=2e-4",
+        "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0],[agent_0,random],"
+        "[random,agent_0],[agent_1,random],[random,agent_1],[random,agent_0],[random,agent_1]]"]),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
         "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
@@ -70,7 +79,7 @@ RECIPES = {
 OWN_YAML = {"nash", "mixed"}
 """Config names of recipes that train and evaluate as their YAML says: only the tracking
 backend is set here (the shared settings below would overwrite their seatings)."""
-VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts"}
+VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_critics": "mcts"}
 """Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
 training."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
@@ -91,18 +100,12 @@ TRAINING = [
 recipes in OWN_YAML train as their YAML says)."""
 
 
-def run_recipe(args, name: str) -> dict:
-    from roll.pipeline.agentic_pipeline import AgenticPipeline
+def recipe_config(args, name: str, out: Path):
+    """The validated config of recipe ``name`` as ``args`` (tiny, model, steps, eval_every,
+    override) ask for it, writing under ``out``."""
     from roll.pipeline.cli import load_config
 
     folder, config_name, extra = RECIPES[name]
-    # Under --run_dir (kept between device calls: add --override resume=latest to continue a
-    # run from its last checkpoint), else under $OUT when set, so the metrics of a run cut off
-    # by a time limit still come back.
-    run = f"run_{name}{args.tag}"
-    out = (Path(args.run_dir, run) if args.run_dir
-           else Path(os.environ["OUT"], run) if os.environ.get("OUT")
-           else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     own = config_name in OWN_YAML
     overrides = (["tracking.backends=[jsonl]"] if own else COMMON + TRAINING) + extra + [
@@ -113,7 +116,20 @@ def run_recipe(args, name: str) -> dict:
     if args.tiny:
         overrides += ["eval.num_episodes=4"] + ([] if own else ["rollout.num_groups=6"])
     overrides += list(args.override)  # the caller's word is the last
-    cfg = load_config(str(ROOT / folder), config_name, overrides)
+    return load_config(str(ROOT / folder), config_name, overrides)
+
+
+def run_recipe(args, name: str) -> dict:
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+
+    # Under --run_dir (kept between device calls: add --override resume=latest to continue a
+    # run from its last checkpoint), else under $OUT when set, so the metrics of a run cut off
+    # by a time limit still come back.
+    run = f"run_{name}{args.tag}"
+    out = (Path(args.run_dir, run) if args.run_dir
+           else Path(os.environ["OUT"], run) if os.environ.get("OUT")
+           else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
+    cfg = recipe_config(args, name, out)
     start = time.perf_counter()
     pipeline = AgenticPipeline(cfg)
     versus = {}

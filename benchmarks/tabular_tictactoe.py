@@ -46,9 +46,14 @@ LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 SEATINGS = {
     "mixed": [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
     "random": [("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
+    "o_heavy": [("A", "B"), ("B", "A"), ("R", "A"), ("R", "B")],
+    "o_twice": [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B"),
+                ("R", "A"), ("R", "B")],
 }
 """env.seat_to_agent: agent A, agent B, R the random player; (X, O). 'mixed' is the recipe's
-(self-play and random opponents), 'random' only the random player."""
+(self-play and random opponents), 'random' only the random player, 'o_heavy' self-play and
+each agent as O against random (X against random is left to what self-play teaches),
+'o_twice' the recipe's with each agent's O-against-random seating twice."""
 
 
 @cache
