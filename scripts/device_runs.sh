@@ -15,7 +15,9 @@
 # one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
 # in two calls, and goes out again in pieces that fit beside the working tree:
 #   bash scripts/device_runs.sh bring RUN 1               # there: pieces 1-4 -> $OUT
-#   bash scripts/device_runs.sh bring RUN 2               # there: the other pieces -> $OUT
+#   bash scripts/device_runs.sh bring RUN 2               # there: pieces 5-8, and so on
+#                                                         # (it says how many calls are needed;
+#                                                         # a run with critics saves ~170 MB)
 #   bash scripts/device_runs.sh join RUN DIR...           # here: DIRs = the calls' files_at
 #   bash scripts/device_runs.sh stash .gpu/RUN_in_aa      # there, each piece (carry it)
 #   bash scripts/device_runs.sh restore RUN               # there, after setup; then `launch`
@@ -90,7 +92,7 @@ watch)
   done
   copy_metrics ;;
 bring)
-  run=/tmp/runs/${1:?RUN}; part=${2:?1 or 2}
+  run=/tmp/runs/${1:?RUN}; part=${2:?1, 2, ...}
   if [ "$part" = 1 ]; then
     latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
     rm -f /tmp/bring_*
@@ -98,8 +100,9 @@ bring)
     split -b 15m /tmp/bring.tar /tmp/bring_
     echo "[$(ts)] $(basename "$latest"): $(du -h /tmp/bring.tar | cut -f1)"
   fi
-  # at most 8 files of 16 MiB, 64 MiB in all, come back from one call
-  ls /tmp/bring_* | if [ "$part" = 1 ]; then head -4; else tail -n +5; fi | xargs -I{} cp {} "$OUT/"
+  # at most 64 MiB come back from one call: pieces 4(N-1)+1 .. 4N of 15 MiB in call N
+  ls /tmp/bring_* | sed -n "$(( 4 * part - 3 )),$(( 4 * part ))p" | xargs -r -I{} cp {} "$OUT/"
+  echo "[$(ts)] pieces: $(ls /tmp/bring_* | wc -l) (calls needed: $(( ($(ls /tmp/bring_* | wc -l) + 3) / 4 )))"
   ls -la "$OUT" ;;
 join)
   run=${1:?RUN}; shift
