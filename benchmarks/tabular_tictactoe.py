@@ -37,12 +37,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import time
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 
-LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tictactoe_vs_random import won  # noqa: E402  (one copy of the rules)
+
 SEATINGS = {
     "mixed": [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
     "random": [("A", "R"), ("R", "A"), ("B", "R"), ("R", "B")],
@@ -59,10 +63,10 @@ each agent as O against random (X against random is left to what self-play teach
 @cache
 def outcome(board: str) -> int | None:
     """+1 X has won, -1 O has won, 0 a draw, None not over."""
-    for line in LINES:
-        cells = {board[i] for i in line}
-        if len(cells) == 1 and "." not in cells:
-            return 1 if board[line[0]] == "X" else -1
+    if won(board, "X"):
+        return 1
+    if won(board, "O"):
+        return -1
     return 0 if "." not in board else None
 
 
