@@ -491,6 +491,7 @@ def lookahead_plays_the_plain_rollouts(plain, ahead):
         same_rows(got, want)
 
 
+@pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
 def test_lookahead_fills_the_tail_with_the_next_rollouts_episodes_unchanged(team_engine):
     """rollout(ahead_seeds=) admits the next rollout's episodes into the lanes this rollout's
     tail leaves idle and parks them when it ends; the next rollout goes on from there. With

@@ -19,6 +19,7 @@ def _args(tiny: bool) -> argparse.Namespace:
                               override=["seed=3"])
 
 
+@pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
 @pytest.mark.parametrize("name", sorted(learning.RECIPES))
 def test_every_recipe_makes_a_valid_config(name, tmp_path):
     cfg = learning.recipe_config(_args(tiny=False), name, tmp_path)

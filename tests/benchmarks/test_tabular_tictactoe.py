@@ -73,6 +73,7 @@ def test_the_critics_gae_by_hand_and_its_rule_learns():
 @pytest.mark.parametrize("order, seat", [((0, 1, 2, 3, 4, 5, 6, 7, 8), 0),
                                          ((4, 0, 2, 6, 8, 1, 3, 5, 7), 1),
                                          ((8, 2, 5, 4, 0, 6, 3, 1, 7), 1)])
+@pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
 def test_a_fixed_cell_order_scores_what_a_table_holding_it_scores(order, seat):
     """tictactoe_vs_random.fixed_order (a player blind to the marks: the first free cell of a
     fixed order) against the table's own exact evaluation of the same deterministic policy."""
@@ -99,6 +100,7 @@ def test_a_fixed_cell_order_scores_what_a_table_holding_it_scores(order, seat):
         assert expected[0] > 36 / 56
 
 
+@pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
 def test_no_fixed_cell_order_reaches_the_goal_as_o():
     """The board-blind ceiling the GPU runs stall at: the best of 200 orders wins < 65% as O and
     loses > 30% (the goal: >= 85% wins, <= 5% losses), while the best response wins 91.6%."""

@@ -178,6 +178,7 @@ def test_row_routing_with_uneven_ranks_targets_and_interleaved_rows(tiny_model_p
             torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # the full CI runs it; seconds of compiling (quick subset < 3 min)
 def test_a_second_compiled_team_on_one_base_needs_the_first_disabled(tiny_model_path):
     """Routing hooks live on the base layers while a team is compiled: a second team on the
     same base would run both teams' hooks (a stale team picking its factors with the new

@@ -271,6 +271,7 @@ def test_hf_share_prefix_defaults_to_on_where_the_model_is_on_the_cpu():
         cfg("rollout.hf.share_prefix=maybe")
 
 
+@pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
 def test_exit_code_from_a_real_process(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

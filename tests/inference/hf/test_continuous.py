@@ -184,6 +184,7 @@ def test_the_ring_grows_under_rows_in_flight(tiny_model_path, team):
         assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
 
 
+@pytest.mark.slow  # the full CI runs it; seconds of compiling (quick subset < 3 min)
 def test_compiled_continuous_step_equals_the_eager_one(tiny_model_path, team, monkeypatch):
     """With ``compile`` on, continuous decoding runs a torch.compile'd decode step (traced with
     the 'eager' backend so that it runs on CPU; on CUDA it is then captured as a graph). Every

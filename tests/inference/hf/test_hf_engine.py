@@ -220,6 +220,7 @@ def test_decode_steps_use_grouped_query_attention(tiny_model_path, monkeypatch, 
     assert calls == [1] * (4 * layers)  # 5 tokens: the prefill's and 4 decode steps'
 
 
+@pytest.mark.slow  # the full CI runs it; seconds of compiling (quick subset < 3 min)
 def test_compiled_step_follows_adapter_syncs_and_layout_changes(tiny_model_path, monkeypatch):
     """The torch.compile path, traced with the 'eager' backend so that it runs on CPU.
 
