@@ -153,6 +153,8 @@ class CompiledForward:
 
     def _output(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
                 kwargs: dict, per_layer: list[LayerKV] | None, critics: bool = False):
+        if row_id is not None:  # the routing gathers factors with it, on the rows' device
+            row_id = row_id.to(input_ids.device)
         if input_ids.shape[0] == 1:
             # A one-row batch runs as that row twice, and the copy's outputs are dropped (no
             # gradient reaches it): dynamic shapes specialise a size of 1 into graphs of its
