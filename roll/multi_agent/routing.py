@@ -5,8 +5,8 @@
   agent's ``B(A(dropout(x))) * scaling``, as PEFT computes it for one adapter. Python-int row
   offsets: cheap, exact, LoRA dropout per agent; a compiled graph would specialise on them.
 - Compiled (``RowRouting``, ``trainer.compile=true``; compiled.py): every row gets its own
-  agent's factors as data, through the rows' one-hot agent matrix (B, N), so one graph serves
-  every mix of agents and row counts.
+  agent's factors as data, gathered by the rows' agent index (B,), so one graph serves every
+  mix of agents and row counts.
 
 Either way agent j's A/B get gradients from agent j's rows only (DESIGN.md invariant 1).
 Critics are routed the same two ways: ``segment_lora`` eagerly, or, under ``trainer.compile``
