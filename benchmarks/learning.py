@@ -169,11 +169,13 @@ def run_recipe(args, name: str) -> dict:
 
 
 def curve_of(metrics_file: Path) -> list[dict]:
-    """The evaluation points of a run's ``metrics.jsonl`` (a resumed run appends the steps it
-    replays after its checkpoint: the last record of each step counts), with each agent's
-    legal-move entropy of the training step beside them."""
+    """The evaluation points of a run's ``metrics.jsonl`` (or ``metrics.jsonl.gz``; a resumed
+    run appends the steps it replays after its checkpoint: the last record of each step
+    counts), with each agent's legal-move entropy of the training step beside them."""
+    from report import read_text
+
     rows = {}
-    for line in metrics_file.read_text().splitlines():
+    for line in read_text(metrics_file).splitlines():
         row = json.loads(line)
         rows[row["step"]] = row
     curve = []
@@ -202,7 +204,8 @@ def summarize(files: list[str], model: str) -> list[dict]:
     results = []
     for file in files:
         path = Path(file)
-        name = path.stem.removeprefix("metrics").strip("_") or path.parent.name
+        stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
+        name = stem.removesuffix("metrics").removeprefix("metrics").strip("_") or path.parent.name
         curve = curve_of(path)
         result = {"recipe": name, "model": model, "steps": curve[-1]["step"] if curve else 0,
                   "curve": curve}

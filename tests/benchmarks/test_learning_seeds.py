@@ -51,3 +51,25 @@ def test_one_run_from_its_metrics_keeps_every_agent_and_plots(tmp_path, monkeypa
             for p in result["curve"]] == [(0.6, 0.5), (0.2, 0.1)]
     if result["plot"] != "matplotlib not installed":
         assert (tmp_path / "out" / "learning_x.png").stat().st_size > 1000
+
+
+def test_gzipped_metrics_read_as_the_plain_file(tmp_path, monkeypatch):
+    """results/ keeps metrics gzipped: the curve of the .gz equals the plain file's, and no
+    plain per-step metrics file is left there (each device call carries the working tree)."""
+    import gzip
+
+    from learning import curve_of
+
+    plain = Path(_metrics(tmp_path / "m.jsonl", {0: (0.6, 0.5), 10: (0.2, 0.1)}))
+    packed = tmp_path / "m.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    curve = curve_of(packed)
+    assert curve == curve_of(plain) and [p["step"] for p in curve] == [0, 10]
+    assert curve[1]["agent_1/exploitability"] == 0.1
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    named = tmp_path / "run_y_metrics.jsonl.gz"
+    packed.rename(named)
+    (result,) = summarize([str(named)], "tiny")
+    assert result["recipe"] == "run_y" and result["curve"] == curve
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    assert not list(results.glob("*_metrics.jsonl"))
