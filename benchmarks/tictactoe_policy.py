@@ -154,9 +154,13 @@ def figures(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
 
 
 def report(pipeline) -> dict[str, dict[str, dict[str, float]]]:
-    """{agent: {"X": figures, "O": figures}} for the pipeline's current adapters."""
-    return {agent: {mark: figures(table, seat) for seat, mark in enumerate("XO")}
-            for agent, table in agent_policies(pipeline).items()}
+    """{agent: {"X": figures, "O": figures}} for the pipeline's current adapters (timestamped
+    lines around it: each agent's 4,520 boards take a while)."""
+    from roll.utils.stages import stage
+
+    with stage("tictactoe_policy: every agent's moves on the 4,520 decision boards, scored"):
+        return {agent: {mark: figures(table, seat) for seat, mark in enumerate("XO")}
+                for agent, table in agent_policies(pipeline).items()}
 
 
 def main() -> None:
