@@ -43,3 +43,15 @@ def make_rows(agent_id: list[int], seed: int = 0, vocab: int = 500, length: int 
         advantages=advantages,
         rewards=torch.randn(rows, generator=gen),
     )
+
+
+def perturb_critics(model: MultiAgentLoRAModel, heads, seed: int) -> None:
+    """Random critic adapters and value heads (LoRA B and the heads start at zero: every
+    critic would be the same)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in model.critic_names:
+            for _, tensor in model.named_agent_tensors(name):
+                tensor.add_(0.2 * torch.randn(tensor.shape, generator=generator).to(tensor.dtype))
+        for param in heads.parameters():
+            param.add_(torch.randn(param.shape, generator=generator))

@@ -21,7 +21,7 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, Traine
 from roll.multi_agent.team_factors import agent_gradients
 from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
 
-from .helpers import make_rows, make_team
+from .helpers import make_rows, make_team, perturb_critics
 
 
 @pytest.fixture(autouse=True)
@@ -348,13 +348,7 @@ def _critic_pair(path, critic_dropout: float = 0.0):
     agents = [AgentConfig(name, lora=LoRAConfig(rank=4, alpha=8)) for name in ("alice", "bob")]
     model = MultiAgentLoRAModel(load_model(path), agents, seed=0, critics=critics)
     heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name in model.critic_names:
-            for _, tensor in model.named_agent_tensors(name):
-                tensor.add_(0.2 * torch.randn(tensor.shape, generator=generator))
-        for param in heads.parameters():
-            param.add_(torch.randn(param.shape, generator=generator))
+    perturb_critics(model, heads, seed=3)
     return model, heads, critics
 
 

@@ -14,7 +14,7 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.critics import ValueHeads, critic_values, load_critic, save_critic
 from roll.multi_agent.model import MultiAgentLoRAModel
 
-from .helpers import make_rows
+from .helpers import make_rows, perturb_critics
 
 LORA = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -24,14 +24,8 @@ def _critics(path, seed: int = 0, perturb: bool = True):
     critics = [AgentConfig("critic_a", lora=LORA), AgentConfig("critic_b", lora=LORA)]
     model = MultiAgentLoRAModel(load_model(path), agents, seed=0, critics=critics)
     heads = ValueHeads(model.critic_names, model.base_model.config.hidden_size)
-    if perturb:  # LoRA B and the heads start at zero: every critic would be the same
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name in model.critic_names:
-                for _, tensor in model.named_agent_tensors(name):
-                    tensor.add_(0.2 * torch.randn(tensor.shape, generator=generator))
-            for param in heads.parameters():
-                param.add_(torch.randn(param.shape, generator=generator))
+    if perturb:
+        perturb_critics(model, heads, seed)
     return model, heads
 
 
