@@ -122,6 +122,8 @@ class CompiledForward:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
+        self.decoder = peft_model.get_base_model().get_decoder()
+        """The decoder stack without the LM head (the critics read its final hidden states)."""
         self.routing = RowRouting(self.lora_layers, agent_names, critic_names)
         self.routes_critics = bool(critic_names)
         """Whether critics' forwards (``hidden``) run here too (module docstring)."""
@@ -143,13 +145,17 @@ class CompiledForward:
         ``per_layer``: the shared prefix's keys/values (prefix.py)."""
         return self._output(input_ids, attention_mask, agent_id, kwargs, per_layer).logits
 
-    def hidden(self, input_ids: Tensor, attention_mask: Tensor, critic_id: Tensor,
-               kwargs: dict) -> Tensor:
-        """The final hidden states (B, T, H) of these rows, each through its own critic's
-        adapter (``critic_id`` indexes the critics); ``kwargs`` as for the model's forward."""
-        kwargs = dict(kwargs, output_hidden_states=True)
-        return self._output(input_ids, attention_mask, critic_id, kwargs, None,
-                            critics=True).hidden_states[-1]
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor, critic_id: Tensor) -> Tensor:
+        """The final hidden states (B, T, H) of these rows (after the final norm), each
+        through its own critic's adapter (``critic_id`` indexes the critics).
+
+        From the decoder stack itself (no LM head), not from ``output_hidden_states=True``:
+        that flag makes transformers run a recording hook after every decoder layer, inside
+        the compiled region, where it breaks each layer's graph in two (a ContextVar read;
+        transformers/utils/output_capturing.py): three graphs to compile instead of one and
+        a return to Python in every layer of every forward (a 30-layer model's critics'
+        training forward took 120 s to compile on an H100, the policy's 28 s)."""
+        return self._output(input_ids, attention_mask, critic_id, {}, None, critics=True)
 
     def _output(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
                 kwargs: dict, per_layer: list[LayerKV] | None, critics: bool = False):
@@ -194,6 +200,9 @@ class CompiledForward:
         try:
             with self.routing.route(row_id, self.layers.embeddings.weight.dtype, critics), \
                     self.layers.active(), layer_kv(self.layers.layers, per_layer):
+                if critics:  # the final hidden states (``hidden`` says why not the LM)
+                    return self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                        use_cache=False).last_hidden_state
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs)
         finally:
@@ -202,8 +211,10 @@ class CompiledForward:
 
 
 def _first_row(output):
-    """A model output with only its first row of logits and hidden states (the doubled
-    one-row batch of ``CompiledForward._output``)."""
+    """A model output with only its first row of logits and hidden states, or a tensor's
+    first row (the doubled one-row batch of ``CompiledForward._output``)."""
+    if isinstance(output, Tensor):
+        return output[:1]
     output.logits = output.logits[:1]
     if output.hidden_states is not None:
         output.hidden_states = tuple(state[:1] for state in output.hidden_states)

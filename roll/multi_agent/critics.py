@@ -112,13 +112,13 @@ def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tens
     Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
     (its dropout masks are then those of a forward of its rows alone)."""
     segments = agent_segments(critic_id.tolist(), model.critic_names)
-    kwargs = {"use_cache": False}
-    if model._takes_logits_to_keep:
-        kwargs["logits_to_keep"] = 1  # one position's logits: the values read hidden states
     compiled = model._compiled
     if compiled is not None and compiled.routes_critics:  # trainer.compile (compiled.py)
-        hidden = compiled.hidden(input_ids, attention_mask, critic_id, kwargs)
+        hidden = compiled.hidden(input_ids, attention_mask, critic_id)
     else:
+        kwargs = {"use_cache": False}
+        if model._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = 1  # one position's logits: the values read hidden states
         # PEFT adds no LoRA of its own ("__base__" rows) and the segment hooks add each row's
         # critic's delta: no adapter is switched off and on (``model.reference()`` costs ~70
         # ms of host time a call on SmolLM2, as much as a small forward on a GPU).

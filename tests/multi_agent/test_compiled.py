@@ -397,6 +397,10 @@ def test_critics_forwards_through_the_compiled_layers_equal_the_eager_path(tiny_
         graphs.append(compile_count())
     assert {"critics' no-grad", "critics' training"} <= model._compiled.warmed
     assert graphs[0] > 0 and graphs[1] == graphs[2] == graphs[0], graphs
+    # each layer one graph: output_hidden_states=True broke every layer's graph at
+    # transformers' recording hook (three graphs, Python in every layer of every forward)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(
+        torch._dynamo.utils.counters["graph_break"])
     assert "trainer: compiling the critics' training forward" in capsys.readouterr().out
     # one update of both critics (value loss over micro-batches of 2, AdamW): equal adapters
     batch = make_rows([0, 1, 1, 0, 1], seed=24)
