@@ -140,6 +140,8 @@ def run_recipe(args, name: str) -> dict:
         import tictactoe_policy
 
         tactics["before"] = tictactoe_policy.report(pipeline)
+    if args.profile_step:
+        _profile_one_step(pipeline, args.profile_step, args.profile_top, out)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -166,6 +168,28 @@ def run_recipe(args, name: str) -> dict:
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
+
+
+def _profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
+    """Step ``step`` of ``pipeline.run()`` runs under torch.profiler (train_throughput.py's
+    ``profile_step``: kernels launched, GPU busy share, the ``top`` operators by GPU and by host
+    time); the report is printed and written to ``out/profile.json``. Other steps as usual."""
+    from train_throughput import profile_step
+
+    plain = pipeline.train_step
+
+    def train_step(*args, **kwargs):
+        if pipeline.step != step:
+            return plain(*args, **kwargs)
+        metrics = {}
+        report = profile_step(lambda: metrics.update(plain(*args, **kwargs)), top)
+        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
+                                         if key.startswith("time/")}, **report}
+        (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({"profile": report}), flush=True)
+        return metrics
+
+    pipeline.train_step = train_step
 
 
 def curve_of(metrics_file: Path) -> list[dict]:
@@ -365,6 +389,12 @@ def main() -> None:
                         help="TicTacToe recipes: before and after training, each agent's exact "
                              "win / loss against random per seat and how often it takes a win "
                              "or blocks a threat (benchmarks/tictactoe_policy.py)")
+    parser.add_argument("--profile_step", type=int, default=0, metavar="STEP",
+                        help="run training step STEP under torch.profiler (after step 1's "
+                             "compiles): kernels, GPU busy share, top operators -> the run's "
+                             "profile.json")
+    parser.add_argument("--profile_top", type=int, default=25, metavar="TOP",
+                        help="operators listed by --profile_step")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
     parser.add_argument("--seeds_of", default=None, metavar="NAME",

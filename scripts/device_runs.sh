@@ -42,6 +42,7 @@ export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE
 copy_metrics() {
   for d in /tmp/runs/run_*; do
     [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
+    [ -f "$d/profile.json" ] && cp "$d/profile.json" "$OUT/$(basename "$d")_profile.json"
   done
   for f in /tmp/runs/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/$(basename "$f")"; done
   true

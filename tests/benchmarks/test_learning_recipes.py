@@ -35,3 +35,24 @@ def test_the_tictactoe_critic_candidate_trains_each_o_seat_twice_against_random(
     for agent in ("agent_0", "agent_1"):
         assert seatings.count(("random", agent)) == 2
         assert seatings.count((agent, "random")) == 1
+
+
+@pytest.mark.slow  # ~20 s: a tiny run of two steps (quick subset < 3 min)
+def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypatch):
+    """--profile_step 2: step 2 runs under torch.profiler, its report (the step's phase times,
+    host operators) lands in the run's profile.json, and the run still trains both steps."""
+    import json
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = argparse.Namespace(
+        tiny=True, model="smollm2-135m", steps=2, eval_every=100, run_dir=str(tmp_path),
+        tag="_profiled", vs_mcts=0, greedy_too=False, tactics=False, profile_step=2,
+        profile_top=5, override=["rollout.num_groups=4", "eval.eval_steps=0"])
+    learning.run_recipe(args, "kuhn_nash")
+    run = tmp_path / "run_kuhn_nash_profiled"
+    report = json.loads((run / "profile.json").read_text())
+    assert report["step"] == 2 and report["wall_s"] > 0
+    assert report["time"]["time/step"] > 0 and report["time"]["time/train"] > 0
+    assert len(report["top"]) == 5 and report["top"][0]["self_cpu_ms"] > 0
+    steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").open()]
+    assert 1 in steps and 2 in steps
