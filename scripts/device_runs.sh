@@ -32,6 +32,9 @@
 # pause before the next call (the caller's own thinking) passed 30 s. Issue the next `watch` at
 # once; plan a run to end, with its last `watch`, before the machine's 30 minutes held; since
 # then each `watch` brings the metrics back (`copy_metrics`), so progress survives a release.
+# Seen (2026-11-27, session 54): an interruption on the caller's side between the launching
+# call and the first `watch` lost the machine; `watch` now stops at once on a machine with no
+# runs. Let the launching call itself watch as long as it can (setup + `watch 480`).
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +87,13 @@ launch)
     > "/tmp/runs/$name.log" 2>&1 < /dev/null &
   echo "[$(ts)] launched $name (pid $!)" ;;
 watch)
+  # A fresh machine (the last one went back, runs and all) has no logs: say so at once, not
+  # after SECONDS of watching nothing (session 54 lost 9 of its 30 device minutes that way)
+  if ! ls /tmp/runs/*.log > /dev/null 2>&1; then
+    echo "[$(ts)] no runs here: a fresh machine (the last one went back with its runs);" \
+      "stash the pieces, setup and launch again" >&2
+    exit 3
+  fi
   end=$(( $(date +%s) + ${1:?SECONDS} ))
   while [ "$(date +%s)" -lt "$end" ]; do
     sleep 30
