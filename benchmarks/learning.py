@@ -131,7 +131,11 @@ def run_recipe(args, name: str) -> dict:
            else Path(tempfile.mkdtemp(prefix=f"learning_{name}_")))
     cfg = recipe_config(args, name, out)
     start = time.perf_counter()
+    if args.compile_cache:
+        _load_compile_cache(Path(args.compile_cache))
     pipeline = AgenticPipeline(cfg)
+    if args.compile_cache:
+        _save_compile_cache_after_step_1(pipeline, out)
     versus = {}
     if name in VERSUS and args.vs_mcts:
         versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -168,6 +172,42 @@ def run_recipe(args, name: str) -> dict:
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
+
+
+def _load_compile_cache(path: Path) -> dict[str, int]:
+    """torch.compile's artifacts of an earlier run (``torch.compiler.load_cache_artifacts``),
+    if ``path`` exists: the same graphs on the same kind of GPU and torch then load instead of
+    compiling (a fresh GPU machine spent ~3.5 minutes of step 1 compiling, session 54).
+    Returns how many artifacts of each kind were loaded."""
+    from roll.utils.stages import log_line
+
+    if not path.is_file():
+        log_line(f"compile cache: {path} not found; compiling afresh")
+        return {}
+    info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    kinds = {key: len(value) for key, value in (info.artifacts if info else {}).items()}
+    log_line(f"compile cache: loaded {path} ({path.stat().st_size / 1e6:.1f} MB): {kinds}")
+    return kinds
+
+
+def _save_compile_cache_after_step_1(pipeline, out: Path) -> None:
+    """After step 1 (whose forwards and decode step compile everything a run compiles), the
+    process's torch.compile artifacts go to ``out/compile_cache.bin`` for ``--compile_cache``."""
+    from roll.utils.stages import log_line
+
+    plain = pipeline.train_step
+
+    def train_step(*args, **kwargs):
+        metrics = plain(*args, **kwargs)
+        if pipeline.step == 1:
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None:
+                (out / "compile_cache.bin").write_bytes(saved[0])
+                log_line(f"compile cache: {len(saved[0]) / 1e6:.1f} MB -> "
+                         f"{out / 'compile_cache.bin'}")
+        return metrics
+
+    pipeline.train_step = train_step
 
 
 def _profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
@@ -395,6 +435,10 @@ def main() -> None:
                              "profile.json")
     parser.add_argument("--profile_top", type=int, default=25, metavar="TOP",
                         help="operators listed by --profile_step")
+    parser.add_argument("--compile_cache", default=None, metavar="FILE",
+                        help="load torch.compile's artifacts from FILE when it exists (an "
+                             "earlier run's compile_cache.bin), and save this run's after its "
+                             "step 1 to its folder's compile_cache.bin")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
     parser.add_argument("--seeds_of", default=None, metavar="NAME",

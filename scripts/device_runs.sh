@@ -23,6 +23,11 @@
 #   bash scripts/device_runs.sh restore RUN               # there, after setup; then `launch`
 #                                                         # with the same --tag + resume=latest
 # RUN is the run's folder under /tmp/runs (run_<recipe><tag>).
+# Step 1 compiles for minutes on a fresh machine. A run launched with `--compile_cache
+# /tmp/pieces/compile_cache.bin` loads torch.compile's artifacts from there when the file is
+# there and saves its own after step 1; a `watch` brings one run's back once
+# (compile_cache.bin): keep it as .gpu/compile_cache.bin and stash it on the next machine
+# (same GPU kind and torch, or it is simply not used).
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
@@ -46,6 +51,10 @@ copy_metrics() {
   for d in /tmp/runs/run_*; do
     [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
     [ -f "$d/profile.json" ] && cp "$d/profile.json" "$OUT/$(basename "$d")_profile.json"
+    # one run's torch.compile artifacts, once per machine (keep it in .gpu/ for the next one)
+    if [ -f "$d/compile_cache.bin" ] && [ ! -f /tmp/compile_cache_sent ]; then
+      cp "$d/compile_cache.bin" "$OUT/compile_cache.bin" && touch /tmp/compile_cache_sent
+    fi
   done
   for f in /tmp/runs/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/$(basename "$f")"; done
   true
