@@ -59,43 +59,62 @@ def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypat
     assert 1 in steps and 2 in steps
 
 
-class _Steps:
-    """The two members of a pipeline the compile-cache wrapper uses: ``step`` and
-    ``train_step`` (here a step compiles a small function with inductor)."""
+_SAVE = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import learning
+from pathlib import Path
 
-    def __init__(self):
-        import torch
-
-        self.step = 0
-        self.function = torch.compile(lambda x: (x.sin() * 2 + 1).sum(), backend="inductor")
-
+class Steps:  # the two members of a pipeline the wrapper uses; a step compiles with inductor
+    step = 0
+    function = staticmethod(torch.compile(lambda x: (x.sin() * 2 + 1).sum()))
     def train_step(self):
-        import torch
-
         return {"value": float(self.function(torch.arange(8.0) + self.step))}
 
+out = Path(sys.argv[2])
+print(json.dumps({"missing": learning._load_compile_cache(out / "missing.bin")}))
+steps = Steps()
+learning._save_compile_cache_after_step_1(steps, out)
+values = []
+for step in (1, 2):
+    steps.step = step
+    values.append(steps.train_step()["value"])
+    if step == 1:
+        (out / "compile_cache.bin").rename(out / "kept.bin")
+print(json.dumps({"values": values, "again": (out / "compile_cache.bin").exists()}))
+"""
 
-@pytest.mark.slow  # ~10 s of inductor compiling (quick subset < 3 min)
-def test_compile_cache_is_saved_after_step_1_and_loads_into_a_fresh_process_state(
-        tmp_path, monkeypatch):
-    import torch
+_LOAD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import learning
+from pathlib import Path
+print(json.dumps({"loaded": learning._load_compile_cache(Path(sys.argv[2]) / "kept.bin")}))
+"""
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    # the suite turns torch's compile caches off (tests/conftest.py); a run has them on
-    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")  # read at each compile
-    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-    torch._dynamo.reset()
-    assert learning._load_compile_cache(tmp_path / "missing.bin") == {}
-    steps = _Steps()
-    learning._save_compile_cache_after_step_1(steps, tmp_path)
-    steps.step = 1
-    first = steps.train_step()
-    saved = tmp_path / "compile_cache.bin"
-    assert saved.stat().st_size > 0
-    saved.rename(tmp_path / "kept.bin")
-    steps.step = 2
-    assert steps.train_step() != first  # the wrapped step still runs, and saves only once
-    assert not saved.exists()
-    torch._dynamo.reset()
-    kinds = learning._load_compile_cache(tmp_path / "kept.bin")
-    assert kinds.get("inductor", 0) >= 1, kinds
+
+@pytest.mark.slow  # ~15 s: two fresh processes, one compiling with inductor (quick < 3 min)
+def test_compile_cache_is_saved_after_step_1_and_loads_in_a_fresh_process(tmp_path):
+    """--compile_cache: step 1's torch.compile artifacts are written once, after step 1 (the
+    wrapped step still runs), and a new process loads them. Fresh processes: the suite turns
+    torch's compile caches off (tests/conftest.py), and torch reads that switch at import."""
+    import json
+    import os
+    import subprocess
+
+    env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1",
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    folder = str(Path(learning.__file__).parent)
+
+    def run(script: str) -> list[dict]:
+        done = subprocess.run([sys.executable, "-c", script, folder, str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=300, check=True)
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    missing, saved = run(_SAVE)
+    assert missing == {"missing": {}}
+    assert saved["values"][0] != saved["values"][1] and not saved["again"]
+    assert (tmp_path / "kept.bin").stat().st_size > 0
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor_fresh")  # nothing on disk
+    (loaded,) = run(_LOAD)
+    assert loaded["loaded"].get("inductor", 0) >= 1, loaded
