@@ -122,7 +122,7 @@ class CompiledForward:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
         self.layers = CompiledLayers(peft_model.get_base_model(), backend)
-        self.decoder = peft_model.get_base_model().get_decoder()
+        self.decoder = peft_model.get_base_model().get_decoder() if critic_names else None
         """The decoder stack without the LM head (the critics read its final hidden states)."""
         self.routing = RowRouting(self.lora_layers, agent_names, critic_names)
         self.routes_critics = bool(critic_names)
