@@ -211,11 +211,9 @@ class CompiledForward:
 
 
 def _first_row(output):
-    """A model output with only its first row of logits and hidden states, or a tensor's
-    first row (the doubled one-row batch of ``CompiledForward._output``)."""
+    """The first row of the doubled one-row batch of ``CompiledForward._output``: of the
+    critics' hidden states (a tensor), or of a model output's logits."""
     if isinstance(output, Tensor):
         return output[:1]
     output.logits = output.logits[:1]
-    if output.hidden_states is not None:
-        output.hidden_states = tuple(state[:1] for state in output.hidden_states)
     return output

@@ -18,8 +18,8 @@ with PEFT's own LoRA off, so a critic's gradients come from its own rows only.
 
 Under ``trainer.compile`` (and no critic dropout) the critics' forwards run through the
 agents' compiled decoder layers, each row routed to its own critic's factors (compiled.py):
-the eager forward is host-bound on a GPU (a TicTacToe critic update of ~1,500 rows in
-micro-batches of 32 took 10.5 s of a 27 s step on an H100).
+a TicTacToe critic update of ~1,060 rows in micro-batches of 32 took 10.3 s eager and 9.2 s
+compiled on an H100 (benchmarks/README.md, session 54).
 
 A critic is saved as a standard PEFT adapter folder plus ``value_head.safetensors``.
 
