@@ -139,18 +139,25 @@ def run_recipe(args, name: str) -> dict:
     versus = {}
     if name in VERSUS and args.vs_mcts:
         versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
-    tactics = {}
+    tactics, scored = {}, []
     if args.tactics and name in VERSUS:  # TicTacToe: what the policy reads, exactly
         import tictactoe_policy
 
-        tactics["before"] = tictactoe_policy.report(pipeline)
+        scored = _tactics_at_evaluations(pipeline, out)
+        if not cfg.eval.eval_steps:  # no evaluation at step 0 to score it
+            tactics["before"] = tictactoe_policy.report(pipeline)
     if args.profile_step:
         _profile_one_step(pipeline, args.profile_step, args.profile_top, out)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
-    if tactics:
-        tactics["after"] = tictactoe_policy.report(pipeline)
+    if args.tactics and name in VERSUS:
+        if scored and scored[0]["step"] == 0:
+            tactics["before"] = scored[0]["agents"]
+        last_scored = scored and scored[-1]["step"] == pipeline.step
+        tactics["after"] = (scored[-1]["agents"] if last_scored
+                            else tictactoe_policy.report(pipeline))
+        tactics["at_evaluations"] = scored
     if args.greedy_too:  # the greedy policy (the argmax move), beside the sampled one
         versus["greedy_vs_random"] = _versus(pipeline, "random", out, temperature=0.0)
         if args.vs_mcts:
@@ -172,6 +179,29 @@ def run_recipe(args, name: str) -> dict:
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
+
+
+def _tactics_at_evaluations(pipeline, out: Path) -> list[dict]:
+    """After each of the pipeline's evaluations, its agents' exact TicTacToe table
+    (``tictactoe_policy.report``: win / loss against random per seat, sampled and greedy; takes
+    and blocks), appended to the returned list and to ``out/tactics.jsonl`` as
+    ``{"step", "agents"}``: a run the machine's time limit cuts short keeps its figures up to
+    its last evaluation."""
+    import tictactoe_policy
+
+    scored: list[dict] = []
+    evaluate = pipeline.evaluate
+
+    def evaluate_and_score(*args, **kwargs):
+        metrics = evaluate(*args, **kwargs)
+        record = {"step": pipeline.step, "agents": tictactoe_policy.report(pipeline)}
+        scored.append(record)
+        with open(out / "tactics.jsonl", "a") as file:
+            file.write(json.dumps(record) + "\n")
+        return metrics
+
+    pipeline.evaluate = evaluate_and_score
+    return scored
 
 
 def _load_compile_cache(path: Path) -> dict[str, int]:
@@ -426,9 +456,11 @@ def main() -> None:
                              "argmax move) in both seats against random (and MCTS with "
                              "--vs_mcts): for games where winning, not mixing, is the goal")
     parser.add_argument("--tactics", action="store_true",
-                        help="TicTacToe recipes: before and after training, each agent's exact "
-                             "win / loss against random per seat and how often it takes a win "
-                             "or blocks a threat (benchmarks/tictactoe_policy.py)")
+                        help="TicTacToe recipes: at every evaluation (and before and after "
+                             "training), each agent's exact win / loss against random per "
+                             "seat, sampled and greedy, and how often it takes a win or blocks "
+                             "a threat (benchmarks/tictactoe_policy.py; the run's "
+                             "tactics.jsonl)")
     parser.add_argument("--profile_step", type=int, default=0, metavar="STEP",
                         help="run training step STEP under torch.profiler (after step 1's "
                              "compiles): kernels, GPU busy share, top operators -> the run's "

@@ -51,6 +51,7 @@ copy_metrics() {
   for d in /tmp/runs/run_*; do
     [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
     [ -f "$d/profile.json" ] && cp "$d/profile.json" "$OUT/$(basename "$d")_profile.json"
+    [ -f "$d/tactics.jsonl" ] && cp "$d/tactics.jsonl" "$OUT/$(basename "$d")_tactics.jsonl"
     # one run's torch.compile artifacts, once per machine (keep it in .gpu/ for the next one)
     if [ -f "$d/compile_cache.bin" ] && [ ! -f /tmp/compile_cache_sent ]; then
       cp "$d/compile_cache.bin" "$OUT/compile_cache.bin" && touch /tmp/compile_cache_sent

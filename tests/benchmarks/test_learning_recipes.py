@@ -118,3 +118,33 @@ def test_compile_cache_is_saved_after_step_1_and_loads_in_a_fresh_process(tmp_pa
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor_fresh")  # nothing on disk
     (loaded,) = run(_LOAD)
     assert loaded["loaded"].get("inductor", 0) >= 1, loaded
+
+
+@pytest.mark.slow  # a tiny TicTacToe run of two steps (~5 s)
+def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, monkeypatch):
+    """--tactics: each evaluation (steps 0, 2 and the last, 3, here) appends the agents' table
+    to the run's tactics.jsonl, so a run cut short keeps them; before / after are its first and
+    last records. The table itself (44 s a scoring of the tiny model on this CPU) is tested in
+    test_tictactoe_policy.py; here a scorer that names the step it saw stands in for it."""
+    import json
+
+    import tictactoe_policy
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(tictactoe_policy, "report", lambda pipeline: {
+        agent: {"scored_at_step": pipeline.step} for agent in pipeline.agent_names})
+    args = argparse.Namespace(
+        tiny=True, model="smollm2-135m", steps=3, eval_every=2, run_dir=str(tmp_path),
+        tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0,
+        compile_cache=None, profile_top=5,
+        override=["rollout.num_groups=6", "eval.num_episodes=4"])
+    result = learning.run_recipe(args, "tictactoe_mixed")
+    lines = (tmp_path / "run_tictactoe_mixed_tactics" / "tactics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [record["step"] for record in records] == [0, 2, 3]
+    assert records[1]["agents"] == {"agent_0": {"scored_at_step": 2},
+                                    "agent_1": {"scored_at_step": 2}}
+    tactics = result["tactics"]
+    assert tactics["before"]["agent_0"] == {"scored_at_step": 0}
+    assert tactics["after"]["agent_1"] == {"scored_at_step": 3}
+    assert tactics["at_evaluations"] == records
