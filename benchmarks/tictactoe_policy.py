@@ -114,10 +114,11 @@ def board_state(game, board: str):
     return state
 
 
-def agent_policies(pipeline, boards: list[str] | None = None
-                   ) -> dict[str, dict[str, np.ndarray]]:
-    """Each agent's table (board -> (9,) probabilities of the cells) over ``boards`` (None:
-    every decision board), scored where the pipeline's trainer scores, with its renderer."""
+def agent_policies(pipeline, boards: list[str] | None = None,
+                   agents: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Each agent's (``agents``; None: every agent's) table (board -> (9,) probabilities of
+    the cells) over ``boards`` (None: every decision board), scored where the pipeline's
+    trainer scores, with its renderer."""
     from roll.agentic.env.openspiel_env import OpenSpielEnv
     from roll.pipeline.exploitability import move_probabilities
 
@@ -126,7 +127,7 @@ def agent_policies(pipeline, boards: list[str] | None = None
     boards = decision_boards() if boards is None else boards
     states = [board_state(env.game, board) for board in boards]
     tables = {}
-    for agent in pipeline.agent_names:
+    for agent in pipeline.agent_names if agents is None else agents:
         probabilities = move_probabilities(
             env, states, pipeline.trainer, pipeline.tokenizer, lambda seat, a=agent: a,
             pipeline.render, cfg.eval.temperature,
