@@ -54,13 +54,16 @@ RECIPES = {
     # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
     # random player; evaluated against random (both seats) and, after training, MCTS.
     "tictactoe_mixed": ("examples/tictactoe", "mixed", []),
-    # The candidate for the O seat (benchmarks/README.md, session 53): mixed.yaml with a critic
-    # per agent (per-move credit), 256 games a step, and each agent's O-against-random seating
-    # twice (on the table stand-in: as O 0.875 / 0.045 after 400 steps, against 0.84 / 0.07).
+    # The candidate for the O seat (benchmarks/README.md, sessions 53-55): mixed.yaml with a
+    # critic per agent (per-move credit), 256 games a step, each agent's O-against-random
+    # seating twice (on the table stand-in: as O 0.875 / 0.045 after 400 steps, against 0.84 /
+    # 0.07), the lines prompt (imitation of the best response from it meets the O goal in ~200
+    # updates, from the plain prompt it is at 0.71 / 0.19 after 330: session 55), and
+    # micro-batches of 128 rows (10 s a step on an H100, 16 s at 32; the same update).
     "tictactoe_critics": ("examples/tictactoe", "mixed", [
         "advantage.estimator=ippo", "critic.mode=per_agent", "advantage.lam=0.9",
         "critic.optim.lr=5e-4", "rollout.num_groups=64", "trainer.ppo_mini_batch_size=176",
-        "team.optim.lr=2e-4",
+        "team.optim.lr=2e-4", "env.renderer=tic_tac_toe_lines", "trainer.micro_batch_size=128",
         "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0],[agent_0,random],"
         "[random,agent_0],[agent_1,random],[random,agent_1],[random,agent_0],[random,agent_1]]"]),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [

