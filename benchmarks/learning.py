@@ -31,6 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import run_hooks  # noqa: E402
 
 RECIPES = {
     "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker", ["rollout.max_turns=4"]),
@@ -135,10 +137,10 @@ def run_recipe(args, name: str) -> dict:
     cfg = recipe_config(args, name, out)
     start = time.perf_counter()
     if args.compile_cache:
-        _load_compile_cache(Path(args.compile_cache))
+        run_hooks.load_compile_cache(Path(args.compile_cache))
     pipeline = AgenticPipeline(cfg)
     if args.compile_cache:
-        _save_compile_cache_after_step_1(pipeline, out)
+        run_hooks.save_compile_cache_after_step_1(pipeline, out)
     versus = {}
     if name in VERSUS and args.vs_mcts:
         versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -146,11 +148,11 @@ def run_recipe(args, name: str) -> dict:
     if args.tactics and name in VERSUS:  # TicTacToe: what the policy reads, exactly
         import tictactoe_policy
 
-        scored = _tactics_at_evaluations(pipeline, out)
+        scored = run_hooks.tactics_at_evaluations(pipeline, out)
         if not cfg.eval.eval_steps:  # no evaluation at step 0 to score it
             tactics["before"] = tictactoe_policy.report(pipeline)
     if args.profile_step:
-        _profile_one_step(pipeline, args.profile_step, args.profile_top, out)
+        run_hooks.profile_one_step(pipeline, args.profile_step, args.profile_top, out)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -182,87 +184,6 @@ def run_recipe(args, name: str) -> dict:
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
-
-
-def _tactics_at_evaluations(pipeline, out: Path) -> list[dict]:
-    """After each of the pipeline's evaluations, its agents' exact TicTacToe table
-    (``tictactoe_policy.report``: win / loss against random per seat, sampled and greedy; takes
-    and blocks), appended to the returned list and to ``out/tactics.jsonl`` as
-    ``{"step", "agents"}``: a run the machine's time limit cuts short keeps its figures up to
-    its last evaluation."""
-    import tictactoe_policy
-
-    scored: list[dict] = []
-    evaluate = pipeline.evaluate
-
-    def evaluate_and_score(*args, **kwargs):
-        metrics = evaluate(*args, **kwargs)
-        record = {"step": pipeline.step, "agents": tictactoe_policy.report(pipeline)}
-        scored.append(record)
-        with open(out / "tactics.jsonl", "a") as file:
-            file.write(json.dumps(record) + "\n")
-        return metrics
-
-    pipeline.evaluate = evaluate_and_score
-    return scored
-
-
-def _load_compile_cache(path: Path) -> dict[str, int]:
-    """torch.compile's artifacts of an earlier run (``torch.compiler.load_cache_artifacts``),
-    if ``path`` exists: the same graphs on the same kind of GPU and torch then load instead of
-    compiling (a fresh GPU machine spent ~3.5 minutes of step 1 compiling, session 54).
-    Returns how many artifacts of each kind were loaded."""
-    from roll.utils.stages import log_line
-
-    if not path.is_file():
-        log_line(f"compile cache: {path} not found; compiling afresh")
-        return {}
-    info = torch.compiler.load_cache_artifacts(path.read_bytes())
-    kinds = {key: len(value) for key, value in (info.artifacts if info else {}).items()}
-    log_line(f"compile cache: loaded {path} ({path.stat().st_size / 1e6:.1f} MB): {kinds}")
-    return kinds
-
-
-def _save_compile_cache_after_step_1(pipeline, out: Path) -> None:
-    """After step 1 (whose forwards and decode step compile everything a run compiles), the
-    process's torch.compile artifacts go to ``out/compile_cache.bin`` for ``--compile_cache``."""
-    from roll.utils.stages import log_line
-
-    plain = pipeline.train_step
-
-    def train_step(*args, **kwargs):
-        metrics = plain(*args, **kwargs)
-        if pipeline.step == 1:
-            saved = torch.compiler.save_cache_artifacts()
-            if saved is not None:
-                (out / "compile_cache.bin").write_bytes(saved[0])
-                log_line(f"compile cache: {len(saved[0]) / 1e6:.1f} MB -> "
-                         f"{out / 'compile_cache.bin'}")
-        return metrics
-
-    pipeline.train_step = train_step
-
-
-def _profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
-    """Step ``step`` of ``pipeline.run()`` runs under torch.profiler (train_throughput.py's
-    ``profile_step``: kernels launched, GPU busy share, the ``top`` operators by GPU and by host
-    time); the report is printed and written to ``out/profile.json``. Other steps as usual."""
-    from train_throughput import profile_step
-
-    plain = pipeline.train_step
-
-    def train_step(*args, **kwargs):
-        if pipeline.step != step:
-            return plain(*args, **kwargs)
-        metrics = {}
-        report = profile_step(lambda: metrics.update(plain(*args, **kwargs)), top)
-        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
-                                         if key.startswith("time/")}, **report}
-        (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps({"profile": report}), flush=True)
-        return metrics
-
-    pipeline.train_step = train_step
 
 
 def curve_of(metrics_file: Path) -> list[dict]:

@@ -63,7 +63,7 @@ def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypat
 _SAVE = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-import learning
+import run_hooks
 from pathlib import Path
 
 class Steps:  # the two members of a pipeline the wrapper uses; a step compiles with inductor
@@ -73,9 +73,9 @@ class Steps:  # the two members of a pipeline the wrapper uses; a step compiles 
         return {"value": float(self.function(torch.arange(8.0) + self.step))}
 
 out = Path(sys.argv[2])
-print(json.dumps({"missing": learning._load_compile_cache(out / "missing.bin")}))
+print(json.dumps({"missing": run_hooks.load_compile_cache(out / "missing.bin")}))
 steps = Steps()
-learning._save_compile_cache_after_step_1(steps, out)
+run_hooks.save_compile_cache_after_step_1(steps, out)
 values = []
 for step in (1, 2):
     steps.step = step
@@ -88,9 +88,9 @@ print(json.dumps({"values": values, "again": (out / "compile_cache.bin").exists(
 _LOAD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import learning
+import run_hooks
 from pathlib import Path
-print(json.dumps({"loaded": learning._load_compile_cache(Path(sys.argv[2]) / "kept.bin")}))
+print(json.dumps({"loaded": run_hooks.load_compile_cache(Path(sys.argv[2]) / "kept.bin")}))
 """
 
 

@@ -1,0 +1,96 @@
+"""Hooks a benchmark run puts on an ``AgenticPipeline`` (benchmarks/learning.py): each wraps
+one of its methods and leaves the run as it was otherwise.
+
+- ``tactics_at_evaluations``: TicTacToe's exact table after every evaluation (tactics.jsonl);
+- ``load_compile_cache`` / ``save_compile_cache_after_step_1``: torch.compile's artifacts
+  carried from one GPU machine to the next (``--compile_cache``);
+- ``profile_one_step``: one training step under torch.profiler (``--profile_step``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def tactics_at_evaluations(pipeline, out: Path) -> list[dict]:
+    """After each of the pipeline's evaluations, its agents' exact TicTacToe table
+    (``tictactoe_policy.report``: win / loss against random per seat, sampled and greedy; takes
+    and blocks), appended to the returned list and to ``out/tactics.jsonl`` as
+    ``{"step", "agents"}``: a run the machine's time limit cuts short keeps its figures up to
+    its last evaluation."""
+    import tictactoe_policy
+
+    scored: list[dict] = []
+    evaluate = pipeline.evaluate
+
+    def evaluate_and_score(*args, **kwargs):
+        metrics = evaluate(*args, **kwargs)
+        record = {"step": pipeline.step, "agents": tictactoe_policy.report(pipeline)}
+        scored.append(record)
+        with open(out / "tactics.jsonl", "a") as file:
+            file.write(json.dumps(record) + "\n")
+        return metrics
+
+    pipeline.evaluate = evaluate_and_score
+    return scored
+
+
+def load_compile_cache(path: Path) -> dict[str, int]:
+    """torch.compile's artifacts of an earlier run (``torch.compiler.load_cache_artifacts``),
+    if ``path`` exists: the same graphs on the same kind of GPU and torch then load instead of
+    compiling (a fresh GPU machine spent ~3.5 minutes of step 1 compiling, session 54).
+    Returns how many artifacts of each kind were loaded."""
+    from roll.utils.stages import log_line
+
+    if not path.is_file():
+        log_line(f"compile cache: {path} not found; compiling afresh")
+        return {}
+    info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    kinds = {key: len(value) for key, value in (info.artifacts if info else {}).items()}
+    log_line(f"compile cache: loaded {path} ({path.stat().st_size / 1e6:.1f} MB): {kinds}")
+    return kinds
+
+
+def save_compile_cache_after_step_1(pipeline, out: Path) -> None:
+    """After step 1 (whose forwards and decode step compile everything a run compiles), the
+    process's torch.compile artifacts go to ``out/compile_cache.bin`` for ``--compile_cache``."""
+    from roll.utils.stages import log_line
+
+    plain = pipeline.train_step
+
+    def train_step(*args, **kwargs):
+        metrics = plain(*args, **kwargs)
+        if pipeline.step == 1:
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None:
+                (out / "compile_cache.bin").write_bytes(saved[0])
+                log_line(f"compile cache: {len(saved[0]) / 1e6:.1f} MB -> "
+                         f"{out / 'compile_cache.bin'}")
+        return metrics
+
+    pipeline.train_step = train_step
+
+
+def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
+    """Step ``step`` of ``pipeline.run()`` runs under torch.profiler (train_throughput.py's
+    ``profile_step``: kernels launched, GPU busy share, the ``top`` operators by GPU and by host
+    time); the report is printed and written to ``out/profile.json``. Other steps as usual."""
+    from train_throughput import profile_step
+
+    plain = pipeline.train_step
+
+    def train_step(*args, **kwargs):
+        if pipeline.step != step:
+            return plain(*args, **kwargs)
+        metrics = {}
+        report = profile_step(lambda: metrics.update(plain(*args, **kwargs)), top)
+        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
+                                         if key.startswith("time/")}, **report}
+        (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({"profile": report}), flush=True)
+        return metrics
+
+    pipeline.train_step = train_step
