@@ -53,11 +53,14 @@ SEATINGS = {
     "o_heavy": [("A", "B"), ("B", "A"), ("R", "A"), ("R", "B")],
     "o_twice": [("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"), ("B", "R"), ("R", "B"),
                 ("R", "A"), ("R", "B")],
+    "self_twice": [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A"), ("A", "R"), ("R", "A"),
+                   ("B", "R"), ("R", "B")],
 }
 """env.seat_to_agent: agent A, agent B, R the random player; (X, O). 'mixed' is the recipe's
 (self-play and random opponents), 'random' only the random player, 'o_heavy' self-play and
 each agent as O against random (X against random is left to what self-play teaches),
-'o_twice' the recipe's with each agent's O-against-random seating twice."""
+'o_twice' the recipe's with each agent's O-against-random seating twice, 'self_twice' the
+recipe's with both self-play seatings twice (a missed block costs at once there)."""
 
 
 @cache

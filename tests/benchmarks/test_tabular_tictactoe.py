@@ -107,3 +107,16 @@ def test_no_fixed_cell_order_reaches_the_goal_as_o():
     blind = tictactoe_vs_random.best_fixed_order("O", 200)
     assert 0.5 < blind["win"] < 0.65 and blind["loss"] > 0.3
     assert tictactoe_vs_random.best("." * 9, "X", "O", 1.0)[0] > 0.9
+
+
+def test_each_seating_mix_seats_both_agents_in_both_seats():
+    """Every mix trains each agent in each seat (X against random is left to self-play only in
+    'o_heavy'), and the named ones double what their names say."""
+    for name, seatings in tabular_tictactoe.SEATINGS.items():
+        for agent in "AB":
+            assert any(x == agent for x, _ in seatings), name
+            assert any(o == agent for _, o in seatings), name
+    o_twice, self_twice = (tabular_tictactoe.SEATINGS[n] for n in ("o_twice", "self_twice"))
+    assert o_twice.count(("R", "A")) == 2 and o_twice.count(("A", "B")) == 1
+    assert self_twice.count(("A", "B")) == 2 and self_twice.count(("B", "A")) == 2
+    assert self_twice.count(("R", "A")) == 1 and len(self_twice) == 8
