@@ -182,6 +182,10 @@ def run_recipe(args, name: str) -> dict:
     if tactics:
         result["tactics"] = tactics
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
+        if scored:
+            result["tactics_plot"] = plot_tactics(
+                scored, name + args.tag,
+                Path(os.environ.get("OUT", out), f"learning_{name}{args.tag}_tactics.png"))
     _plot(result, Path(os.environ.get("OUT", out)))
     return result
 
@@ -360,6 +364,44 @@ def _plot(result: dict, folder: Path) -> None:
     _save(plt, figure, folder / f"learning_{result['recipe']}.png", result)
 
 
+def plot_tactics(records: list[dict], title: str, path: Path) -> str:
+    """Each agent's exact figures against random at every scored evaluation (the run's
+    tactics.jsonl: ``{"step", "agents": {agent: {"X"|"O": figures}}}``), one panel per seat
+    (sampled win and loss, greedy win, the goal's 85% / 5% lines) and one of blocks made
+    (chance 0.34), written to ``path``; what was written, or why nothing was."""
+    result: dict = {}
+    plt = _pyplot(result, path.parent)
+    if plt is None:
+        return result["plot"]
+    steps = [record["step"] for record in records]
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for agent, color in zip(sorted(records[0]["agents"]), ("C0", "C1", "C2", "C3"),
+                            strict=False):
+        for axis, mark in zip(axes, "XO", strict=False):
+            figures = [record["agents"][agent][mark] for record in records]
+            axis.plot(steps, [f["win"] for f in figures], color=color, marker="o",
+                      label=f"{agent} win")
+            axis.plot(steps, [f["loss"] for f in figures], color=color, ls="--", marker="x",
+                      label=f"{agent} loss")
+            axis.plot(steps, [f["greedy_win"] for f in figures], color=color, ls=":",
+                      label=f"{agent} greedy win")
+            axes[2].plot(steps, [f["blocks_made"] for f in figures], color=color,
+                         ls="-" if mark == "X" else "--", marker="o",
+                         label=f"{agent} as {mark}")
+    for axis, mark in zip(axes, "XO", strict=False):
+        axis.axhline(0.85, color="g", lw=0.8, label="goal: win >= 0.85")
+        axis.axhline(0.05, color="r", lw=0.8, label="goal: loss <= 0.05")
+        axis.set(title=f"as {mark} against random (exact)", xlabel="step", ylim=(0, 1))
+    axes[2].axhline(0.34, color="gray", lw=0.8, label="chance (as O)")
+    axes[2].set(title="blocks made (where the opponent threatens)", xlabel="step", ylim=(0, 1))
+    for axis in axes:
+        axis.legend(fontsize=6)
+        axis.grid(alpha=0.3)
+    figure.suptitle(title, fontsize=10)
+    _save(plt, figure, path, result)
+    return result["plot"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
@@ -395,12 +437,20 @@ def main() -> None:
                         help="load torch.compile's artifacts from FILE when it exists (an "
                              "earlier run's compile_cache.bin), and save this run's after its "
                              "step 1 to its folder's compile_cache.bin")
+    parser.add_argument("--from_tactics", nargs="+", default=None, metavar="FILE",
+                        help="no training: a PNG of each run's tactics.jsonl beside it")
     parser.add_argument("--from_metrics", nargs="+", default=None,
                         help="no training: curves and plots of these metrics.jsonl files")
     parser.add_argument("--seeds_of", default=None, metavar="NAME",
                         help="with --from_metrics: the files are seeds of one recipe NAME; "
                         "their mean curve with a 95%% interval")
     args = parser.parse_args()
+    if args.from_tactics:
+        for file in map(Path, args.from_tactics):
+            records = [json.loads(line) for line in file.read_text().splitlines()]
+            stem = file.name.removesuffix(".jsonl")
+            print(plot_tactics(records, stem, file.with_name(stem + ".png")))
+        return
     if args.from_metrics and args.seeds_of:
         print(json.dumps(across_seeds(args.from_metrics, args.seeds_of), indent=2))
         return

@@ -121,19 +121,26 @@ def test_compile_cache_is_saved_after_step_1_and_loads_in_a_fresh_process(tmp_pa
     assert loaded["loaded"].get("inductor", 0) >= 1, loaded
 
 
-@pytest.mark.slow  # a tiny TicTacToe run of two steps (~5 s)
+def _figures_of_step(step: int) -> dict[str, float]:
+    return {"win": 0.1 * step, "loss": 0.5 - 0.1 * step, "greedy_win": 0.2 * step,
+            "greedy_loss": 0.1, "wins_taken": 0.5, "blocks_made": 0.3 + 0.1 * step}
+
+
+@pytest.mark.slow  # a tiny TicTacToe run of three steps (~10 s)
 def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, monkeypatch):
     """--tactics: each evaluation (steps 0, 2 and the last, 3, here) appends the agents' table
     to the run's tactics.jsonl, so a run cut short keeps them; before / after are its first and
-    last records. The table itself (44 s a scoring of the tiny model on this CPU) is tested in
-    test_tictactoe_policy.py; here a scorer that names the step it saw stands in for it."""
+    last records, and their curves are drawn. The table itself (44 s a scoring of the tiny model
+    on this CPU) is tested in test_tictactoe_policy.py; here a scorer whose figures name the
+    step it saw stands in for it."""
     import json
 
     import tictactoe_policy
 
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(tictactoe_policy, "report", lambda pipeline: {
-        agent: {"scored_at_step": pipeline.step} for agent in pipeline.agent_names})
+        agent: {mark: _figures_of_step(pipeline.step) for mark in "XO"}
+        for agent in pipeline.agent_names})
     args = argparse.Namespace(
         tiny=True, model="smollm2-135m", steps=3, eval_every=2, run_dir=str(tmp_path),
         tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0,
@@ -143,9 +150,24 @@ def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, mo
     lines = (tmp_path / "run_tictactoe_mixed_tactics" / "tactics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [record["step"] for record in records] == [0, 2, 3]
-    assert records[1]["agents"] == {"agent_0": {"scored_at_step": 2},
-                                    "agent_1": {"scored_at_step": 2}}
+    assert records[1]["agents"]["agent_1"]["O"] == _figures_of_step(2)
     tactics = result["tactics"]
-    assert tactics["before"]["agent_0"] == {"scored_at_step": 0}
-    assert tactics["after"]["agent_1"] == {"scored_at_step": 3}
+    assert tactics["before"]["agent_0"]["X"] == _figures_of_step(0)
+    assert tactics["after"]["agent_1"]["O"] == _figures_of_step(3)
     assert tactics["at_evaluations"] == records
+    plot = tmp_path / result["tactics_plot"]
+    assert plot.name == "learning_tictactoe_mixed_tactics_tactics.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tactics_file_is_drawn_beside_itself(tmp_path, monkeypatch, capsys):
+    import json
+
+    file = tmp_path / "run_x_tactics.jsonl"
+    file.write_text("".join(json.dumps({"step": step, "agents": {
+        agent: {mark: _figures_of_step(step) for mark in "XO"} for agent in ("a", "b")}}) + "\n"
+        for step in (0, 20, 40)))
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--from_tactics", str(file)])
+    learning.main()
+    assert (tmp_path / "run_x_tactics.png").read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out.strip() == "run_x_tactics.png"
