@@ -135,6 +135,9 @@ def main() -> None:
                         help="train on this many boards only (0: all; scoring uses all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="", help="suffix of the summary's file name")
+    parser.add_argument("--skip_untrained", action="store_true",
+                        help="do not score the untrained adapter first (its figures are the "
+                             "same in every run of one prompt and model)")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value) of "
                         "examples/tictactoe/mixed.yaml, e.g. env.renderer=tic_tac_toe_lines")
     args = parser.parse_args()
@@ -173,7 +176,8 @@ def main() -> None:
         curve.append(point)
         print(json.dumps(point), flush=True)
 
-    record(0, None)
+    if not args.skip_untrained:
+        record(0, None)
     for epoch in range(1, args.epochs + 1):
         losses = []
         order = rng.permutation(train)
