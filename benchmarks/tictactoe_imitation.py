@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tictactoe_policy  # noqa: E402
-from tictactoe_vs_random import _best_response  # noqa: E402
+from tictactoe_vs_random import best  # noqa: E402
 
 AGENT = "agent_0"
 
@@ -46,11 +46,10 @@ AGENT = "agent_0"
 def best_moves(boards: list[str], me: str, loss_weight: float) -> dict[str, int]:
     """board -> the cell of the best response to the random player (ties: the lowest)."""
     other = "O" if me == "X" else "X"
-    value = _best_response(me, loss_weight)
     targets = {}
     for board in boards:
         def gain(cell: int, board=board) -> float:
-            win, loss = value(board[:cell] + me + board[cell + 1:], other)
+            win, loss = best(board[:cell] + me + board[cell + 1:], other, me, loss_weight)
             return win - loss_weight * loss
         free = [i for i, c in enumerate(board) if c == "."]
         targets[board] = max(free, key=lambda cell: (gain(cell), -cell))
