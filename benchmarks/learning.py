@@ -54,20 +54,19 @@ RECIPES = {
     "kuhn_nash": ("examples/kuhn_poker", "nash", []),
     "leduc_nash": ("examples/leduc_poker", "nash", []),
     # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
-    # random player; evaluated against random (both seats) and, after training, MCTS.
-    "tictactoe_mixed": ("examples/tictactoe", "mixed", []),
-    # The candidate for the O seat (benchmarks/README.md, sessions 53-55): mixed.yaml with a
-    # critic per agent (per-move credit), 256 games a step, each agent's O-against-random
-    # seating twice (on the table stand-in: as O 0.875 / 0.045 after 400 steps, against 0.84 /
-    # 0.07), the lines prompt (imitation of the best response from it meets the O goal in ~200
-    # updates, from the plain prompt it is at 0.71 / 0.19 after 330: session 55), and
-    # micro-batches of 128 rows (10 s a step on an H100, 16 s at 32; the same update).
-    "tictactoe_critics": ("examples/tictactoe", "mixed", [
-        "advantage.estimator=ippo", "critic.mode=per_agent", "advantage.lam=0.9",
-        "critic.optim.lr=5e-4", "rollout.num_groups=64", "trainer.ppo_mini_batch_size=176",
-        "team.optim.lr=2e-4", "env.renderer=tic_tac_toe_lines", "trainer.micro_batch_size=128",
+    # random player (its O-against-random seating twice), a critic per agent, the lines prompt,
+    # a legal-move entropy bonus of 0.05; evaluated against random (both seats) and, after
+    # training, MCTS. Micro-batches of 128 rows (the same update, DESIGN invariant 1): on an H100
+    # 10 s a step instead of 16 s at the YAML's 32 (session 55, plain prompt; 12.5 s with lines).
+    "tictactoe_mixed": ("examples/tictactoe", "mixed", ["trainer.micro_batch_size=128"]),
+    # What mixed.yaml was until session 56 (the runs of sessions 46-53): whole-game GRPO within
+    # a seating, no critic, the plain board, 96 games a step, each seating once, rate 1e-4,
+    # bonus 0.01. As O it stopped at 0.61-0.67 wins.
+    "tictactoe_grpo": ("examples/tictactoe", "mixed", [
+        "advantage.estimator=grpo", "critic.mode=none", "env.renderer=", "rollout.num_groups=24",
+        "trainer.ppo_mini_batch_size=64", "team.optim.lr=1e-4", "trainer.action_entropy_coef=0.01",
         "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0],[agent_0,random],"
-        "[random,agent_0],[agent_1,random],[random,agent_1],[random,agent_0],[random,agent_1]]"]),
+        "[random,agent_0],[agent_1,random],[random,agent_1]]"]),
     "leduc_rae": ("examples/leduc_poker", "multi_agent_leduc_poker", [
         "advantage.estimator=rae", "advantage.rae_decay=0.9"]),
     # Too many information states to enumerate each evaluation: W/D/L against random instead,
@@ -84,7 +83,7 @@ RECIPES = {
 OWN_YAML = {"nash", "mixed"}
 """Config names of recipes that train and evaluate as their YAML says: only the tracking
 backend is set here (the shared settings below would overwrite their seatings)."""
-VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_critics": "mcts"}
+VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_grpo": "mcts"}
 """Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
 training."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",

@@ -4,8 +4,9 @@
     python benchmarks/tabular_tictactoe.py --entropy 0.01 0.05 --steps 100 300 --seeds 3
 
 An LLM run of 100 TicTacToe steps costs 15 minutes of GPU; this costs seconds. It replays what
-`examples/tictactoe/mixed.yaml` does, with each agent's policy held as one logit per (board,
-move) instead of an adapter:
+`examples/tictactoe/mixed.yaml` does (by default its form before session 56, GRPO over six
+seatings; ``--estimator critic --seatings o_twice`` is today's), with each agent's policy held
+as one logit per (board, move) instead of an adapter:
 
 - two agents, each in both seats, against each other and against the random player (the
   recipe's six seatings, one per group; ``--seatings random``: the random player only),

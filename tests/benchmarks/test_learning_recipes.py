@@ -27,15 +27,22 @@ def test_every_recipe_makes_a_valid_config(name, tmp_path):
     assert learning.recipe_config(_args(tiny=True), name, tmp_path).model.path == "tiny"
 
 
-def test_the_tictactoe_critic_candidate_trains_each_o_seat_twice_against_random(tmp_path):
-    cfg = learning.recipe_config(_args(tiny=False), "tictactoe_critics", tmp_path)
+def test_the_tictactoe_recipe_has_critics_and_trains_each_o_seat_twice_against_random(tmp_path):
+    cfg = learning.recipe_config(_args(tiny=False), "tictactoe_mixed", tmp_path)
     assert cfg.advantage.estimator == "ippo" and cfg.critic.mode == "per_agent"
+    assert cfg.advantage.lam == 0.9 and cfg.trainer.action_entropy_coef == 0.05
     assert cfg.rollout.num_groups * cfg.rollout.group_size == 256
     assert cfg.env.renderer == "tic_tac_toe_lines" and cfg.trainer.micro_batch_size == 128
     seatings = [tuple(seating) for seating in cfg.env.seat_to_agent]
     for agent in ("agent_0", "agent_1"):
         assert seatings.count(("random", agent)) == 2
         assert seatings.count((agent, "random")) == 1
+    # the recipe before session 56: whole-game GRPO, the plain board, each seating once
+    old = learning.recipe_config(_args(tiny=False), "tictactoe_grpo", tmp_path)
+    assert old.advantage.estimator == "grpo" and old.critic.mode == "none"
+    assert old.env.renderer == "" and old.rollout.num_groups == 24
+    assert old.team.optim.lr == 1e-4 and old.trainer.action_entropy_coef == 0.01
+    assert len(old.env.seat_to_agent) == 6 and old.trainer.ppo_mini_batch_size == 64
 
 
 @pytest.mark.slow  # ~20 s: a tiny run of two steps (quick subset < 3 min)
@@ -145,7 +152,7 @@ def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, mo
         tiny=True, model="smollm2-135m", steps=3, eval_every=2, run_dir=str(tmp_path),
         tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0,
         compile_cache=None, profile_top=5,
-        override=["rollout.num_groups=6", "eval.num_episodes=4"])
+        override=["rollout.num_groups=8", "eval.num_episodes=4"])  # 8 seatings
     result = learning.run_recipe(args, "tictactoe_mixed")
     lines = (tmp_path / "run_tictactoe_mixed_tactics" / "tactics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]

@@ -357,7 +357,7 @@ def test_critics_forwards_through_the_compiled_layers_equal_the_eager_path(tiny_
                                                                            capsys):
     """Under trainer.compile the critics' values and gradients come through the compiled
     layers (each row routed to its own critic's factors) and equal the eager path's (fp32:
-    values to 1e-6, gradients to 1e-4 relative); new row and token counts compile nothing more;
+    values to 1e-5, gradients to 1e-4 relative); new row and token counts compile nothing more;
     no agent gets a gradient. A critic with LoRA dropout keeps every critic eager."""
     from roll.multi_agent.config import CriticConfig
     from roll.multi_agent.critics import CriticTrainer, critic_values
@@ -375,7 +375,9 @@ def test_critics_forwards_through_the_compiled_layers_equal_the_eager_path(tiny_
                                  critic_id, positions)
             got = critic_values(model, heads, batch.input_ids, batch.attention_mask,
                                 critic_id, positions)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        # fp32, another reduction order: 5.7e-6 apart on an AVX-512 CPU (2026-11-28), where a
+        # row routed to the other critic's factors is ~30 off (values up to ~17)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         for team, team_heads in ((eager, eager_heads), (model, heads)):
             values = critic_values(team, team_heads, batch.input_ids, batch.attention_mask,
                                    critic_id, positions)

@@ -63,7 +63,8 @@ def test_prefill_with_a_shared_head_equals_the_plain_one(tiny_model_path, team):
     assert none == 0 and isinstance(capture, HeadCapture)
     assert shared >= 20  # the rules' tokens
     assert shared == len(os.path.commonprefix(prompts))
-    torch.testing.assert_close(logits, plain_logits, atol=1e-5, rtol=1e-5)
+    # fp32 in other batch shapes, so another reduction order: 4e-5 apart on an AVX-512 CPU
+    torch.testing.assert_close(logits, plain_logits, atol=1e-4, rtol=1e-4)
     for row, prompt in enumerate(prompts):
         for layer in (0, len(plain.keys) - 1):
             for ours, theirs in ((capture.keys, plain.keys), (capture.values, plain.values)):
@@ -71,7 +72,7 @@ def test_prefill_with_a_shared_head_equals_the_plain_one(tiny_model_path, team):
                 want = theirs[layer][row, :, plain_width - len(prompt):]  # (H, L, D)
                 got = torch.cat([ours[layer][row, :, :shared],
                                  ours[layer][row, :, width - len(prompt) + shared:]], 1)
-                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_served_requests_equal_with_and_without_sharing(tiny_model_path, team):
