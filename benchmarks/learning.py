@@ -213,6 +213,9 @@ def curve_of(metrics_file: Path) -> list[dict]:
                 key = f"eval/{agent}/{metric}"
                 if key in row:
                     point[f"{agent}/{metric}"] = round(row[key], 4)
+                greedy = f"eval_greedy/{agent}/{metric}"  # eval.greedy_too
+                if greedy in row:
+                    point[f"{agent}/greedy/{metric}"] = round(row[greedy], 4)
             if f"{agent}/action_entropy" in row:
                 point[f"{agent}/action_entropy"] = round(row[f"{agent}/action_entropy"], 4)
         curve.append(point)

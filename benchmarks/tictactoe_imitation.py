@@ -1,7 +1,7 @@
 """Can the adapter hold the O seat's answer at all? Supervised learning of the best response.
 
-    python benchmarks/tictactoe_imitation.py --epochs 30 --eval_every 5           # GPU, lines prompt
-    python benchmarks/tictactoe_imitation.py --epochs 30 env.renderer=             # the plain board
+    python benchmarks/tictactoe_imitation.py --epochs 30 --eval_every 5    # GPU, lines prompt
+    python benchmarks/tictactoe_imitation.py --epochs 30 env.renderer=      # the plain board
     python benchmarks/tictactoe_imitation.py --tiny --epochs 1 --max_boards 64     # CPU smoke
 
 The RL recipes leave the O seat at 55-70% wins against random with blocks at chance
@@ -138,8 +138,8 @@ def main() -> None:
                         help="do not score the untrained adapter first (its figures are the "
                              "same in every run of one prompt and model)")
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value) of "
-                        "examples/tictactoe/mixed.yaml (the lines prompt), e.g. env.renderer= for the "
-                        "plain board")
+                        "examples/tictactoe/mixed.yaml (the lines prompt), e.g. "
+                        "env.renderer= for the plain board")
     args = parser.parse_args()
 
     from roll.multi_agent.config import OptimConfig

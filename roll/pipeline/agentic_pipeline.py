@@ -162,6 +162,7 @@ class AgenticPipeline:
         self.step = 0
         self.run_id: str | None = None
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
+        self._greedy_eval: RolloutScheduler | None = None  # eval.greedy_too's, made once
 
     # ------------------------------------------------------------------ parts
     def scheduler(self, seatings: list[Seating], evaluation: bool,
@@ -415,34 +416,45 @@ class AgenticPipeline:
         return metrics
 
     def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
-        """Validation rollouts with the trainer's current adapters (synced first)."""
+        """Validation rollouts with the trainer's current adapters (synced first); with
+        ``eval.greedy_too`` the greedy policy's as well, same seed (``eval_greedy/...``)."""
         start = time.perf_counter()
-        groups = scheduler.config.num_groups
-        # Team tasks: the evaluation split in order (the same items at every evaluation).
-        items = ([i % self.env_setup.eval_items for i in range(groups)]
-                 if self.env_setup.is_task else None)
-        result, _ = self.synced_rollout(
-            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker, "eval episodes",
-            items,
-        )
-        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative,
-                                     winners=not self.env_setup.is_task)
-        if self.env_setup.is_task:
-            metrics.update({f"eval/{key}": value for key, value in result.metrics.items()
-                            if key.startswith("task/")})
-            batch = None if result.batch is None else result.batch.to(self.device)
-            metrics.update(policy_divergences(self.trainer, batch, self.agent_names,
-                                              self.policy_temperature))
-        for key, value in result.metrics.items():
-            split = split_agent_key(key, self.agent_names)
-            if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
-                metrics[f"eval/{key}"] = value
+        metrics = self._eval_rollout(scheduler, tracker, "eval/")
+        if self.cfg.eval.greedy_too:
+            if self._greedy_eval is None:
+                self._greedy_eval = self.scheduler(self.eval_seatings, True, temperature=0.0)
+            metrics.update(self._eval_rollout(self._greedy_eval, tracker, "eval_greedy/"))
         if self.cfg.eval.exploitability:
             from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
 
             metrics.update(agent_exploitabilities(self.cfg, self.trainer, self.tokenizer,
                                                   self.agent_names, self.render))
         metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    def _eval_rollout(self, scheduler: RolloutScheduler, tracker: Tracker,
+                      prefix: str) -> dict[str, float]:
+        """One evaluation's episodes, summarised under ``prefix``."""
+        # Team tasks: the evaluation split in order (the same items at every evaluation).
+        items = ([i % self.env_setup.eval_items for i in range(scheduler.config.num_groups)]
+                 if self.env_setup.is_task else None)
+        result, _ = self.synced_rollout(
+            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker,
+            f"{prefix.rstrip('/')} episodes", items,
+        )
+        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative,
+                                     prefix=prefix, winners=not self.env_setup.is_task)
+        if self.env_setup.is_task:
+            metrics.update({f"{prefix}{key}": value for key, value in result.metrics.items()
+                            if key.startswith("task/")})
+            if prefix == "eval/":  # the divergences of the policy trained, not the greedy one
+                batch = None if result.batch is None else result.batch.to(self.device)
+                metrics.update(policy_divergences(self.trainer, batch, self.agent_names,
+                                                  self.policy_temperature))
+        for key, value in result.metrics.items():
+            split = split_agent_key(key, self.agent_names)
+            if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
+                metrics[f"{prefix}{key}"] = value
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

@@ -232,6 +232,11 @@ class EvalSchema:
     'snapshot:<agent>@<step|latest>' (not a trained agent: use seat_to_agent for that)."""
     temperature: float = 0.0
     """Decoding temperature for evaluation (0 = greedy)."""
+    greedy_too: bool = False
+    """Also evaluate the greedy policy (the argmax answer, temperature 0) against the same
+    opponents, same seed: ``eval_greedy/<agent>/...`` beside ``eval/...`` (games where a trained
+    agent plays its best move, e.g. TicTacToe, while ``temperature`` stays the trained policy's).
+    Needs ``temperature`` > 0."""
     exploitability: bool = False
     """Also report ``eval/<agent>/exploitability``: the exact exploitability (NashConv / 2) of
     the agent's constrained-answer policy playing every seat, at ``temperature``, over all

@@ -93,10 +93,13 @@ def _outcome_rates(where: str, outcomes: list[str]) -> list[tuple[str, str, tupl
 def before_after(
     before: dict[str, float], after: dict[str, float], agents: list[str], step: int
 ) -> str:
-    """The evaluation at step 0 next to the last one, per agent, with 95% intervals."""
+    """The evaluation at step 0 next to the last one, per agent, with 95% intervals (the
+    greedy policy's win rate too, where ``eval.greedy_too`` measured it)."""
     lines = [f"evaluation before training (step 0) -> after (step {step}), 95% intervals:"]
     rows = [(agent, f"eval/{agent}/{metric}", metric)
             for agent in agents for metric in ("win_rate", "mean_return")]
+    rows += [(agent, f"eval_greedy/{agent}/win_rate", "greedy win")  # eval.greedy_too
+             for agent in agents]
     for agent in agents:
         key = f"eval/{agent}/exploitability"
         if key in before and key in after:

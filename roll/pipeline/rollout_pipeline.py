@@ -17,8 +17,9 @@ from roll.utils.tracking import Tracker, TrackingConfig
 
 
 def format_summary(metrics: dict[str, float], agent_names: list[str]) -> str:
-    """A small table: one line per agent with its intervals (cooperative games: no win rate,
-    and a last line with the team score)."""
+    """A small table: one line per agent with its intervals (and one for its greedy policy
+    with ``eval.greedy_too``; cooperative games: no win rate, and a last line with the team
+    score)."""
 
     def interval(key: str, sign: str = "") -> str:
         return (f"{metrics[key]:{sign}.3f} [{metrics[key + '_low']:{sign}.3f}, "
@@ -32,6 +33,12 @@ def format_summary(metrics: dict[str, float], agent_names: list[str]) -> str:
         win = interval(f"{key}/win_rate") if f"{key}/win_rate" in metrics else "n/a (cooperative)"
         ret = interval(f"{key}/mean_return", "+")
         lines.append(f"{agent:<16}{int(metrics[f'{key}/episodes']):>9}  {win:<26}{ret}")
+        greedy = f"eval_greedy/{agent}"  # eval.greedy_too: the argmax answers, same games
+        if f"{greedy}/mean_return" in metrics:
+            win = (interval(f"{greedy}/win_rate") if f"{greedy}/win_rate" in metrics
+                   else "n/a (cooperative)")
+            lines.append(f"{'  greedy':<16}{int(metrics[f'{greedy}/episodes']):>9}  {win:<26}"
+                         f"{interval(f'{greedy}/mean_return', '+')}")
     if "eval/team/score" in metrics:
         lines.append(f"{'team score':<16}{'':>9}  {'':<26}{interval('eval/team/score', '+')}")
     return "\n".join(lines)

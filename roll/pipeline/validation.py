@@ -52,6 +52,9 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     check_cluster(cfg)
     if cfg.eval.temperature < 0:
         raise ConfigError("eval.temperature", cfg.eval.temperature, "must be >= 0")
+    if cfg.eval.greedy_too and cfg.eval.temperature == 0:
+        raise ConfigError("eval.greedy_too", True, "eval.temperature is 0: the evaluation is "
+                          "already the greedy policy's")
     _check_tracking(cfg, check_paths)
     cfg.team.validate(_module_names(cfg) if check_paths else None)
     for i, name in enumerate(cfg.team.agent_names):

@@ -1,10 +1,10 @@
 """Learning curves of a run from its ``metrics.jsonl``: ``python -m roll.utils.plot RUN_DIR``.
 
 Writes ``curves_<agent>.png`` per agent (one subplot per ``<agent>/<metric>`` and per
-``eval/<agent>/<metric>``) and ``curves_team.png`` (every other key: ``team/``, ``rollout/``,
-``time/``, ``eval/team/``, ...) into ``--out`` (default ``RUN_DIR/plots``), x = step. Draws
-with matplotlib's Agg canvas directly (no pyplot, so no global backend is switched and no
-display is needed).
+``eval/<agent>/<metric>`` or ``eval_greedy/<agent>/<metric>``) and ``curves_team.png`` (every
+other key: ``team/``, ``rollout/``, ``time/``, ``eval/team/``, ...) into ``--out`` (default
+``RUN_DIR/plots``), x = step. Draws with matplotlib's Agg canvas directly (no pyplot, so no
+global backend is switched and no display is needed).
 
 A step logged twice (a run resumed from an earlier checkpoint) is drawn with its last value.
 NaN/inf points are left out of a curve and counted in its subplot title.
@@ -26,7 +26,7 @@ from roll.utils.tracking import METRICS_FILE, RESERVED_KEYS, split_agent_key
 
 Series = dict[int, float]  # step -> value
 TEAM_FIGURE = "team"  # no agent takes this name (it is one of NAMESPACES)
-EVAL_PREFIX = "eval/"
+EVAL_PREFIXES = ("eval/", "eval_greedy/")  # the sampled policy's evaluation, the greedy one's
 _COLUMNS = 3
 
 
@@ -61,12 +61,12 @@ def group_series(series: dict[str, Series]) -> dict[str, dict[str, Series]]:
     training and evaluation metrics, the rest under ``team``."""
     figures: dict[str, dict[str, Series]] = {}
     for key in sorted(series):
-        evaluation = key.startswith(EVAL_PREFIX)
-        split = split_agent_key(key[len(EVAL_PREFIX):] if evaluation else key)
+        prefix = next((p for p in EVAL_PREFIXES if key.startswith(p)), "")
+        split = split_agent_key(key[len(prefix):])
         if split is None:
             figure, title = TEAM_FIGURE, key
         else:
-            figure, title = split[0], (EVAL_PREFIX + split[1]) if evaluation else split[1]
+            figure, title = split[0], prefix + split[1]
         figures.setdefault(figure, {})[title] = series[key]
     return figures
 

@@ -10,7 +10,8 @@ Naming convention of metric keys (the plot command and the console line rely on 
 - ``time/<phase>``           seconds spent in a phase of the step: ``time/rollout``,
   ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``;
 - ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
-- ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts.
+- ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts;
+  ``eval_greedy/...`` the same for the greedy policy's (``eval.greedy_too``).
 
 The first part of a key is an agent's name unless it is one of ``NAMESPACES``; agent names
 that would collide with those are refused by the config check.
@@ -40,7 +41,7 @@ BACKENDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-NAMESPACES = ("team", "time", "rollout", "eval", "train", "critic")
+NAMESPACES = ("team", "time", "rollout", "eval", "eval_greedy", "train", "critic")
 """Top-level metric namespaces that are not agents (no agent may take one of these names)."""
 # Keys a JSON line holds besides the metrics; a metric must not take these names.
 RESERVED_KEYS = ("step", "wall_time")

@@ -89,3 +89,23 @@ def test_an_evaluation_may_take_a_temperature_of_its_own(tmp_path):
     assert any(len(seen) > 1 for seen in answers["sampled"].values())
     with pytest.raises(ValueError, match="evaluation only"):
         pipeline.scheduler(pipeline.train_seatings, evaluation=False, temperature=0.0)
+
+
+def test_greedy_too_evaluates_the_greedy_policy_on_the_same_games(tmp_path, capsys):
+    """eval.greedy_too: beside the sampled evaluation (eval.temperature=1), the greedy policy's
+    under eval_greedy/, on the same games: equal to a whole evaluation at eval.temperature=0
+    with the same seed (the random opponent's moves and the deals come from the seed)."""
+    common = ["eval.num_episodes=16", "team.num_agents=1", "env.seat_to_agent=[agent_0,random]",
+              "seed=7"]
+    both = run_evaluation(_config(tmp_path / "both", "eval.temperature=1.0",
+                                  "eval.greedy_too=true", *common))
+    printed = capsys.readouterr().out
+    greedy = run_evaluation(_config(tmp_path / "greedy", "eval.temperature=0.0", *common))
+    for metric in ("win_rate", "win_rate_low", "non_loss_rate", "mean_return", "episodes"):
+        assert both[f"eval_greedy/agent_0/{metric}"] == greedy[f"eval/agent_0/{metric}"], metric
+    assert both["eval/agent_0/episodes"] == 16.0
+    # the sampled games differ from the greedy ones somewhere (16 Kuhn deals, an untrained
+    # adapter sampling at temperature 1 from answers the greedy policy never changes)
+    assert any(both[f"eval/agent_0/{m}"] != both[f"eval_greedy/agent_0/{m}"]
+               for m in ("win_rate", "mean_return"))
+    assert "  greedy" in printed and "agent_0" in printed

@@ -26,6 +26,7 @@ def _write_metrics(run_dir: Path) -> None:
             "alice/episode_return": step * 0.1,
             "bob/policy_loss": float("nan") if step == 4 else 0.5,
             "eval/alice/win_rate": 0.5,
+            "eval_greedy/alice/win_rate": 0.75,
             "eval/team/score": 1.0,
             "team/episode_return": step * 0.05,
             "time/rollout": 2.0,
@@ -68,7 +69,9 @@ def test_each_agent_figure_holds_its_training_and_evaluation_curves(tmp_path):
     _write_metrics(tmp_path / "run")
     figures = group_series(read_metrics(tmp_path / "run" / "metrics.jsonl"))
     assert sorted(figures) == ["alice", "bob", "team"]
-    assert sorted(figures["alice"]) == ["episode_return", "eval/win_rate", "policy_loss"]
+    assert sorted(figures["alice"]) == ["episode_return", "eval/win_rate",
+                                        "eval_greedy/win_rate", "policy_loss"]
+    assert figures["alice"]["eval_greedy/win_rate"][3] == 0.75
     assert "eval/team/score" in figures["team"] and "time/rollout" in figures["team"]
 
 
