@@ -49,7 +49,8 @@ cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }
 RUNS=${DEVICE_RUNS:-/tmp/runs}  # the launched runs (DEVICE_RUNS: a test's folder)
 export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE=/tmp/cache
-# Each run's metrics (evaluations included), tactics, profile and log tail -> $OUT/progress.tgz
+# Each run's metrics (evaluations included), tactics, profile, log tail and, once it ends, its
+# results (learning*.json, PNGs) -> $OUT/progress.tgz
 # (one file: at most 8 files, 16 MiB each, come back from a call): every `watch` call ends with
 # this, so a machine that goes back loses at most the last call's progress. One run's
 # torch.compile artifacts come back once per machine, in 15 MiB pieces (compile_cache.bin_a*).
@@ -66,6 +67,7 @@ copy_metrics() {
     fi
   done
   for f in "$RUNS"/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$staging/$(basename "$f")"; done
+  for f in "$RUNS"/out_*/*; do [ -f "$f" ] && cp "$f" "$staging/"; done  # results, plots
   tar czf "$OUT/progress.tgz" -C "$staging" .
 }
 cmd=${1:?pack, stash, setup, launch, watch, stop, collect, unpack, bring, join or restore}; shift
@@ -103,8 +105,11 @@ print('imports ok', torch.__version__, torch.cuda.get_device_name())"
   echo "[$(ts)] setup done" ;;
 launch)
   name=${1:?NAME}; shift
-  mkdir -p "$RUNS"
-  setsid nohup python benchmarks/learning.py --run_dir "$RUNS" "$@" \
+  # the run's results (JSON, PNGs) go to a folder of its own that every `watch` packs into
+  # progress.tgz, not to the $OUT of whichever call is on when it ends: four runs' 12 files
+  # once took all 8 places of a call and progress.tgz was left out (session 56)
+  mkdir -p "$RUNS/out_$name"
+  OUT="$RUNS/out_$name" setsid nohup python benchmarks/learning.py --run_dir "$RUNS" "$@" \
     > "$RUNS/$name.log" 2>&1 < /dev/null &
   echo "[$(ts)] launched $name (pid $!)" ;;
 watch)

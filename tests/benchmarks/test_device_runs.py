@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,10 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
         (runs / name / "tactics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
         (runs / f"{name}.log").write_text("x" * 30_000 + "last line\n")
     (runs / "run_a_s0" / "profile.json").write_text("{}")
+    (runs / "out_A").mkdir()  # a launched run's results, written when it ends
+    for name in ("learning_s0.json", "learning_tictactoe_s0.png",
+                 "learning_tictactoe_s0_tactics.png"):
+        (runs / "out_A" / name).write_bytes(b"result " + name.encode())
     cache = os.urandom(38 * MiB)  # the size one run's torch.compile artifacts came to
     (runs / "run_a_s0" / "compile_cache.bin").write_bytes(cache)
     env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_PIECES": str(keep)}
@@ -41,7 +46,7 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
     with tarfile.open(out / "progress.tgz") as archive:
         names = {Path(name).name for name in archive.getnames()}
     assert {"run_a_s0_metrics.jsonl", "run_c_tactics.jsonl", "run_a_s0_profile.json",
-            "run_b.log"} <= names
+            "run_b.log", "learning_s0.json", "learning_tictactoe_s0_tactics.png"} <= names
 
     for piece in out.glob("compile_cache.bin_*"):  # the next call sends the cache no more
         piece.unlink()
@@ -61,6 +66,8 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
     assert all(half.stat().st_size < 20 * MiB for half in halves)  # each fits beside a piece
     progress = keep / "progress"
     assert json.loads((progress / "run_b_metrics.jsonl").read_text())["run"] == "run_b"
+    png = (progress / "learning_tictactoe_s0.png").read_bytes()
+    assert png == b"result learning_tictactoe_s0.png"
     log = (progress / "run_c.log").read_text()
     assert len(log) == 20_000 and log.endswith("last line\n")  # the log's tail
 
@@ -69,3 +76,24 @@ def test_watch_stops_at_once_on_a_machine_without_runs(tmp_path):
     done = _run("watch", "600", env={"DEVICE_RUNS": str(tmp_path / "none"),
                                      "OUT": str(tmp_path)})
     assert done.returncode == 3 and "no runs here" in done.stderr
+
+
+def test_a_launched_run_writes_its_results_where_watch_collects_them(tmp_path):
+    """`launch` points the detached run's $OUT at a folder of its own under the runs (not at
+    the launching call's $OUT, which a later call empties); a stand-in python shows it."""
+    runs, bin_dir = tmp_path / "runs", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"  # writes what learning.py would, where $OUT says
+    fake.write_text('#!/bin/sh\necho "$@" > "$OUT/learning.json"\n')
+    fake.chmod(0o755)
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(tmp_path / "call_out"),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = _run("launch", "A", "--recipes", "kuhn_nash", env=env)
+    assert done.returncode == 0, done.stderr
+    result = runs / "out_A" / "learning.json"
+    for _ in range(100):  # the run is detached: wait for it
+        if result.exists() and result.read_text():
+            break
+        time.sleep(0.05)
+    assert "--recipes kuhn_nash" in result.read_text()
+    assert not (tmp_path / "call_out").exists()
