@@ -162,7 +162,8 @@ class AgenticPipeline:
         self.step = 0
         self.run_id: str | None = None
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
-        self._greedy_eval: RolloutScheduler | None = None  # eval.greedy_too's, made once
+        self._greedy_eval: RolloutScheduler | None = None
+        """eval.greedy_too's scheduler, made once so that its prompt memo carries over."""
 
     # ------------------------------------------------------------------ parts
     def scheduler(self, seatings: list[Seating], evaluation: bool,

@@ -27,18 +27,14 @@ def format_summary(metrics: dict[str, float], agent_names: list[str]) -> str:
 
     lines = [f"{'agent':<16}{'episodes':>9}  {'win rate [95% CI]':<26}{'mean return [95% CI]'}"]
     for agent in agent_names:
-        key = f"eval/{agent}"
-        if f"{key}/mean_return" not in metrics:
-            continue
-        win = interval(f"{key}/win_rate") if f"{key}/win_rate" in metrics else "n/a (cooperative)"
-        ret = interval(f"{key}/mean_return", "+")
-        lines.append(f"{agent:<16}{int(metrics[f'{key}/episodes']):>9}  {win:<26}{ret}")
-        greedy = f"eval_greedy/{agent}"  # eval.greedy_too: the argmax answers, same games
-        if f"{greedy}/mean_return" in metrics:
-            win = (interval(f"{greedy}/win_rate") if f"{greedy}/win_rate" in metrics
+        # eval.greedy_too: the greedy policy (argmax answers) on the same games, a line below
+        for label, key in ((agent, f"eval/{agent}"), ("  greedy", f"eval_greedy/{agent}")):
+            if f"{key}/mean_return" not in metrics:
+                continue
+            win = (interval(f"{key}/win_rate") if f"{key}/win_rate" in metrics
                    else "n/a (cooperative)")
-            lines.append(f"{'  greedy':<16}{int(metrics[f'{greedy}/episodes']):>9}  {win:<26}"
-                         f"{interval(f'{greedy}/mean_return', '+')}")
+            ret = interval(f"{key}/mean_return", "+")
+            lines.append(f"{label:<16}{int(metrics[f'{key}/episodes']):>9}  {win:<26}{ret}")
     if "eval/team/score" in metrics:
         lines.append(f"{'team score':<16}{'':>9}  {'':<26}{interval('eval/team/score', '+')}")
     return "\n".join(lines)
