@@ -87,7 +87,8 @@ VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_grpo": "mct
 """Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
 training."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
-           "loss_rate", "seat0/win_rate", "seat1/win_rate", "mean_return")
+           "non_loss_rate_low", "non_loss_rate_high", "loss_rate", "seat0/win_rate",
+           "seat1/win_rate", "mean_return")
 COMMON = [
     "env.seat_to_agent=[[agent_0,agent_1],[agent_1,agent_0]]",
     "rollout.constrained_decoding=true", "rollout.sampling.temperature=1.0",
@@ -343,27 +344,41 @@ def _plot(result: dict, folder: Path) -> None:
     team = any("team/score" in p for p in result["curve"])
     left = "exploitability" if exact else "mean_return" if team else "non_loss_rate"
     for agent in ("agent_0", "agent_1"):
-        axes[0].plot(steps, [p.get(f"{agent}/{left}") for p in result["curve"]],
-                     marker="o", label=agent)
+        _rate(axes[0], steps, result["curve"], agent, left)
         if not team:
-            axes[1].plot(steps, [p.get(f"{agent}/win_rate") for p in result["curve"]],
-                         marker="o", label=agent)
+            _rate(axes[1], steps, result["curve"], agent, "win_rate")
     if team:  # cooperative: the shared score with its 95% interval
         axes[1].errorbar(steps, [p["team/score"] for p in result["curve"]], yerr=[
             [p["team/score"] - p["team/score_low"] for p in result["curve"]],
             [p["team/score_high"] - p["team/score"] for p in result["curve"]]],
             marker="o", capsize=3, label="agent_0 + agent_1")
-    title = "exploitability (exact)" if exact else "non-loss rate vs random, both seats"
-    axes[0].set(title=f"{result['recipe']}: {title}", xlabel="step")
+    title = ("exploitability (exact)" if exact
+             else "non-loss rate vs random, both seats [95%]")
+    figure.suptitle(result["recipe"])
+    axes[0].set(title=title, xlabel="step")
     if team:
-        axes[0].set(title=f"{result['recipe']}: mean return per agent")
+        axes[0].set(title="mean return per agent")
         axes[1].set(title="team score [95%]", xlabel="step")
     else:
-        axes[1].set(title="win rate vs random", xlabel="step", ylim=(0, 1))
+        axes[1].set(title="win rate vs random [95%]", xlabel="step", ylim=(0, 1))
     for axis in axes:
-        axis.legend()
+        axis.legend(fontsize=7)
         axis.grid(alpha=0.3)
     _save(plt, figure, folder / f"learning_{result['recipe']}.png", result)
+
+
+def _rate(axis, steps: list[int], curve: list[dict], agent: str, metric: str) -> None:
+    """One agent's ``metric`` over the evaluations; where the curve has them, its 95% interval
+    shaded and the greedy policy's figure (``eval.greedy_too``) dotted, in the same colour."""
+    (line,) = axis.plot(steps, [p.get(f"{agent}/{metric}") for p in curve], marker="o",
+                        label=agent)
+    if all(f"{agent}/{metric}_low" in p for p in curve):
+        axis.fill_between(steps, [p[f"{agent}/{metric}_low"] for p in curve],
+                          [p[f"{agent}/{metric}_high"] for p in curve],
+                          color=line.get_color(), alpha=0.15, label=f"{agent} 95%")
+    if any(f"{agent}/greedy/{metric}" in p for p in curve):
+        axis.plot(steps, [p.get(f"{agent}/greedy/{metric}") for p in curve], ls=":",
+                  marker="x", color=line.get_color(), label=f"{agent} greedy")
 
 
 def plot_tactics(records: list[dict], title: str, path: Path) -> str:

@@ -73,3 +73,45 @@ def test_gzipped_metrics_read_as_the_plain_file(tmp_path, monkeypatch):
     assert result["recipe"] == "run_y" and result["curve"] == curve
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     assert not list(results.glob("*_metrics.jsonl"))
+
+
+def test_a_game_curve_draws_each_agents_interval_and_greedy_line(tmp_path, monkeypatch):
+    """Against random: the win and non-loss rates with their 95% intervals shaded and, from
+    eval.greedy_too, the greedy policy's rate dotted; an agent with no greedy figures gets
+    none."""
+    import learning
+
+    rows = []
+    for step, (win, low, high, greedy) in {0: (0.4, 0.3, 0.5, 0.45),
+                                           10: (0.8, 0.7, 0.9, 0.95)}.items():
+        row = {"step": step, "time/eval": 1.0}
+        for agent in ("agent_0", "agent_1"):
+            row.update({f"eval/{agent}/win_rate": win, f"eval/{agent}/win_rate_low": low,
+                        f"eval/{agent}/win_rate_high": high,
+                        f"eval/{agent}/non_loss_rate": win + 0.05,
+                        f"eval/{agent}/non_loss_rate_low": low + 0.05,
+                        f"eval/{agent}/non_loss_rate_high": high + 0.05})
+        row["eval_greedy/agent_0/win_rate"] = greedy
+        rows.append(row)
+    file = tmp_path / "metrics_ttt.jsonl"
+    file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    drawn = {}
+
+    def keep(plt, figure, path, result):
+        drawn["axes"] = figure.axes
+        result["plot"] = path.name
+
+    monkeypatch.setattr(learning, "_save", keep)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    (result,) = summarize([str(file)], "tiny")
+    assert result["curve"][1]["agent_0/non_loss_rate_high"] == pytest.approx(0.95)
+    non_loss, win = drawn["axes"]
+    lines = {line.get_label(): line for line in win.get_lines()}
+    assert list(lines["agent_0 greedy"].get_ydata()) == [0.45, 0.95]
+    assert "agent_1 greedy" not in lines
+    assert list(lines["agent_1"].get_ydata()) == [0.4, 0.8]
+    for axis, shift in ((win, 0.0), (non_loss, 0.05)):
+        bands = {band.get_label(): band for band in axis.collections}
+        assert set(bands) == {"agent_0 95%", "agent_1 95%"}
+        ys = bands["agent_1 95%"].get_paths()[0].vertices[:, 1]
+        assert min(ys) == pytest.approx(0.3 + shift) and max(ys) == pytest.approx(0.9 + shift)
