@@ -120,6 +120,8 @@ def recipe_config(args, name: str, out: Path):
     ]
     if args.tiny:
         overrides += ["eval.num_episodes=4"] + ([] if own else ["rollout.num_groups=6"])
+    if args.greedy_too:
+        overrides += ["eval.greedy_too=true"]
     overrides += list(args.override)  # the caller's word is the last
     return load_config(str(ROOT / folder), config_name, overrides)
 
@@ -163,11 +165,9 @@ def run_recipe(args, name: str) -> dict:
         tactics["after"] = (scored[-1]["agents"] if last_scored
                             else tictactoe_policy.report(pipeline))
         tactics["at_evaluations"] = scored
-    if args.greedy_too:  # the greedy policy (the argmax move), beside the sampled one
-        versus["greedy_vs_random"] = _versus(pipeline, "random", out, temperature=0.0)
-        if args.vs_mcts:
-            versus["greedy_vs_mcts"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out,
-                                               temperature=0.0)
+    if args.greedy_too and args.vs_mcts:  # (against random: the run's own eval.greedy_too)
+        versus["greedy_vs_mcts"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out,
+                                           temperature=0.0)
     seconds = time.perf_counter() - start
     curve = curve_of(out / "metrics.jsonl")
     for point in curve:
@@ -435,9 +435,10 @@ def main() -> None:
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
     parser.add_argument("--greedy_too", action="store_true",
-                        help="after training also evaluate each agent's greedy policy (the "
-                             "argmax move) in both seats against random (and MCTS with "
-                             "--vs_mcts): for games where winning, not mixing, is the goal")
+                        help="also evaluate each agent's greedy policy (the argmax move) in "
+                             "both seats: against random at every evaluation (eval.greedy_too) "
+                             "and, after training, against MCTS with --vs_mcts; for games "
+                             "where winning, not mixing, is the goal")
     parser.add_argument("--tactics", action="store_true",
                         help="TicTacToe recipes: at every evaluation (and before and after "
                              "training), each agent's exact win / loss against random per "

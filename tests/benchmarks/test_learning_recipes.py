@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import learning  # noqa: E402
 
 
-def _args(tiny: bool) -> argparse.Namespace:
+def _args(tiny: bool, greedy_too: bool = False) -> argparse.Namespace:
     return argparse.Namespace(tiny=tiny, model="smollm2-135m", steps=7, eval_every=7,
-                              override=["seed=3"])
+                              override=["seed=3"], greedy_too=greedy_too)
 
 
 @pytest.mark.slow  # the full CI runs it (quick subset < 3 min)
@@ -43,6 +43,16 @@ def test_the_tictactoe_recipe_has_critics_and_trains_each_o_seat_twice_against_r
     assert old.env.renderer == "" and old.rollout.num_groups == 24
     assert old.team.optim.lr == 1e-4 and old.trainer.action_entropy_coef == 0.01
     assert len(old.env.seat_to_agent) == 6 and old.trainer.ppo_mini_batch_size == 64
+
+
+def test_greedy_too_is_the_runs_own_greedy_evaluation(tmp_path):
+    """--greedy_too turns on eval.greedy_too (the greedy policy against random at every
+    evaluation, in the run's metrics) instead of a second evaluation of its own after training;
+    a recipe keeps what its YAML says without it."""
+    assert not learning.recipe_config(_args(tiny=True), "kuhn_nash", tmp_path).eval.greedy_too
+    greedy = learning.recipe_config(_args(tiny=True, greedy_too=True), "kuhn_nash", tmp_path)
+    assert greedy.eval.greedy_too and greedy.eval.temperature == 1.0
+    assert learning.recipe_config(_args(tiny=True), "tictactoe_mixed", tmp_path).eval.greedy_too
 
 
 @pytest.mark.slow  # ~20 s: a tiny run of two steps (quick subset < 3 min)
