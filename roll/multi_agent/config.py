@@ -276,6 +276,11 @@ class TrainerConfig:
     action_entropy_coef: float = 0.0
     """Weight of the entropy bonus on the distribution over LEGAL MOVES (constrained decoding
     only; roll/algorithms/choices.py): subtracted from the loss, per decision (row)."""
+    bonus_decay_steps: int = 0
+    """0: the entropy bonuses (``entropy_coef``, ``action_entropy_coef``) keep their weight.
+    N > 0: each decays linearly with the agent's own train steps, ``coef * (1 - s / N)`` at its
+    (s+1)-th step, to 0 from step N + 1 on (as a ``linear`` rate with ``total_steps`` N;
+    ``${max_steps}`` ends the bonus with the run): explore early, sharpen the policy late."""
     magnet_coef: float = 0.0
     """Weight of KL(policy || magnet) over legal moves (constrained decoding only), per
     decision: magnetic mirror descent's pull toward ``magnet``."""
@@ -342,6 +347,14 @@ class TrainerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ConfigError(f"trainer.{name}", value, "must be a number >= 0")
+        if (isinstance(self.bonus_decay_steps, bool) or not isinstance(self.bonus_decay_steps, int)
+                or self.bonus_decay_steps < 0):
+            raise ConfigError("trainer.bonus_decay_steps", self.bonus_decay_steps,
+                              "must be an integer >= 0 (0: the bonuses do not decay)")
+        if self.bonus_decay_steps and not (self.entropy_coef or self.action_entropy_coef):
+            raise ConfigError("trainer.bonus_decay_steps", self.bonus_decay_steps,
+                              "decays the entropy bonuses, and trainer.entropy_coef and "
+                              "trainer.action_entropy_coef are both 0")
         if self.magnet not in ("uniform", "snapshot"):
             raise ConfigError("trainer.magnet", self.magnet, "must be 'uniform' or 'snapshot'")
         require_int("trainer.magnet_refresh", self.magnet_refresh)

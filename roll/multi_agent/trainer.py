@@ -134,6 +134,7 @@ class MultiAgentTrainer:
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
         self.global_step = 0
         self._held: tuple[object, int] | None = None
+        self.bonus_scale: dict[str, float] = {}  # each agent's, in its last train step
         self.rows_forwarded = 0  # rows this process ran forward/backward on in its last step
 
     @property
@@ -303,6 +304,7 @@ class MultiAgentTrainer:
         parts_of = {name: dict.fromkeys(_SUMMED_PARTS, 0.0) for name in minis}  # this round
         # dropout masks: one stream per (agent, its train steps so far, round, rank)
         steps = {name: self.schedulers[name].last_epoch for name in minis}
+        self.bonus_scale.update({name: self._bonus_scale(steps[name]) for name in minis})
         sync, mine, stream = self.grad_sync, minis, "dropout"
         if sync is not None and sync.world_size > 1:  # this rank's share of each mini-batch
             mine = {name: rows[sync.rank::sync.world_size] for name, rows in minis.items()}
@@ -331,7 +333,7 @@ class MultiAgentTrainer:
                     parts = self._loss(micro.select(part), logprobs[part], entropy[part],
                                        normalisers[name],
                                        choices[0][part] if choices else None,
-                                       decisions.get(name))
+                                       decisions.get(name), self.bonus_scale[name])
                     total = total + parts["loss"]
                     for key, value in parts.items():
                         parts_of[name][key] = parts_of[name][key] + value.detach()
@@ -372,11 +374,13 @@ class MultiAgentTrainer:
     def _loss(
         self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor,
         choice_logits: Tensor | None = None, decisions: Tensor | None = None,
+        bonus_scale: float = 1.0,
     ) -> dict[str, Tensor]:
         """One agent's loss on its rows of a micro-batch, scaled by its mini-batch normaliser
         (so micro-batch parts sum to the mini-batch's value); ``loss`` keeps its graph. The
         legal-move terms (``choice_logits`` given) are means over the mini-batch's
-        ``decisions`` (rows with a branching point), whatever ``loss_agg_mode``."""
+        ``decisions`` (rows with a branching point), whatever ``loss_agg_mode``; the entropy
+        bonuses weigh ``bonus_scale`` times their coefficients (``bonus_decay_steps``)."""
         cfg = self.config
         mask = micro.response_mask.float()
         if cfg.policy_over == "moves" and micro.choice_tokens is None:  # no decision: no term
@@ -409,13 +413,13 @@ class MultiAgentTrainer:
             parts["kl_ref"] = kl.detach()
         ent = aggregate(entropy, mask, cfg.loss_agg_mode, normaliser)
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent
+            loss = loss - cfg.entropy_coef * bonus_scale * ent
         parts["entropy"] = ent.detach()
         if choice_logits is not None:
             moves = choice_logprobs(choice_logits, micro.choice_tokens)
             action_entropy = choice_entropy(moves, micro.choice_tokens).sum() / decisions
             if cfg.action_entropy_coef > 0:
-                loss = loss - cfg.action_entropy_coef * action_entropy
+                loss = loss - cfg.action_entropy_coef * bonus_scale * action_entropy
             parts["action_entropy"] = action_entropy.detach()
             if cfg.magnet_coef > 0:
                 pull = choice_kl if cfg.magnet_kl == "forward" else choice_reverse_kl
@@ -424,6 +428,11 @@ class MultiAgentTrainer:
                 parts["magnet_kl"] = kl.detach()
         parts["loss"] = loss
         return parts
+
+    def _bonus_scale(self, steps_done: int) -> float:
+        """The entropy bonuses' multiplier at an agent's train step ``steps_done + 1``."""
+        decay = self.config.bonus_decay_steps
+        return max(0.0, 1.0 - steps_done / decay) if decay else 1.0
 
     def _with_magnet(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """``batch`` with ``magnet_logprobs``: the uniform policy over legal moves unless the
@@ -481,6 +490,8 @@ class MultiAgentTrainer:
             metrics["num_rows"] = float(len(rows))
             metrics["optimizer_steps"] = float(optimizer_steps[name])
             metrics["lr"] = self.schedulers[name].get_last_lr()[0]
+            if self.config.bonus_decay_steps:
+                metrics["bonus_scale"] = self.bonus_scale[name]
             result[name] = metrics
         return result
 

@@ -101,6 +101,27 @@ def test_the_reverse_magnet_kl_equals_an_independent_computation(tmp_path):
         assert m["loss"] == pytest.approx(m["policy_loss"] + 0.3 * m["magnet_kl"], abs=1e-6)
 
 
+def test_the_bonuses_decay_linearly_with_each_agents_own_steps(tmp_path):
+    """trainer.bonus_decay_steps=2: both bonuses weigh 1, 1/2, then 0 of their coefficients
+    at an agent's train steps 1, 2, 3 (as a linear rate with total_steps 2); the loss holds
+    exactly those terms, and the weight is logged."""
+    cfg = _config(tmp_path / "run", "trainer.action_entropy_coef=0.05",
+                  "trainer.entropy_coef=0.02", "trainer.bonus_decay_steps=2", "max_steps=3")
+    pipeline = AgenticPipeline(cfg)
+    scheduler = pipeline.scheduler(pipeline.train_seatings, evaluation=False)
+    batch = pipeline.synced_rollout(scheduler, 123, _Quiet(), "episodes")[0].batch
+    for step, scale in enumerate((1.0, 0.5, 0.0), start=1):
+        metrics, _ = update_agents(cfg, pipeline.trainer, pipeline.model, batch, step,
+                                   pipeline.policy_temperature, None, None)
+        for name in pipeline.agent_names:
+            m = metrics[name]
+            assert m["bonus_scale"] == scale
+            assert m["action_entropy"] > 0.1 and m["entropy"] > 0.1  # a bonus to weigh
+            assert m["loss"] == pytest.approx(
+                m["policy_loss"] - scale * (0.05 * m["action_entropy"] + 0.02 * m["entropy"]),
+                abs=1e-6)
+
+
 def test_action_entropy_is_logged_with_every_coefficient_at_zero(tmp_path):
     metrics = AgenticPipeline(_config(tmp_path / "run", "max_steps=1")).run()
     for name in ("agent_0", "agent_1"):
@@ -147,6 +168,9 @@ def test_snapshot_magnet_survives_a_checkpoint_bit_exactly(tmp_path):
     ("trainer.magnet_refresh=0", "trainer.magnet_refresh"),
     ("trainer.magnet=nash", "trainer.magnet"),
     ("trainer.magnet_kl=backward", "trainer.magnet_kl"),
+    ("trainer.bonus_decay_steps=-1", "trainer.bonus_decay_steps"),
+    ("trainer.bonus_decay_steps=1.5", "trainer.bonus_decay_steps"),
+    ("trainer.bonus_decay_steps=10", "trainer.bonus_decay_steps"),  # no bonus to decay
 ])
 def test_bad_regulariser_settings_are_refused_naming_the_key(tmp_path, override, key):
     # load_config validates: the one-line error, before any model loads.
