@@ -146,15 +146,22 @@ def gae(values: list[float], ret: float, lam: float) -> list[float]:
     return advantages
 
 
+def bonus_at(entropy: float, step: int, steps: int, decay: bool) -> float:
+    """The entropy bonus's weight at 0-based ``step`` of ``steps``: constant, or decayed
+    linearly to 0 as the rate is (``trainer.bonus_decay_steps`` = the run's steps)."""
+    return entropy * (1.0 - step / steps) if decay else entropy
+
+
 def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=4, clip=0.2,
           estimator="grpo", decay=0.9, seed=0, seatings="mixed", lam=0.95,
-          value_lr=0.3) -> dict:
+          value_lr=0.3, bonus_decay=False) -> dict:
     rng = np.random.default_rng(seed)
     tables = {"A": Table(), "B": Table()}
     baselines: dict[tuple[str, int], float] = {}
     values: dict[tuple[str, int, str], float] = {}  # critic: (agent, seat, board) -> V
     for step in range(steps):
         rate = lr * (1.0 - step / steps)
+        bonus = bonus_at(entropy, step, steps, bonus_decay)
         rows: dict[str, list] = {"A": [], "B": []}  # (board, k, p_old, advantage)
         for g in range(groups):
             seating = SEATINGS[seatings][g % len(SEATINGS[seatings])]
@@ -197,7 +204,7 @@ def train(groups=24, group_size=4, entropy=0.01, lr=1.0, steps=100, minibatches=
                     if not clipped:
                         g += advantage * ratio * (onehot - p)
                     log_p = np.log(np.maximum(p, 1e-12))
-                    g += entropy * (-p * (log_p + (-(p * log_p).sum())))  # dH/dz
+                    g += bonus * (-p * (log_p + (-(p * log_p).sum())))  # dH/dz
                     full = grads.setdefault(board, np.zeros(9))
                     full[legal(board)] += g
                 for board, g in grads.items():
@@ -227,18 +234,23 @@ def main() -> None:
     parser.add_argument("--value_lr", type=float, nargs="+", default=[0.3],
                         help="the value table's rate toward each lambda-return (critic)")
     parser.add_argument("--seatings", nargs="+", default=["mixed"], choices=list(SEATINGS))
+    parser.add_argument("--bonus_decay", nargs="+", default=["constant"],
+                        choices=["constant", "linear"],
+                        help="the entropy bonus constant, or decayed linearly to 0 over the run "
+                             "as the rate is (trainer.bonus_decay_steps=${max_steps})")
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    for (groups, entropy, lr, steps, minibatches, estimator, seatings, lam,
-         value_lr) in itertools.product(args.groups, args.entropy, args.lr, args.steps,
-                                        args.minibatches, args.estimator, args.seatings,
-                                        args.lam, args.value_lr):
+    for (groups, entropy, lr, steps, minibatches, estimator, seatings, lam, value_lr,
+         bonus_decay) in itertools.product(args.groups, args.entropy, args.lr, args.steps,
+                                           args.minibatches, args.estimator, args.seatings,
+                                           args.lam, args.value_lr, args.bonus_decay):
         if estimator != "critic" and (lam, value_lr) != (args.lam[0], args.value_lr[0]):
             continue  # lam and value_lr are the critic's
         start = time.perf_counter()
         runs = [train(groups=groups, entropy=entropy, lr=lr, steps=steps,
                       minibatches=minibatches, estimator=estimator, seed=seed,
-                      seatings=seatings, lam=lam, value_lr=value_lr)
+                      seatings=seatings, lam=lam, value_lr=value_lr,
+                      bonus_decay=bonus_decay == "linear")
                 for seed in range(args.seeds)]
         summary = {}
         for key in runs[0]:
@@ -252,7 +264,7 @@ def main() -> None:
                           "minibatches": minibatches, "estimator": estimator,
                           **({"lam": lam, "value_lr": value_lr} if estimator == "critic"
                              else {}),
-                          "seatings": seatings,
+                          "seatings": seatings, "bonus_decay": bonus_decay,
                           "seeds": args.seeds, "worst_O_win": worst_o,
                           "seconds": round(time.perf_counter() - start, 1),
                           "mean_min_max": summary}), flush=True)

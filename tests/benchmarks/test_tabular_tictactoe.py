@@ -70,6 +70,14 @@ def test_the_critics_gae_by_hand_and_its_rule_learns():
     assert result["A/O/sampled"]["win"] > 0.2880 + 0.05
 
 
+def test_the_bonus_decays_as_the_pipelines_does():
+    # trainer.bonus_decay_steps=N: weight coef * (1 - s/N) at the (s+1)-th step
+    assert tabular_tictactoe.bonus_at(0.1, 0, 10, True) == pytest.approx(0.1)
+    assert tabular_tictactoe.bonus_at(0.1, 5, 10, True) == pytest.approx(0.05)
+    assert tabular_tictactoe.bonus_at(0.1, 9, 10, True) == pytest.approx(0.01)
+    assert tabular_tictactoe.bonus_at(0.1, 9, 10, False) == 0.1
+
+
 @pytest.mark.parametrize("order, seat", [((0, 1, 2, 3, 4, 5, 6, 7, 8), 0),
                                          ((4, 0, 2, 6, 8, 1, 3, 5, 7), 1),
                                          ((8, 2, 5, 4, 0, 6, 3, 1, 7), 1)])
