@@ -7,6 +7,13 @@
 # There, one call each, the machine kept warm between them (carry what each line names):
 #   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
 #   bash scripts/device_runs.sh setup                     # carry .whl
+# Each call carries at most 64 MiB with the working tree (13.6 MiB on 2026-11-28): `.whl`
+# (21 MB) no longer fits beside a 31 MB piece of SmolLM2. What fitted (session 57; an ignored
+# path carried once stays for the next calls while the machine is warm):
+#   call 1: carry .whl .gpu/cc_aa    stash .gpu/cc_aa
+#   call 2: carry .gpu/smol_aa       stash .gpu/smol_aa
+#   call 3: carry .gpu/smol_ab .gpu/cc_ab    stash .gpu/smol_ab .gpu/cc_ab
+#   call 4: carry .gpu/smol_ac       stash .gpu/smol_ac && setup && launch ... && watch 480
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
