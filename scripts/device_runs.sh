@@ -116,9 +116,15 @@ launch)
   # progress.tgz, not to the $OUT of whichever call is on when it ends: four runs' 12 files
   # once took all 8 places of a call and progress.tgz was left out (session 56)
   mkdir -p "$RUNS/out_$name"
-  OUT="$RUNS/out_$name" setsid nohup python benchmarks/learning.py --run_dir "$RUNS" "$@" \
-    > "$RUNS/$name.log" 2>&1 < /dev/null &
-  echo "[$(ts)] launched $name (pid $!)" ;;
+  # One run per GPU: each gets its share of the cores for its host threads (torch's default,
+  # every core per process, had four runs of a 4-GPU machine oversubscribe its 64 cores 4x,
+  # and small host ops wait on each other's thread pools); OMP_NUM_THREADS set by the caller wins
+  gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  threads=${OMP_NUM_THREADS:-$(( $(nproc) / (gpus > 0 ? gpus : 1) ))}
+  [ "$threads" -ge 1 ] || threads=1
+  OUT="$RUNS/out_$name" OMP_NUM_THREADS=$threads setsid nohup python benchmarks/learning.py \
+    --run_dir "$RUNS" "$@" > "$RUNS/$name.log" 2>&1 < /dev/null &
+  echo "[$(ts)] launched $name (pid $!, $threads host threads)" ;;
 watch)
   # A fresh machine (the last one went back, runs and all) has no logs: say so at once, not
   # after SECONDS of watching nothing (session 54 lost 9 of its 30 device minutes that way)

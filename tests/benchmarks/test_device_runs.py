@@ -97,3 +97,34 @@ def test_a_launched_run_writes_its_results_where_watch_collects_them(tmp_path):
         time.sleep(0.05)
     assert "--recipes kuhn_nash" in result.read_text()
     assert not (tmp_path / "call_out").exists()
+
+
+def test_each_launched_run_gets_its_share_of_the_cores(tmp_path):
+    """One run per GPU: OMP_NUM_THREADS = cores / GPUs (at least 1), unless the caller set it."""
+    runs, bin_dir = tmp_path / "runs", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"
+    fake.write_text('#!/bin/sh\necho "$OMP_NUM_THREADS" > "$OUT/threads"\n')
+    smi = bin_dir / "nvidia-smi"  # a machine of two GPUs
+    smi.write_text('#!/bin/sh\necho "GPU 0: H100 (UUID: a)"\necho "GPU 1: H100 (UUID: b)"\n')
+    for path in (fake, smi):
+        path.chmod(0o755)
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(tmp_path / "call_out"),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("OMP_NUM_THREADS", None)
+
+    def threads_of(name: str, **extra: str) -> str:
+        run_env = {key: value for key, value in {**os.environ, **env, **extra}.items()
+                   if key != "OMP_NUM_THREADS" or "OMP_NUM_THREADS" in extra}
+        done = subprocess.run(["bash", str(SCRIPT), "launch", name, "--recipes", "kuhn_nash"],
+                              env=run_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        result = runs / f"out_{name}" / "threads"
+        for _ in range(100):  # the run is detached: wait for it
+            if result.exists() and result.read_text():
+                break
+            time.sleep(0.05)
+        return result.read_text().strip()
+
+    assert threads_of("A") == str(max(1, len(os.sched_getaffinity(0)) // 2))  # = nproc / 2
+    assert threads_of("B", OMP_NUM_THREADS="3") == "3"
