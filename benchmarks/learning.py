@@ -155,6 +155,8 @@ def run_recipe(args, name: str) -> dict:
             tactics["before"] = tictactoe_policy.report(pipeline)
     if args.profile_step:
         run_hooks.profile_one_step(pipeline, args.profile_step, args.profile_top, out)
+    if getattr(args, "sync_step", 0):
+        run_hooks.sync_sites_of_step(pipeline, args.sync_step, args.profile_top, out)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -449,6 +451,10 @@ def main() -> None:
                         help="run training step STEP under torch.profiler (after step 1's "
                              "compiles): kernels, GPU busy share, top operators -> the run's "
                              "profile.json")
+    parser.add_argument("--sync_step", type=int, default=0, metavar="STEP",
+                        help="run step STEP with CUDA's synchronisation debug mode: where the "
+                             "host waits for the GPU, counted by the line that asked "
+                             "(run_hooks.count_sync_sites) -> the run's sync_sites.json")
     parser.add_argument("--profile_top", type=int, default=25, metavar="TOP",
                         help="operators listed by --profile_step")
     parser.add_argument("--compile_cache", default=None, metavar="FILE",

@@ -4,7 +4,9 @@ one of its methods and leaves the run as it was otherwise.
 - ``tactics_at_evaluations``: TicTacToe's exact table after every evaluation (tactics.jsonl);
 - ``load_compile_cache`` / ``save_compile_cache_after_step_1``: torch.compile's artifacts
   carried from one GPU machine to the next (``--compile_cache``);
-- ``profile_one_step``: one training step under torch.profiler (``--profile_step``).
+- ``profile_one_step``: one training step under torch.profiler (``--profile_step``);
+- ``sync_sites_of_step``: where one training step makes the host wait for the GPU
+  (``--sync_step``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,80 @@ def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
                                          if key.startswith("time/")}, **report}
         (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps({"profile": report}), flush=True)
+        return metrics
+
+    pipeline.train_step = train_step
+
+
+def site_of(frames: list) -> str:
+    """``file:line (function)`` of the line that asked for a synchronising operation: the
+    innermost frame of this project (roll/, benchmarks/), else the innermost outside torch
+    and the standard library's warnings."""
+    def short(frame) -> str:
+        path = frame.filename.replace("\\", "/")
+        for root in ("/roll/", "/benchmarks/"):
+            if root in path:
+                path = root.strip("/") + "/" + path.split(root, 1)[1]
+                break
+        return f"{path}:{frame.lineno} ({frame.name})"
+
+    ours = [f for f in frames if "/roll/" in f.filename or "/benchmarks/" in f.filename]
+    if ours:
+        return short(ours[-1])
+    theirs = [f for f in frames if "/torch/" not in f.filename
+              and not f.filename.endswith("warnings.py")]
+    return short(theirs[-1]) if theirs else "?"
+
+
+def count_sync_sites(run, top: int = 30) -> dict:
+    """Run ``run()`` with CUDA's synchronisation debug mode on: every operation that makes the
+    host wait for the device (``.item()``, ``.tolist()``, a blocking copy, a shape that depends
+    on values) warns, and is counted at the line of this project that asked for it
+    (``site_of``). ``{"syncs": total, "sites": [{"site", "count"}, ...]}``, most first. A
+    machine without CUDA counts nothing (``"cuda": false``)."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    if not torch.cuda.is_available():
+        run()
+        return {"cuda": False, "syncs": 0, "sites": []}
+    counts: Counter = Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            counts[site_of(traceback.extract_stack()[:-1])] += 1
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return {"cuda": True, "syncs": sum(counts.values()),
+            "sites": [{"site": site, "count": n} for site, n in counts.most_common(top)]}
+
+
+def sync_sites_of_step(pipeline, step: int, top: int, out: Path) -> None:
+    """Step ``step`` of ``pipeline.run()`` runs under ``count_sync_sites``; the report (with
+    the step's phase times) is printed and written to ``out/sync_sites.json``."""
+    plain = pipeline.train_step
+
+    def train_step(*args, **kwargs):
+        if pipeline.step != step:
+            return plain(*args, **kwargs)
+        metrics = {}
+        report = count_sync_sites(lambda: metrics.update(plain(*args, **kwargs)), top)
+        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
+                                         if key.startswith("time/")}, **report}
+        (out / "sync_sites.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({"sync_sites": report}), flush=True)
         return metrics
 
     pipeline.train_step = train_step
