@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from roll.utils.transfer import to_device
+
 
 @dataclass
 class TrajectoryBatch:
@@ -116,7 +118,8 @@ class TrajectoryBatch:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            moved[f.name] = None if value is None else value.to(device)
+            # a host batch goes up through pinned memory: the host does not wait for the GPU
+            moved[f.name] = None if value is None else to_device(value, device)
         return TrajectoryBatch(**moved)
 
     def require(self, *names: str) -> None:

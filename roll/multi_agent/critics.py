@@ -106,12 +106,16 @@ class ValueHeads(nn.Module):
 
 def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tensor,
                   attention_mask: Tensor, critic_id: Tensor,
-                  positions: Tensor | None = None) -> Tensor:
+                  positions: Tensor | None = None,
+                  segments: list[tuple[str, int, int]] | None = None) -> Tensor:
     """Values (B, T) of each row's critic (``critic_id`` (B,) indexes ``model.critic_names``):
     ``values[:, t]`` = V(state before token t); 0 at t = 0 and outside ``positions`` (B, T).
     Differentiable in the critics' adapters and heads. Keep each critic's rows contiguous
-    (its dropout masks are then those of a forward of its rows alone)."""
-    segments = agent_segments(critic_id.tolist(), model.critic_names)
+    (its dropout masks are then those of a forward of its rows alone). ``segments``: the
+    rows' (critic, first, stop) runs when the caller knows them (else read from ``critic_id``,
+    one wait for the device)."""
+    if segments is None:
+        segments = agent_segments(critic_id.tolist(), model.critic_names)
     compiled = model._compiled
     if compiled is not None and compiled.routes_critics:  # trainer.compile (compiled.py)
         hidden = compiled.hidden(input_ids, attention_mask, critic_id)
@@ -215,9 +219,9 @@ class CriticTrainer:
         (B,)), in forwards of at most ``forward_rows`` of one critic's rows."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32,
                           device=batch.input_ids.device)
-        for rows in self._rows(critic_id).values():
+        for name, rows in self._rows(critic_id).items():
             for chunk in rows.split(self.forward_rows):
-                out[chunk] = self._forward(batch, critic_id, chunk)
+                out[chunk] = self._forward(batch, critic_id, chunk, name)
         return out
 
     def train_step(self, batch: TrajectoryBatch, critic_id: Tensor) -> dict[str, dict[str, float]]:
@@ -252,7 +256,7 @@ class CriticTrainer:
             self.rows_forwarded += len(mine)
             with self.model.training_forward({name: steps[name]}, stream):
                 for micro in mine.split(self.micro_batch_size):
-                    values = self._forward(batch, critic_id, micro)
+                    values = self._forward(batch, critic_id, micro, name)
                     loss, parts = value_loss(values, batch.values[micro], batch.returns[micro],
                                              mask[micro], clip=self.config.value_clip,
                                              normalizer=normaliser)
@@ -314,10 +318,13 @@ class CriticTrainer:
                 rows_of[name] = rows
         return rows_of
 
-    def _forward(self, batch: TrajectoryBatch, critic_id: Tensor, rows: Tensor) -> Tensor:
+    def _forward(self, batch: TrajectoryBatch, critic_id: Tensor, rows: Tensor,
+                 name: str) -> Tensor:
+        """Values of ``rows``, every one of them critic ``name``'s."""
         return critic_values(self.model, self.heads, batch.input_ids[rows],
                              batch.attention_mask[rows], critic_id[rows],
-                             positions=batch.response_mask[rows].bool())
+                             positions=batch.response_mask[rows].bool(),
+                             segments=[(name, 0, len(rows))])
 
     def _clip(self, name: str) -> Tensor:
         return clip_gradients(self.parameters(name), self.max_grad_norm[name])

@@ -93,10 +93,15 @@ def response_window(positions: Tensor) -> tuple[int, int]:
     skipped it would leave the others waiting) and scores nothing."""
     if positions.shape[1] < 2:
         raise ValueError(f"{positions.shape[1]} column(s): a scored token needs one before it")
-    columns = positions.any(dim=0).nonzero().squeeze(-1)
-    if columns.numel() == 0:
+    # both ends in one device -> host read (not nonzero() and two int()s: three waits)
+    used = positions.any(dim=0)
+    columns = torch.arange(used.numel(), device=used.device)
+    width = used.numel()
+    first, last = torch.stack([torch.where(used, columns, width).min(),
+                               torch.where(used, columns, -1).max()]).tolist()
+    if last < 0:
         return 1, 2
-    first, stop = int(columns[0]), int(columns[-1]) + 1
+    stop = last + 1
     if first < 1:
         raise ValueError("position 0 has no context; it cannot be a scored token")
     return first, stop

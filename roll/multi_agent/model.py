@@ -42,6 +42,7 @@ from roll.multi_agent.routing import agent_segments, segment_lora
 from roll.multi_agent.seeds import adapter_init_seed, agent_stream_seed
 from roll.multi_agent.shape_only import adapters_on_cpu
 from roll.multi_agent.team_factors import layout_warning_ignored
+from roll.utils.transfer import host_copies
 
 
 def _peft_lora_config(lora: LoRAConfig, base_name_or_path: str | None):
@@ -433,9 +434,11 @@ class MultiAgentLoRAModel(nn.Module):
 
     # ------------------------------------------------------------------ interchange
     def export_adapter(self, name: str) -> dict[str, Tensor]:
-        """One agent's adapter tensors with PEFT's on-disk key names (detached CPU copies)."""
-        return {key: param.detach().to("cpu", copy=True)
-                for key, param in self.named_agent_tensors(name)}
+        """One agent's adapter tensors with PEFT's on-disk key names (detached CPU copies,
+        read from the device in one transfer, not one wait per tensor)."""
+        named = list(self.named_agent_tensors(name))
+        return dict(zip([key for key, _ in named], host_copies([p for _, p in named]),
+                        strict=True))
 
     @torch.no_grad()
     def import_adapter(self, name: str, tensors: dict[str, Tensor]) -> None:

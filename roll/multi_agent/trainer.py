@@ -56,8 +56,10 @@ from roll.batch import TrajectoryBatch
 from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.plan import micro_groups, mini_batches
 from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
+from roll.utils.transfer import upload
 
 METRIC_PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
                 "clip_frac", "approx_kl", "grad_norm")
@@ -171,7 +173,7 @@ class MultiAgentTrainer:
         for index, name in enumerate(self.agent_names):
             rows = [row for row, agent in enumerate(ids) if agent == index]
             if rows:
-                own[name] = torch.tensor(rows, device=batch.agent_id.device)
+                own[name] = upload(rows, torch.long, batch.agent_id.device)  # no wait
         plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
                 for name, rows in own.items()}
         rounds = max((len(minis) for minis in plan.values()), default=0)
@@ -234,50 +236,12 @@ class MultiAgentTrainer:
 
     # ------------------------------------------------------------------ plan
     def _mini_batches(self, name: str, num_rows: int) -> list[Tensor]:
-        """Positions (among the agent's rows) of each of its optimizer steps, epoch by epoch.
-
-        Shuffled per epoch by a generator seeded from (run seed, agent name, the agent's own
-        train steps so far): the same alone or in any team, and after a resume.
-        """
-        size = self.config.ppo_mini_batch_size or num_rows
-        if size >= num_rows:
-            return [torch.arange(num_rows)] * self.config.ppo_epochs
-        done = self.schedulers[name].last_epoch
-        generator = torch.Generator().manual_seed(
-            agent_stream_seed(self.model.seed, name, done, "shuffle")
-        )
-        # ceil(rows / size) mini-batches of nearly equal size (10 rows, size 4: 4, 3, 3): a
-        # last mini-batch of a few rows would take as large an Adam step on far more noise
-        count = -(-num_rows // size)
-        minis: list[Tensor] = []
-        for _ in range(self.config.ppo_epochs):
-            minis.extend(torch.randperm(num_rows, generator=generator).tensor_split(count))
-        return minis
-
-    def _micro_groups(self, minis: dict[str, Tensor]) -> list[list[tuple[str, Tensor]]]:
-        """Which rows share a forward/backward. Each agent's micro-batches are what they would
-        be alone (so are its dropout masks and its gradient sums); sequential, one agent's
-        micro-batch per forward; fused, micro-batches of several agents (at most one of each,
-        in each agent's own order) are packed into one forward of at most ``micro_batch_size``
-        rows, so memory per forward does not grow with the number of agents."""
-        size = self.config.micro_batch_size
-        split = {name: rows.split(size) for name, rows in minis.items()}
-        if not self.config.fused:
-            return [[(name, micro)] for name, micros in split.items() for micro in micros]
-        count = max(len(micros) for micros in split.values())
-        queue = [(name, micros[k]) for k in range(count) for name, micros in split.items()
-                 if k < len(micros)]
-        groups: list[list[tuple[str, Tensor]]] = []
-        current: list[tuple[str, Tensor]] = []
-        for name, micro in queue:
-            rows = sum(len(m) for _, m in current)
-            if current and (rows + len(micro) > size or any(n == name for n, _ in current)):
-                groups.append(current)
-                current = []
-            current.append((name, micro))
-        if current:
-            groups.append(current)
-        return groups
+        """``plan.mini_batches`` of agent ``name``: shuffled by a seed of (run seed, agent
+        name, the agent's own train steps so far)."""
+        seed = agent_stream_seed(self.model.seed, name, self.schedulers[name].last_epoch,
+                                 "shuffle")
+        return mini_batches(num_rows, self.config.ppo_mini_batch_size, self.config.ppo_epochs,
+                            seed)
 
     # ------------------------------------------------------------------ one round
     def _backward(
@@ -312,7 +276,8 @@ class MultiAgentTrainer:
             stream = f"dropout/rank{sync.rank}"
         if round_index:
             stream = f"{stream}/round{round_index}"
-        groups = self._micro_groups(mine) if mine else []
+        groups = (micro_groups(mine, self.config.micro_batch_size, self.config.fused)
+                  if mine else [])
         padding = self.strategy.padding_passes(len(groups))
         with self.model.training_forward(steps, stream):
             for group in groups:

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from roll.inference.base import Follow, GenerationRequest, Later
 from roll.inference.constrained import CompletionTrie
-from roll.inference.hf.cuda_graph import CapturedStep, compile_step, upload
+from roll.inference.hf.cuda_graph import CapturedStep, compile_step
 from roll.inference.hf.lanes import Lane, Step, constrain
 from roll.inference.hf.prefill import prefill
 from roll.inference.hf.ring import (
@@ -63,6 +63,7 @@ from roll.inference.hf.sampling import (
     seed_key,
 )
 from roll.utils.stages import stage
+from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
@@ -226,8 +227,9 @@ class ContinuousDecoder:
                                               for t in (lane_of, row_of, back, position_of))
         column_of = (self.column - back) % self.capacity  # before the current column
         self.ring.write(capture, lane_of, column_of, row_of, position_of)
-        self.visible[lanes] = False
-        self.visible[lane_of, column_of] = True
+        # not ``visible[index] = scalar``: that copies the scalar from the host and waits
+        self.visible.index_fill_(0, lanes, False)
+        self.visible.index_put_((lane_of, column_of), self.visible.new_ones(()))
         params = [request.sampling for _, _, request in admitted]
         seeds = [sampling.seed if sampling.seed is not None else engine.next_seed()
                  for sampling in params]
@@ -244,7 +246,7 @@ class ContinuousDecoder:
                 (self.row_keys, [seed_key(seed) for seed in seeds]),
                 (self.position, lengths)):
             buffer[lanes] = upload(values, buffer.dtype, self.device)
-        self.steps[lanes] = 0
+        self.steps.index_fill_(0, lanes, 0)
         return self._sample(lane_list, lanes, logits)
 
     # ------------------------------------------------------------------ decoding

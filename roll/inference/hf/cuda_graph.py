@@ -66,14 +66,3 @@ def cache_counters(cache) -> list[Tensor]:
     index by ``cache_position`` alone)."""
     counters = (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
     return [t for t in counters if isinstance(t, Tensor)]
-
-
-def upload(values, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Host values (a list or a CPU tensor) → a tensor on ``device``, without waiting for the
-    device. A plain host → CUDA copy synchronizes the stream (it waits for every step already
-    launched); this one stages the values in pinned memory and copies them asynchronously, in
-    stream order (the pinned block is not reused before the copy has run)."""
-    host = torch.as_tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roll.inference.hf.cuda_graph import upload
 from roll.inference.hf.lora_groups import Group, Stack, build_groups, shares_inputs
+from roll.utils.transfer import to_device, upload
 
 PEFT_PREFIX = "base_model.model."
 # Layout keys are unique across all FusedLoRA objects of the process: a compiled step guards on
@@ -230,8 +230,10 @@ class FusedLoRA:
                 stack.B[:, lo:hi].zero_()
                 if path in modules:
                     pair = modules[path]
-                    stack.A[lo : lo + rank].copy_(pair["A"])
-                    stack.B[:, lo : lo + rank].copy_(pair["B"].to(torch.float32) * scaling)
+                    # host tensors (an exported adapter) go up without waiting on the device
+                    a, b = (to_device(pair[key], stack.A.device) for key in ("A", "B"))
+                    stack.A[lo : lo + rank].copy_(a)
+                    stack.B[:, lo : lo + rank].copy_(b.to(torch.float32) * scaling)
         self.slots[slot] = SlotInfo(slot, version, block, rank, scaling, frozenset(modules))
 
     def remove(self, slot: str) -> None:

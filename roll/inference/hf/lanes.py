@@ -18,7 +18,7 @@ from roll.inference.base import (
     hits_stop,
 )
 from roll.inference.constrained import CompletionTrie
-from roll.inference.hf.cuda_graph import upload
+from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
@@ -101,7 +101,9 @@ def constrain(logits: Tensor, states: list[Lane]) -> Tensor | None:
         return None
     logits = logits.float()
     bias = torch.zeros_like(logits)
-    bias[upload(sorted(set(rows)), torch.long, logits.device)] = float("-inf")
-    bias[upload(rows, torch.long, logits.device), upload(allowed, torch.long, logits.device)
-         ] = 0.0
+    # index_fill_ / index_put_ with a device value: ``bias[index] = scalar`` copies the scalar
+    # from the host and waits for the device (twice per decode step; --sync_step found them)
+    bias.index_fill_(0, upload(sorted(set(rows)), torch.long, logits.device), float("-inf"))
+    bias.index_put_((upload(rows, torch.long, logits.device),
+                     upload(allowed, torch.long, logits.device)), bias.new_zeros(()))
     return logits + bias

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from roll.inference.hf.cuda_graph import upload
 from roll.inference.hf.ring import CaptureCache, additive_mask
+from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
