@@ -155,7 +155,7 @@ def run_recipe(args, name: str) -> dict:
             tactics["before"] = tictactoe_policy.report(pipeline)
     if args.profile_step:
         run_hooks.profile_one_step(pipeline, args.profile_step, args.profile_top, out)
-    if getattr(args, "sync_step", 0):
+    if args.sync_step:
         run_hooks.sync_sites_of_step(pipeline, args.sync_step, args.profile_top, out)
     pipeline.run()
     if versus:

@@ -76,26 +76,33 @@ def save_compile_cache_after_step_1(pipeline, out: Path) -> None:
     pipeline.train_step = train_step
 
 
-def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
-    """Step ``step`` of ``pipeline.run()`` runs under torch.profiler (train_throughput.py's
-    ``profile_step``: kernels launched, GPU busy share, the ``top`` operators by GPU and by host
-    time); the report is printed and written to ``out/profile.json``. Other steps as usual."""
-    from train_throughput import profile_step
-
+def _measure_step(pipeline, step: int, out: Path, name: str, measure) -> None:
+    """Step ``step`` of ``pipeline.run()`` runs inside ``measure(run) -> report``; the report,
+    with the step's phase times, is printed as ``{name: report}`` and written to
+    ``out/<name>.json``. Other steps as usual."""
     plain = pipeline.train_step
 
     def train_step(*args, **kwargs):
         if pipeline.step != step:
             return plain(*args, **kwargs)
         metrics = {}
-        report = profile_step(lambda: metrics.update(plain(*args, **kwargs)), top)
+        report = measure(lambda: metrics.update(plain(*args, **kwargs)))
         report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
                                          if key.startswith("time/")}, **report}
-        (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps({"profile": report}), flush=True)
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({name: report}), flush=True)
         return metrics
 
     pipeline.train_step = train_step
+
+
+def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
+    """Step ``step`` under torch.profiler (train_throughput.py's ``profile_step``: kernels
+    launched, GPU busy share, the ``top`` operators by GPU and by host time) ->
+    ``out/profile.json``."""
+    from train_throughput import profile_step
+
+    _measure_step(pipeline, step, out, "profile", lambda run: profile_step(run, top))
 
 
 def site_of(frames: list) -> str:
@@ -154,19 +161,5 @@ def count_sync_sites(run, top: int = 30) -> dict:
 
 
 def sync_sites_of_step(pipeline, step: int, top: int, out: Path) -> None:
-    """Step ``step`` of ``pipeline.run()`` runs under ``count_sync_sites``; the report (with
-    the step's phase times) is printed and written to ``out/sync_sites.json``."""
-    plain = pipeline.train_step
-
-    def train_step(*args, **kwargs):
-        if pipeline.step != step:
-            return plain(*args, **kwargs)
-        metrics = {}
-        report = count_sync_sites(lambda: metrics.update(plain(*args, **kwargs)), top)
-        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
-                                         if key.startswith("time/")}, **report}
-        (out / "sync_sites.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps({"sync_sites": report}), flush=True)
-        return metrics
-
-    pipeline.train_step = train_step
+    """Step ``step`` under ``count_sync_sites`` (its ``top`` sites) -> ``out/sync_sites.json``."""
+    _measure_step(pipeline, step, out, "sync_sites", lambda run: count_sync_sites(run, top))

@@ -95,8 +95,8 @@ def response_window(positions: Tensor) -> tuple[int, int]:
         raise ValueError(f"{positions.shape[1]} column(s): a scored token needs one before it")
     # both ends in one device -> host read (not nonzero() and two int()s: three waits)
     used = positions.any(dim=0)
-    columns = torch.arange(used.numel(), device=used.device)
     width = used.numel()
+    columns = torch.arange(width, device=used.device)
     first, last = torch.stack([torch.where(used, columns, width).min(),
                                torch.where(used, columns, -1).max()]).tolist()
     if last < 0:

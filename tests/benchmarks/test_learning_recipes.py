@@ -58,13 +58,14 @@ def test_greedy_too_is_the_runs_own_greedy_evaluation(tmp_path):
 @pytest.mark.slow  # ~20 s: a tiny run of two steps (quick subset < 3 min)
 def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypatch):
     """--profile_step 2: step 2 runs under torch.profiler, its report (the step's phase times,
-    host operators) lands in the run's profile.json, and the run still trains both steps."""
+    host operators) lands in the run's profile.json, and the run still trains both steps;
+    --sync_step 1 beside it: step 1's sync_sites.json (no CUDA here: nothing counted)."""
     import json
 
     monkeypatch.setenv("OUT", str(tmp_path))
     args = argparse.Namespace(
         tiny=True, model="smollm2-135m", steps=2, eval_every=100, run_dir=str(tmp_path),
-        tag="_profiled", vs_mcts=0, greedy_too=False, tactics=False, profile_step=2,
+        tag="_profiled", vs_mcts=0, greedy_too=False, tactics=False, profile_step=2, sync_step=1,
         compile_cache=None,
         profile_top=5, override=["rollout.num_groups=4", "eval.eval_steps=0"])
     learning.run_recipe(args, "kuhn_nash")
@@ -73,6 +74,9 @@ def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypat
     assert report["step"] == 2 and report["wall_s"] > 0
     assert report["time"]["time/step"] > 0 and report["time"]["time/train"] > 0
     assert len(report["top"]) == 5 and report["top"][0]["self_cpu_ms"] > 0
+    syncs = json.loads((run / "sync_sites.json").read_text())
+    assert syncs["step"] == 1 and syncs["time"]["time/step"] > 0
+    assert syncs["cuda"] is False and syncs["sites"] == []  # the CPU suite
     steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").open()]
     assert 1 in steps and 2 in steps
 
@@ -160,7 +164,7 @@ def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, mo
         for agent in pipeline.agent_names})
     args = argparse.Namespace(
         tiny=True, model="smollm2-135m", steps=3, eval_every=2, run_dir=str(tmp_path),
-        tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0,
+        tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0, sync_step=0,
         compile_cache=None, profile_top=5,
         override=["rollout.num_groups=8", "eval.num_episodes=4"])  # 8 seatings
     result = learning.run_recipe(args, "tictactoe_mixed")
