@@ -1,6 +1,6 @@
 """The training loop of a team of agents (DESIGN.md "Data flow of one step"), one process.
 
-    evaluation at step 0 (if eval.eval_steps)
+    evaluation at step 0 (if eval.eval_steps and eval.before_training)
     for step in 1..max_steps:
         [engine awake]  sync adapters → engine   (only LoRA tensors travel)
                         train rollouts           (all pending turns → one mixed-adapter batch)
@@ -318,7 +318,7 @@ class AgenticPipeline:
         last_eval: dict[str, float] = {}
         with Tracker(tracking, str(self.output_dir), run_config=dataclasses.asdict(cfg),
                      run_id=self.run_id) as tracker:
-            if cfg.eval.eval_steps and self.step == 0:
+            if cfg.eval.eval_steps and cfg.eval.before_training and self.step == 0:
                 with stage("evaluation before training"):
                     first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)

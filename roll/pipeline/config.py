@@ -222,6 +222,10 @@ class EvalSchema:
 
     eval_steps: int = 10
     """Evaluate every this many steps (and before the first and after the last); 0 = never."""
+    before_training: bool = True
+    """Also evaluate before the first step (step 0). false skips it: the untrained agents' figures
+    are the same in every run of a recipe whose adapters start at zero (LoRA's B = 0), so a
+    sweep over seeds can measure them once."""
     num_episodes: int = 32
     """Episodes per evaluation."""
     seat_to_agent: list[Any] = field(default_factory=list)

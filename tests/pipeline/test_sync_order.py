@@ -105,3 +105,10 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     assert len(runs) == 2, runs
     ids = {next(run.glob("run-*.wandb")).stem.removeprefix("run-") for run in runs}
     assert len(ids) == 1, ids
+
+
+def test_before_training_false_skips_only_the_step_0_evaluation(tmp_path):
+    out = tmp_path / "run"
+    _pipeline(out, "max_steps=2", "eval.eval_steps=1", "eval.before_training=false").run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/agent_0/win_rate" in r] == [1, 2]
