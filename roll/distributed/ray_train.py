@@ -109,8 +109,8 @@ class TrainRank:
         return response_divergences(self.model, batch.select(rows), agent_a, agent_b,
                                     temperature, self.trainer.config.forward_rows).cpu()
 
-    def magnet_logprobs(self, batch: TrajectoryBatch, rows: torch.Tensor, adapters: dict,
-                        temperature: float) -> torch.Tensor:
+    def choice_logprobs(self, batch: TrajectoryBatch, rows: torch.Tensor, temperature: float,
+                        adapters: dict | None) -> torch.Tensor:
         """``roles.choice_logprobs_under`` of ``batch``'s ``rows`` (this rank's share)."""
         return choice_logprobs_under(self.trainer, batch.select(rows), adapters,
                                      temperature).cpu()
@@ -273,7 +273,7 @@ class RayTrainGroup:
 
     def policy_logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
         """(B, T) log-probs of the response tokens under the adapters as they are now (HAPPO's
-        ratios, exploitability tables), each rank on its share of the rows."""
+        ratios), each rank on its share of the rows."""
         parts = self._by_shares(batch, "policy_logprobs", "policy log-probs", temperature)
         return torch.cat(parts).to(batch.input_ids.device)
 
@@ -283,12 +283,13 @@ class RayTrainGroup:
         return torch.cat(self._by_shares(batch, "divergence_rows", "policy divergences",
                                          agent_a, agent_b, temperature))
 
-    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict, temperature: float
-                        ) -> torch.Tensor:
-        """(B, T, C) the magnet's legal-move log-probs, each rank on its share of the rows
-        (the magnet's tensors travel once, through the object store)."""
-        parts = self._by_shares(batch, "magnet_logprobs", "magnet log-probs",
-                                ray.put(adapters), temperature)
+    def choice_logprobs(self, batch: TrajectoryBatch, temperature: float,
+                        adapters: dict | None = None) -> torch.Tensor:
+        """(B, T, C) legal-move log-probs at the branching points, of the agents as they are
+        or under ``adapters`` (a magnet, whose tensors travel once, through the object store),
+        each rank on its share of the rows."""
+        parts = self._by_shares(batch, "choice_logprobs", "legal-move log-probs", temperature,
+                                ray.put(adapters) if adapters else None)
         return torch.cat(parts).to(batch.input_ids.device)
 
     def _by_shares(self, batch: TrajectoryBatch, method: str, what: str, *args) -> list:

@@ -4,9 +4,10 @@ A ``TrainGroup`` updates every agent's adapter from one mixed batch (``train_ste
 the new adapters in the pipeline's own ``MultiAgentLoRAModel`` afterwards, which serves the
 rollout engine and the checkpoints. Every other forward of the team runs where the group
 trains, each rank on its share of the rows: the old and reference log-probs
-(``logprob_passes``), HAPPO's ratios and the exploitability tables (``policy_logprobs``), the
-agents' policy distance (``divergence_rows``) and a snapshot magnet's legal-move log-probs
-(``magnet_logprobs``); the helpers below are their one implementation. ``LocalTrainGroup`` (a
+(``logprob_passes``), HAPPO's ratios (``policy_logprobs``), the agents' policy distance
+(``divergence_rows``) and the legal-move log-probs at branching points, of the agents as they
+are (the exploitability tables) or of a snapshot magnet (``choice_logprobs``); the helpers
+below are their one implementation. ``LocalTrainGroup`` (a
 ``MultiAgentTrainer`` with the default torch strategy) is the local group: it trains that very
 model in this process. ``RayTrainGroup`` (ray_train.py) keeps ``world_size`` data-parallel
 replicas in Ray actors; after each step rank 0 publishes the updated adapters for the engine
@@ -88,11 +89,12 @@ class TrainGroup(Protocol):
         (``MultiAgentLoRAModel.divergence_rows``), where the train role runs."""
         ...
 
-    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict[str, dict[str, Tensor]],
-                        temperature: float) -> Tensor:
-        """(B, T, C) log-probs of each row's legal tokens at its branching points under
-        ``adapters`` of its agent (a snapshot magnet), where the train role runs; the agents'
-        own adapters are put back afterwards."""
+    def choice_logprobs(self, batch: TrajectoryBatch, temperature: float,
+                        adapters: dict[str, dict[str, Tensor]] | None = None) -> Tensor:
+        """(B, T, C) log-probs of each row's legal tokens at its branching points
+        (``batch.choice_tokens``), renormalised per point, each row under its agent's adapter
+        as it is now, or under ``adapters`` of its agent (a snapshot magnet; the agents' own
+        are put back afterwards), where the train role runs."""
         ...
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
@@ -154,18 +156,21 @@ def response_divergences(model: MultiAgentLoRAModel, batch: TrajectoryBatch, age
 
 @torch.no_grad()
 def choice_logprobs_under(trainer: MultiAgentTrainer, batch: TrajectoryBatch,
-                          adapters: dict[str, dict[str, Tensor]], temperature: float) -> Tensor:
+                          adapters: dict[str, dict[str, Tensor]] | None,
+                          temperature: float) -> Tensor:
     """(B, T, C) log-probs of each row's legal tokens at its branching points (renormalised
-    per point), each row under ``adapters[its agent]``; the trainer's own adapters are put
-    back afterwards, whatever happens (through the trainer: ZeRO-3 gathers them)."""
+    per point), each row under ``adapters[its agent]`` (None: the trainer's own, as they
+    are); the trainer's own adapters are put back afterwards, whatever happens (through the
+    trainer: ZeRO-3 gathers them)."""
     batch = _on_model(trainer.model, batch)
     batch.require("choice_tokens")
-    current = trainer.export_adapters(list(adapters))
+    current = trainer.export_adapters(list(adapters)) if adapters else {}
     out = torch.zeros(batch.choice_tokens.shape, dtype=torch.float32,
                       device=batch.choice_tokens.device)
     step = trainer.config.forward_rows
     try:
-        trainer.load_adapters(adapters)
+        if adapters:
+            trainer.load_adapters(adapters)
         for start in range(0, len(batch), step):
             rows = batch.select(torch.arange(start, min(start + step, len(batch)),
                                              device=batch.agent_id.device))
@@ -174,7 +179,8 @@ def choice_logprobs_under(trainer: MultiAgentTrainer, batch: TrajectoryBatch,
                                        temperature=temperature, choices=rows.choice_tokens)
             out[start:start + len(rows)] = choice_logprobs(logits, rows.choice_tokens)
     finally:
-        trainer.load_adapters(current)
+        if adapters:
+            trainer.load_adapters(current)
     return out
 
 
@@ -189,8 +195,8 @@ class LocalTrainGroup(MultiAgentTrainer):
         return response_divergences(self.model, batch, agent_a, agent_b, temperature,
                                     self.config.forward_rows)
 
-    def magnet_logprobs(self, batch: TrajectoryBatch, adapters: dict[str, dict[str, Tensor]],
-                        temperature: float) -> Tensor:
+    def choice_logprobs(self, batch: TrajectoryBatch, temperature: float,
+                        adapters: dict[str, dict[str, Tensor]] | None = None) -> Tensor:
         return choice_logprobs_under(self, batch, adapters, temperature)
 
     def published_adapters(self, version: int) -> dict:

@@ -61,7 +61,7 @@ class SnapshotMagnet:
         """(B, T, C): the magnet's log-probs of each row's legal tokens at its branching
         points (each row under its own agent's magnet), renormalised per point, computed where
         the agents train."""
-        return trainer.magnet_logprobs(batch, self.tensors, temperature)
+        return trainer.choice_logprobs(batch, temperature, self.tensors)
 
     def save(self, checkpoint: Path, model: MultiAgentLoRAModel) -> None:
         for name, tensors in self.tensors.items():

@@ -8,7 +8,12 @@ import pytest
 import ray
 import torch
 
-from roll.distributed.roles import TrainSpec, response_divergences, response_logprobs
+from roll.distributed.roles import (
+    TrainSpec,
+    choice_logprobs_under,
+    response_divergences,
+    response_logprobs,
+)
 from roll.errors import RoleFailed
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.trainer import MultiAgentTrainer
@@ -88,11 +93,16 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
         fresh = batches()[1]
         passed = group.logprob_passes(fresh)
         pass_rows = group.pass_rows_per_rank
-        # HAPPO's ratios and the exploitability tables score on the ranks too, at any
-        # temperature
+        # HAPPO's ratios, the agents' distance and the exploitability tables' legal-move
+        # log-probs score on the ranks too, at any temperature
         scored = group.policy_logprobs(fresh, 0.7)
         score_rows = group.pass_rows_per_rank
         divergence = group.divergence_rows(fresh, "a", "b", 0.7)
+        # two legal tokens at each response position: the row's own and the next id
+        own = torch.where(fresh.response_mask.bool(), fresh.input_ids, -1)  # (B, T)
+        legal = torch.stack([own, torch.where(own >= 0, own + 1, -1)], dim=-1)  # (B, T, 2)
+        with_choices = fresh.with_fields(choice_tokens=legal)
+        chosen = group.choice_logprobs(with_choices, 0.7)
     finally:
         group.close()
 
@@ -100,6 +110,9 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
     expected_scores = response_logprobs(local_model, fresh, 0.7, None)
     assert float((scored - expected_scores).abs().max()) < 1e-5
     assert float((expected_scores - local.logprob_passes(fresh).old_logprobs).abs().max()) > 1e-3
+    expected_chosen = choice_logprobs_under(local, with_choices, None, 0.7)
+    assert float(expected_chosen[legal >= 0].exp().min()) > 1e-4  # both tokens have mass
+    torch.testing.assert_close(chosen, expected_chosen, rtol=1e-4, atol=1e-5)
     expected_divergence = response_divergences(local_model, fresh, "a", "b", 0.7, None)
     assert (expected_divergence > 1e-6).all()
     torch.testing.assert_close(divergence, expected_divergence, rtol=1e-4, atol=1e-9)
