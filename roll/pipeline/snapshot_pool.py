@@ -109,6 +109,13 @@ class SnapshotPool:
             return
         self.snapshots = {agent: {} for agent in self.agents}
         for agent in self.agents:
+            listed = {self.file(agent, int(step)) for step in state["steps"].get(agent, ())}
+            # A file the state does not list was written after this checkpoint by a run that
+            # stopped (a snapshot it dropped before its flush, or one of a later step, which
+            # ``take`` would never overwrite): it goes, and the run takes what it needs again.
+            for path in sorted((self.folder / agent).glob("step_*.safetensors")):
+                if path not in listed:
+                    path.unlink()
             for step in map(int, state["steps"].get(agent, ())):
                 self._load_from_disk(agent, step)
                 if step not in self.snapshots[agent]:

@@ -77,3 +77,35 @@ def test_a_run_saving_every_step_keeps_its_checkpoints_flat(tmp_path):
     for step in (4, 5):
         for key, value in pipeline.pool.snapshots["agent_0"][step].items():
             assert torch.equal(resumed.pool.snapshots["agent_0"][step][key], value)
+
+
+def test_resuming_deletes_the_snapshot_files_its_checkpoint_does_not_list(tmp_path,
+                                                                          tiny_model_path):
+    """A run killed after writing a checkpoint but before deleting the snapshot it dropped, or
+    after taking a later snapshot, leaves files its checkpoint does not list: the resumed run
+    deletes them, and takes the later one again from its own adapters, never keeping a file of
+    the branch that died (``take`` does not overwrite a file)."""
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice")])
+    folder = tmp_path / "snapshots" / "alice"
+    pool = SnapshotPool(team, {"alice"}, tmp_path / "checkpoints", tmp_path / "snapshots",
+                        max_size=2)
+    for step in range(3):
+        pool.take(step)
+        _nudge(team, "alice")
+    state = pool.state_dict()  # the checkpoint of step 2, written; then the kill: no flush
+    assert state == {"steps": {"alice": [1, 2]}}
+    pool.take(3)  # and the dying run went on to take step 3's
+    assert len(list(folder.iterdir())) == 4
+
+    resumed_team, _ = make_team(tiny_model_path, [AgentConfig("alice")])  # other adapters
+    resumed = SnapshotPool(resumed_team, {"alice"}, tmp_path / "checkpoints",
+                           tmp_path / "snapshots", max_size=2)
+    resumed.load_state_dict(state)
+    assert sorted(p.name for p in folder.iterdir()) == ["step_00000001.safetensors",
+                                                        "step_00000002.safetensors"]
+    resumed.take(3)
+    from safetensors.torch import load_file
+
+    written = load_file(str(folder / "step_00000003.safetensors"))
+    for key, value in resumed_team.export_adapter("alice").items():
+        assert torch.equal(written[key], value)
