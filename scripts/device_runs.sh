@@ -36,7 +36,7 @@
 # RUN is the run's folder under /tmp/runs (run_<recipe><tag>).
 # Step 1 compiles for minutes on a fresh machine. A run launched with `--compile_cache
 # /tmp/pieces/compile_cache.bin` loads torch.compile's artifacts from there when the file is
-# there and saves its own after step 1; a `watch` brings one run's back once
+# there and saves its own after step 1; the last call's `collect` brings one run's back
 # (in pieces named for the card; `unpack` joins them into .gpu/compile_cache_CARD.bin and cuts
 # it into .gpu/cc_CARD_aa, _ab, ... of 14 MB, CARD = h100, h200, ...): stash the pieces of the
 # card that came beside smol_aa, _ab, _ac (`setup` joins them). Another card's or torch's cache is simply not
@@ -65,13 +65,15 @@ export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 ROLL_CACHE
 # (one file: at most 8 files, 16 MiB each, come back from a call): every `watch` call ends with
 # this, so a machine that goes back loses at most the last call's progress. One run's
 # torch.compile artifacts come back once per machine, in 15 MiB pieces
-# (compile_cache_CARD.bin_a*).
+# (compile_cache_CARD.bin_a*), from `collect` only: a `watch` that brought 39 MB back took so
+# long to return that the machine went back before the next call came (session 59 lost four
+# runs at step 35 that way), so a `watch` returns small.
 card() {  # the machine's card in short: "NVIDIA H200" -> h200 (DEVICE_CARD: a test's)
   local name=${DEVICE_CARD:-$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true) | head -1)}
   name=$(echo "$name" | tr 'A-Z' 'a-z' | grep -o '[a-z][0-9][0-9]*' | head -1 || true)
   echo "${name:-gpu}"
 }
-copy_metrics() {
+copy_metrics() {  # copy_metrics [with_cache]
   local staging="$RUNS/.progress"
   rm -rf "$staging"; mkdir -p "$staging"
   for d in "$RUNS"/run_*; do
@@ -79,7 +81,8 @@ copy_metrics() {
     for f in metrics.jsonl tactics.jsonl profile.json; do
       [ -f "$d/$f" ] && cp "$d/$f" "$staging/$(basename "$d")_$f"
     done
-    if [ -f "$d/compile_cache.bin" ] && [ ! -f "$RUNS/.compile_cache_sent" ]; then
+    if [ "${1:-}" = with_cache ] && [ -f "$d/compile_cache.bin" ] &&
+       [ ! -f "$RUNS/.compile_cache_sent" ]; then
       split -b 15m "$d/compile_cache.bin" "$OUT/compile_cache_$(card).bin_" && touch "$RUNS/.compile_cache_sent"
     fi
   done
@@ -179,7 +182,7 @@ restore)
   cat /tmp/pieces/"${run}"_in_* | tar xf - -C "$RUNS/$run"
   ls "$RUNS/$run"/checkpoints ;;
 stop) pkill -f "^[^ ]*python[0-9.]* benchmarks/learning.py" || true ;;
-collect) copy_metrics; ls -la "$OUT" ;;
+collect) copy_metrics with_cache; ls -la "$OUT" ;;
 unpack)
   # here: DIR = a call's files_at (read-only) -> .gpu/progress/ (each run's files, the latest
   # call's over the earlier ones'); compile cache pieces -> .gpu/compile_cache_CARD.bin, and its

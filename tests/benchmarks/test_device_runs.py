@@ -80,6 +80,26 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
     assert len(log) == 20_000 and log.endswith("last line\n")  # the log's tail
 
 
+def test_watch_returns_small_and_leaves_the_compile_cache_to_collect(tmp_path):
+    """A `watch` that brought 39 MB of compile cache back returned so late that the machine
+    went back (30 s idle) before the next call came, runs and all (session 59): `watch` sends
+    the metrics only, `collect` (the last call) the cache too."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    (runs / "run_a").mkdir(parents=True)
+    (runs / "run_a" / "metrics.jsonl").write_text(json.dumps({"step": 3}) + "\n")
+    (runs / "run_a" / "compile_cache.bin").write_bytes(os.urandom(20 * MiB))
+    (runs / "A.log").write_text("step 3/80 ...\n")
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_CARD": "NVIDIA H200"}
+    done = _run("watch", "0", env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in out.iterdir()) == ["progress.tgz"]
+    assert (out / "progress.tgz").stat().st_size < MiB
+    assert _run("collect", env=env).returncode == 0
+    assert sorted(path.name for path in out.iterdir()) == [
+        "compile_cache_h200.bin_aa", "compile_cache_h200.bin_ab", "progress.tgz"]
+
+
 def test_watch_stops_at_once_on_a_machine_without_runs(tmp_path):
     done = _run("watch", "600", env={"DEVICE_RUNS": str(tmp_path / "none"),
                                      "OUT": str(tmp_path)})
