@@ -14,7 +14,11 @@ shows). Then, exactly over the game tree, for each seat against the uniformly ra
 - `blocks_made`: where it cannot win at once but the opponent threatens to (two in a line, the
   third cell empty), the probability it takes a threatened cell (same weighting);
 - `greedy_win`, `greedy_loss`: the same two for the policy's argmax move on every board (what
-  sampling noise costs: a policy that holds the right move beneath it gains here).
+  sampling noise costs: a policy that holds the right move beneath it gains here);
+- `greedy_gap`: where the greedy policy's return (win 1, loss -1) falls short of the best
+  player's against random (O 0.925: 0.932 wins, 0.007 losses; X 0.995), board by board
+  (`gap_by_board`: by its move number, by missed wins / missed blocks / other boards, and the
+  boards that cost most), so a run that stalls says which decisions hold it back.
 A player that ignores the marks (a fixed order of cells, `tictactoe_vs_random.fixed_order`)
 takes wins and blocks only where its order happens to; the best such player wins about 61% as O
 and loses about 35%, far from the goal (>= 85% wins, <= 5% losses). Prints JSON.
@@ -94,6 +98,75 @@ def score(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
             "blocks_made": float(blocks_made / max(block_reach, 1e-12))}
 
 
+def best_values(seat: int):
+    """V*(board): the expected return (win 1, draw 0, loss -1) of the best player in seat
+    ``seat`` (0: X, 1: O) from ``board`` on, against the uniformly random player."""
+    me, other = "XO"[seat], "OX"[seat]
+
+    @cache
+    def value(board: str) -> float:
+        ended = winner(board)
+        if ended or "." not in board:
+            return float(ended == me) - float(ended == other)
+        free = [i for i, c in enumerate(board) if c == "."]
+        mover = to_move(board)
+        children = [value(board[:i] + mover + board[i + 1:]) for i in free]
+        return max(children) if mover == me else sum(children) / len(children)
+
+    return value
+
+
+def gap_by_board(policy: dict[str, np.ndarray], seat: int, top: int = 5) -> dict:
+    """Where ``policy`` (seat ``seat``) loses expected return against the best player, board by
+    board: the performance-difference identity V*(root) - V^pi(root) = sum over the policy's
+    decision boards b of reach_pi(b) * (V*(b) - sum_m pi(m|b) V*(b + m)), reach_pi(b) the
+    probability that play (the policy against random) reaches b. Returns the total (``total``,
+    in return units: win 1, loss -1), the best player's return (``best``), the total split by the
+    policy's move number (``by_move``: its 1st, 2nd, ... move) and by kind of board
+    (``missed_wins``: it could win at once; ``missed_blocks``: it could not, the opponent
+    threatens; ``other``), and the ``top`` boards that cost most: [board, reach, gap, the
+    policy's likeliest move, the best moves]."""
+    me = "XO"[seat]
+    value = best_values(seat)
+    reach: dict[str, float] = {}
+    frontier = {"." * 9: 1.0}
+    while frontier:  # boards in order of the number of marks: each reach is complete when read
+        step: dict[str, float] = {}
+        for board, p in frontier.items():
+            if winner(board) or "." not in board:
+                continue
+            free = [i for i, c in enumerate(board) if c == "."]
+            mover = to_move(board)
+            if mover == me:
+                reach[board] = p
+                moves = [(i, p * policy[board][i]) for i in free if policy[board][i] > 0]
+            else:
+                moves = [(i, p / len(free)) for i in free]
+            for i, q in moves:
+                child = board[:i] + mover + board[i + 1:]
+                step[child] = step.get(child, 0.0) + q
+        frontier = step
+    rows = []
+    by_move = [0.0] * 5  # the policy's 1st ... 5th move (X moves 5 times at most, O 4)
+    kinds = {"missed_wins": 0.0, "missed_blocks": 0.0, "other": 0.0}
+    for board, p in reach.items():
+        free = [i for i, c in enumerate(board) if c == "."]
+        after = {i: value(board[:i] + me + board[i + 1:]) for i in free}
+        gap = p * (value(board) - sum(policy[board][i] * after[i] for i in free))
+        by_move[board.count(me)] += gap
+        kind = ("missed_wins" if completing(board, me) else
+                "missed_blocks" if completing(board, "OX"[seat]) else "other")
+        kinds[kind] += gap
+        best = [i for i in free if after[i] >= value(board) - 1e-12]
+        rows.append([board, float(p), float(gap), int(np.argmax(policy[board])), best])
+    rows.sort(key=lambda row: -row[2])
+    return {"total": round(sum(row[2] for row in rows), 4),
+            "best": round(value("." * 9), 4),
+            "by_move": [round(float(g), 4) for g in by_move[: 5 - seat]],
+            **{kind: round(float(g), 4) for kind, g in kinds.items()},
+            "top": [[b, round(p, 4), round(g, 4), m, best] for b, p, g, m, best in rows[:top]]}
+
+
 def uniform_policy() -> dict[str, np.ndarray]:
     """Every legal move equally likely (the chance level of each figure)."""
     policy = {}
@@ -148,10 +221,12 @@ def greedy(policy: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def figures(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
-    """``score`` of ``policy`` in ``seat`` plus its greedy policy's win and loss, rounded."""
+    """``score`` of ``policy`` in ``seat`` plus its greedy policy's win and loss, rounded, and
+    where the greedy policy's return falls short of the best player's (``gap_by_board``)."""
     sampled, argmax = score(policy, seat), score(greedy(policy), seat)
     both = {**sampled, "greedy_win": argmax["win"], "greedy_loss": argmax["loss"]}
-    return {key: round(value, 4) for key, value in both.items()}
+    return {**{key: round(value, 4) for key, value in both.items()},
+            "greedy_gap": gap_by_board(greedy(policy), seat)}
 
 
 def report(pipeline) -> dict[str, dict[str, dict[str, float]]]:

@@ -126,6 +126,62 @@ def test_a_first_free_cell_x_wins_at_least_the_hand_counted_share():
     assert figures["win"] == pytest.approx(tictactoe_vs_random.fixed_order(tuple(range(9)), "X")[0])
 
 
+def _best_return(board: str, me: str) -> float:
+    """The best expected return (win 1, loss -1) of ``me`` from ``board`` against random play,
+    by plain recursion (independent of ``best_values``)."""
+    lines = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
+             (2, 4, 6)]
+    for a, b, c in lines:
+        if board[a] != "." and board[a] == board[b] == board[c]:
+            return 1.0 if board[a] == me else -1.0
+    free = [i for i, c in enumerate(board) if c == "."]
+    if not free:
+        return 0.0
+    mover = "X" if board.count("X") == board.count("O") else "O"
+    returns = [_best_return(board[:i] + mover + board[i + 1:], me) for i in free]
+    return max(returns) if mover == me else sum(returns) / len(returns)
+
+
+def test_the_best_player_and_where_a_policy_falls_short_of_it():
+    """V*(root) by an independent recursion; an optimal table loses nothing; one that plays an
+    edge (cell 1) where X opened in a corner (reached with probability exactly 1/9, X's random
+    first move) loses 1/9 * (V*(that board) - V*(after the edge)), all of it on its first move
+    and on that board; for any table the per-board gaps sum to V*(root) - its exact return."""
+    best_o = tictactoe_policy.best_values(1)
+    assert best_o("." * 9) == pytest.approx(_best_return("." * 9, "O"), abs=1e-12)
+    assert tictactoe_policy.best_values(0)("." * 9) == pytest.approx(
+        _best_return("." * 9, "X"), abs=1e-12)
+
+    def best_cell(board: str) -> int:
+        me = tictactoe_policy.to_move(board)
+        value = tictactoe_policy.best_values("XO".index(me))
+        free = [i for i, c in enumerate(board) if c == "."]
+        return max(free, key=lambda i: value(board[:i] + me + board[i + 1:]))
+
+    optimal = _deterministic(best_cell)
+    for seat in (0, 1):
+        assert tictactoe_policy.gap_by_board(optimal, seat)["total"] == pytest.approx(0, abs=1e-9)
+    slip = dict(optimal)
+    slip["X........"] = np.eye(9)[1]
+    gap = tictactoe_policy.gap_by_board(slip, 1)
+    expected = (_best_return("X........", "O") - _best_return("XO.......", "O")) / 9
+    assert expected > 0.01
+    assert gap["total"] == pytest.approx(expected, abs=1e-4)
+    assert gap["by_move"] == pytest.approx([expected, 0, 0, 0], abs=1e-4)
+    assert gap["other"] == pytest.approx(expected, abs=1e-4)  # no win or threat on the board
+    board, reach, cost, played, best = gap["top"][0]
+    assert (board, reach, played, best) == ("X........", pytest.approx(1 / 9, abs=1e-4), 1, [4])
+    for table in (tictactoe_policy.uniform_policy(), _deterministic(_tactician)):
+        for seat in (0, 1):
+            gap = tictactoe_policy.gap_by_board(table, seat)
+            figures = tictactoe_policy.score(table, seat)
+            assert gap["best"] - gap["total"] == pytest.approx(
+                figures["win"] - figures["loss"], abs=2e-4)
+            assert sum(gap["by_move"]) == pytest.approx(gap["total"], abs=1e-3)
+            assert gap["missed_wins"] + gap["missed_blocks"] + gap["other"] == pytest.approx(
+                gap["total"], abs=1e-3)
+
+
 @pytest.mark.parametrize("renderer", ["", "tic_tac_toe_lines"])
 def test_an_llm_table_puts_its_mass_on_the_free_cells_of_each_board(tmp_path, renderer):
     """The LLM's table (the tiny model, untrained adapters): each board's probabilities sit on
