@@ -154,6 +154,23 @@ def test_bad_task_parameters_and_datasets_are_named():
         task_factory("chess_team", {}, ITEMS)
 
 
+@pytest.mark.parametrize("task", ["math_team", "debate", "majority_vote", "cory"])
+def test_every_math_task_checks_its_flags_and_items_by_name(task):
+    """The checks the math tasks share (TranscriptTask.keep_items), each named for its task."""
+    with pytest.raises(ConfigError, match=r"env.params.closed_answers='yes': must be true or"):
+        task_factory(task, {"closed_answers": "yes"}, ITEMS)
+    with pytest.raises(ConfigError, match=r"env.params.lenient_answers=1: must be true or"):
+        task_factory(task, {"lenient_answers": 1}, ITEMS)
+    with pytest.raises(ValueError, match=rf"^{task}: the dataset has no items"):
+        task_factory(task, {}, [])
+    with pytest.raises(ValueError, match=rf"^{task} dataset: item 1 has no field 'choices'"):
+        task_factory(task, {"closed_answers": True}, [ITEMS[0], {"question": "q", "answer": "1"}])
+    env = task_factory(task, {"closed_answers": True, "lenient_answers": True}, ITEMS)()
+    assert (env.items, env.closed_answers, env.lenient) == (ITEMS, True, True)
+    env.reset(0, item=1)
+    assert "5/2" in env.legal_actions(0)
+
+
 def test_writing_joint_reward_by_hand_and_both_writers_get_it():
     a = "Bees pollinate city parks"          # 4 words
     b = "Place hives on roofs and count bees"  # 7 words, shares 'bees'

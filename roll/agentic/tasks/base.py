@@ -80,6 +80,8 @@ class TranscriptTask:
     otherwise."""
 
     parses_answers = True
+    name: str
+    required_fields: tuple[str, ...]
     roles: tuple[str, ...]
     num_seats: int
     instructions: dict[str, str]
@@ -108,6 +110,21 @@ class TranscriptTask:
 
     def returns(self) -> list[float]:
         return list(self.rewards)
+
+    def keep_items(self, items: Sequence[dict[str, Any]], closed_answers: bool,
+                   lenient_answers: bool, **flags: object) -> None:
+        """Checks the answer flags (and any other ``flags``: ``env.params.<flag>``) and the
+        dataset (not empty; every item has ``required_fields``, and ``choices`` when answers
+        are closed), then keeps ``items``, ``closed_answers`` and ``lenient`` (=
+        ``lenient_answers``)."""
+        check_flags(**flags, closed_answers=closed_answers, lenient_answers=lenient_answers)
+        if not items:
+            raise ValueError(f"{self.name}: the dataset has no items")
+        check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
+                    f"{self.name} dataset")
+        self.items = list(items)
+        self.closed_answers = closed_answers
+        self.lenient = lenient_answers
 
 
 class TeamTask(Protocol):

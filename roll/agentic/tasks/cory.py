@@ -29,8 +29,6 @@ from roll.agentic.env.base import StepResult
 from roll.agentic.tasks.base import (
     Transcript,
     TranscriptTask,
-    check_flags,
-    check_items,
     choose_item,
     mean,
 )
@@ -57,17 +55,9 @@ class Cory(TranscriptTask):
 
     def __init__(self, items: Sequence[dict[str, Any]], collective: bool = True,
                  closed_answers: bool = False, lenient_answers: bool = False) -> None:
-        check_flags(collective=collective, closed_answers=closed_answers,
-                    lenient_answers=lenient_answers)
-        if not items:
-            raise ValueError("cory: the dataset has no items")
-        check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
-                    "cory dataset")
-        self.items = list(items)
+        self.keep_items(items, closed_answers, lenient_answers, collective=collective)
         self.collective = collective
         self.cooperative = collective
-        self.closed_answers = closed_answers
-        self.lenient = lenient_answers
         self.reset(0)
 
     @staticmethod

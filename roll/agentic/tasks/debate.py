@@ -29,8 +29,6 @@ from roll.agentic.env.base import StepResult
 from roll.agentic.tasks.base import (
     Transcript,
     TranscriptTask,
-    check_flags,
-    check_items,
     choose_item,
     mean,
 )
@@ -84,20 +82,13 @@ class Debate(TranscriptTask):
         for key, value in (("team_weight", team_weight), ("own_weight", own_weight)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"env.params.{key}", value, "must be a number >= 0")
-        check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
-        if not items:
-            raise ValueError(f"{name}: the dataset has no items")
-        check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
-                    f"{name} dataset")
         self.name = name
+        self.keep_items(items, closed_answers, lenient_answers)
         self.roles = tuple(f"{role}_{i}" for i in range(debaters))
         self.num_seats = debaters
-        self.items = list(items)
         self.rounds = rounds
         self.team_weight = float(team_weight)
         self.own_weight = float(own_weight)
-        self.closed_answers = closed_answers
-        self.lenient = lenient_answers
         self.reset(0)
 
     @staticmethod

@@ -39,8 +39,6 @@ from roll.agentic.env.base import StepResult
 from roll.agentic.tasks.base import (
     Transcript,
     TranscriptTask,
-    check_flags,
-    check_items,
     choose_item,
     mean,
     ratio,
@@ -92,15 +90,8 @@ class MathTeam(TranscriptTask):
                  closed_answers: bool = False, lenient_answers: bool = False) -> None:
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 0:
             raise ConfigError("env.params.max_rounds", max_rounds, "must be an integer >= 0")
-        check_flags(closed_answers=closed_answers, lenient_answers=lenient_answers)
-        if not items:
-            raise ValueError("math_team: the dataset has no items")
-        check_items(items, self.required_fields + (("choices",) if closed_answers else ()),
-                    "math_team dataset")
-        self.items = list(items)
+        self.keep_items(items, closed_answers, lenient_answers)
         self.max_rounds = max_rounds
-        self.closed_answers = closed_answers
-        self.lenient = lenient_answers
         self.reset(0)
 
     @staticmethod
