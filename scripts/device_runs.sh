@@ -7,15 +7,16 @@
 # There, one call each, the machine kept warm between them (carry what each line names):
 #   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
 #   bash scripts/device_runs.sh setup                     # carry .whl
-# Each call carries at most 64 MiB with the working tree (15.7 MiB on 2026-11-28): `.whl`
-# (21 MB) does not fit beside a 31 MB piece of SmolLM2. What fits (session 58; an ignored
+# Each call carries at most 64 MiB with the working tree (16.7 MiB after session 59: beside a
+# 31 MB piece of SmolLM2 and a 14 MB cache piece ~4 MiB are left): `.whl` (21 MB) does not
+# fit beside a 31 MB piece of SmolLM2. What fits (session 58; an ignored
 # path carried once stays for the next calls while the machine is warm):
 #   call 1: carry .whl               nvidia-smi -L   (which card came: h100 or h200)
 #   call 2: carry .gpu/smol_aa .gpu/cc_CARD_aa       stash .gpu/smol_aa .gpu/cc_CARD_aa
 #   call 3: carry .gpu/smol_ab .gpu/cc_CARD_ab       stash .gpu/smol_ab .gpu/cc_CARD_ab
 #   call 4: carry .gpu/smol_ac .gpu/cc_CARD_ac (if any)   stash both && setup && launch ... && watch 480
 # (a compile cache comes in pieces of 14 MB, 2-3 of them, so each fits beside a 31 MB piece of
-# SmolLM2 and the working tree, 15.7 MiB on 2026-11-28)
+# SmolLM2 and the working tree, 16.7 MiB after session 59)
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
