@@ -32,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import learning_plots as plots  # noqa: E402
 import run_hooks  # noqa: E402
 
 RECIPES = {
@@ -185,10 +186,10 @@ def run_recipe(args, name: str) -> dict:
         result["tactics"] = tactics
         print(json.dumps({"recipe": name, "tactics": tactics}), flush=True)
         if scored:
-            result["tactics_plot"] = plot_tactics(
+            result["tactics_plot"] = plots.plot_tactics(
                 scored, name + args.tag,
                 Path(os.environ.get("OUT", out), f"learning_{name}{args.tag}_tactics.png"))
-    _plot(result, Path(os.environ.get("OUT", out)))
+    plots.plot(result, Path(os.environ.get("OUT", out)))
     return result
 
 
@@ -236,7 +237,7 @@ def summarize(files: list[str], model: str) -> list[dict]:
         curve = curve_of(path)
         result = {"recipe": name, "model": model, "steps": curve[-1]["step"] if curve else 0,
                   "curve": curve}
-        _plot(result, Path(os.environ.get("OUT", path.parent)))
+        plots.plot(result, Path(os.environ.get("OUT", path.parent)))
         results.append(result)
     return results
 
@@ -267,52 +268,8 @@ def across_seeds(files: list[str], name: str) -> dict:
                        "high": round(mean + half, 4)})
     result = {"recipe": name, "seeds": len(files), "metric": "exploitability of the worse "
               "agent (OpenSpiel's NashConv / 2)", "curve": points}
-    _plot_seeds(result, Path(os.environ.get("OUT", Path(files[0]).parent)))
+    plots.plot_seeds(result, Path(os.environ.get("OUT", Path(files[0]).parent)))
     return result
-
-
-def _pyplot(result: dict, folder: Path):
-    """matplotlib's pyplot (headless) with ``folder`` made, or None with ``result["plot"]``
-    saying why."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        result["plot"] = "matplotlib not installed"
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    return plt
-
-
-def _save(plt, figure, path: Path, result: dict) -> None:
-    """Write ``figure`` to ``path``, close it, and name it in ``result["plot"]``."""
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    result["plot"] = str(path.name)
-
-
-def _plot_seeds(result: dict, folder: Path) -> None:
-    plt = _pyplot(result, folder)
-    if plt is None:
-        return
-    figure, axis = plt.subplots(figsize=(6, 4))
-    steps = [p["step"] for p in result["curve"]]
-    for seed in range(result["seeds"]):
-        axis.plot(steps, [p["worse_agent"][seed] for p in result["curve"]], lw=0.8,
-                  alpha=0.5, label=f"run {seed}")
-    axis.plot(steps, [p["mean"] for p in result["curve"]], color="k", marker="o", label="mean")
-    axis.fill_between(steps, [max(p["low"], 0) for p in result["curve"]],
-                      [p["high"] for p in result["curve"]], color="k", alpha=0.15,
-                      label="95% interval of the mean")
-    axis.axhline(1 / 6, color="r", ls="--", lw=0.8, label="best deterministic (1/6)")
-    axis.set(title=f"{result['recipe']}\nworse agent's exploitability, {result['seeds']} seeds",
-             xlabel="step", ylim=(0, 0.7))
-    axis.legend(fontsize=7)
-    axis.grid(alpha=0.3)
-    _save(plt, figure, folder / f"learning_{result['recipe']}_seeds.png", result)
 
 
 def _versus(pipeline, opponent: str, out: Path, temperature: float | None = None) -> dict:
@@ -334,91 +291,6 @@ def _versus(pipeline, opponent: str, out: Path, temperature: float | None = None
                     for key in keep for end in ("", "_low", "_high")
                     if f"eval/{agent}/{key}{end}" in metrics}
             for agent in names}
-
-
-def _plot(result: dict, folder: Path) -> None:
-    plt = _pyplot(result, folder)
-    if plt is None:
-        return
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    steps = [p["step"] for p in result["curve"]]
-    exact = any("agent_0/exploitability" in p for p in result["curve"])
-    team = any("team/score" in p for p in result["curve"])
-    left = "exploitability" if exact else "mean_return" if team else "non_loss_rate"
-    for agent in ("agent_0", "agent_1"):
-        _rate(axes[0], steps, result["curve"], agent, left)
-        if not team:
-            _rate(axes[1], steps, result["curve"], agent, "win_rate")
-    if team:  # cooperative: the shared score with its 95% interval
-        axes[1].errorbar(steps, [p["team/score"] for p in result["curve"]], yerr=[
-            [p["team/score"] - p["team/score_low"] for p in result["curve"]],
-            [p["team/score_high"] - p["team/score"] for p in result["curve"]]],
-            marker="o", capsize=3, label="agent_0 + agent_1")
-    title = ("exploitability (exact)" if exact
-             else "non-loss rate vs random, both seats [95%]")
-    figure.suptitle(result["recipe"])
-    axes[0].set(title=title, xlabel="step")
-    if team:
-        axes[0].set(title="mean return per agent")
-        axes[1].set(title="team score [95%]", xlabel="step")
-    else:
-        axes[1].set(title="win rate vs random [95%]", xlabel="step", ylim=(0, 1))
-    for axis in axes:
-        axis.legend(fontsize=7)
-        axis.grid(alpha=0.3)
-    _save(plt, figure, folder / f"learning_{result['recipe']}.png", result)
-
-
-def _rate(axis, steps: list[int], curve: list[dict], agent: str, metric: str) -> None:
-    """One agent's ``metric`` over the evaluations; where the curve has them, its 95% interval
-    shaded and the greedy policy's figure (``eval.greedy_too``) dotted, in the same colour."""
-    (line,) = axis.plot(steps, [p.get(f"{agent}/{metric}") for p in curve], marker="o",
-                        label=agent)
-    if all(f"{agent}/{metric}_low" in p for p in curve):
-        axis.fill_between(steps, [p[f"{agent}/{metric}_low"] for p in curve],
-                          [p[f"{agent}/{metric}_high"] for p in curve],
-                          color=line.get_color(), alpha=0.15, label=f"{agent} 95%")
-    if any(f"{agent}/greedy/{metric}" in p for p in curve):
-        axis.plot(steps, [p.get(f"{agent}/greedy/{metric}") for p in curve], ls=":",
-                  marker="x", color=line.get_color(), label=f"{agent} greedy")
-
-
-def plot_tactics(records: list[dict], title: str, path: Path) -> str:
-    """Each agent's exact figures against random at every scored evaluation (the run's
-    tactics.jsonl: ``{"step", "agents": {agent: {"X"|"O": figures}}}``), one panel per seat
-    (sampled win and loss, greedy win, the goal's 85% / 5% lines) and one of blocks made
-    (chance 0.34), written to ``path``; what was written, or why nothing was."""
-    result: dict = {}
-    plt = _pyplot(result, path.parent)
-    if plt is None:
-        return result["plot"]
-    steps = [record["step"] for record in records]
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for agent, color in zip(sorted(records[0]["agents"]), ("C0", "C1", "C2", "C3"),
-                            strict=False):
-        for axis, mark in zip(axes, "XO", strict=False):
-            figures = [record["agents"][agent][mark] for record in records]
-            axis.plot(steps, [f["win"] for f in figures], color=color, marker="o",
-                      label=f"{agent} win")
-            axis.plot(steps, [f["loss"] for f in figures], color=color, ls="--", marker="x",
-                      label=f"{agent} loss")
-            axis.plot(steps, [f["greedy_win"] for f in figures], color=color, ls=":",
-                      label=f"{agent} greedy win")
-            axes[2].plot(steps, [f["blocks_made"] for f in figures], color=color,
-                         ls="-" if mark == "X" else "--", marker="o",
-                         label=f"{agent} as {mark}")
-    for axis, mark in zip(axes, "XO", strict=False):
-        axis.axhline(0.85, color="g", lw=0.8, label="goal: win >= 0.85")
-        axis.axhline(0.05, color="r", lw=0.8, label="goal: loss <= 0.05")
-        axis.set(title=f"as {mark} against random (exact)", xlabel="step", ylim=(0, 1))
-    axes[2].axhline(0.34, color="gray", lw=0.8, label="chance (as O)")
-    axes[2].set(title="blocks made (where the opponent threatens)", xlabel="step", ylim=(0, 1))
-    for axis in axes:
-        axis.legend(fontsize=6)
-        axis.grid(alpha=0.3)
-    figure.suptitle(title, fontsize=10)
-    _save(plt, figure, path, result)
-    return result["plot"]
 
 
 def main() -> None:
@@ -473,7 +345,7 @@ def main() -> None:
         for file in map(Path, args.from_tactics):
             records = [json.loads(line) for line in file.read_text().splitlines()]
             stem = file.name.removesuffix(".jsonl")
-            print(plot_tactics(records, stem, file.with_name(stem + ".png")))
+            print(plots.plot_tactics(records, stem, file.with_name(stem + ".png")))
         return
     if args.from_metrics and args.seeds_of:
         print(json.dumps(across_seeds(args.from_metrics, args.seeds_of), indent=2))

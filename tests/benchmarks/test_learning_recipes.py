@@ -190,5 +190,17 @@ def test_a_tactics_file_is_drawn_beside_itself(tmp_path, monkeypatch, capsys):
         for step in (0, 20, 40)))
     monkeypatch.setattr(sys, "argv", ["learning.py", "--from_tactics", str(file)])
     learning.main()
-    assert (tmp_path / "run_x_tactics.png").read_bytes()[:4] == b"\x89PNG"
+    png = (tmp_path / "run_x_tactics.png").read_bytes()
+    assert png[:4] == b"\x89PNG"
     assert capsys.readouterr().out.strip() == "run_x_tactics.png"
+    assert int.from_bytes(png[16:20], "big") == 1400  # three panels (14 in at 100 dpi)
+
+    # records with the greedy policy's gap to the best player get a fourth panel
+    gap = {"total": 0.2, "best": 0.925, "by_move": [0.1, 0.05, 0.05, 0.0], "missed_wins": 0.0,
+           "missed_blocks": 0.1, "other": 0.1, "top": []}
+    file.write_text("".join(json.dumps({"step": step, "agents": {
+        agent: {mark: {**_figures_of_step(step), "greedy_gap": gap} for mark in "XO"}
+        for agent in ("a", "b")}}) + "\n" for step in (0, 20, 40)))
+    learning.main()
+    png = (tmp_path / "run_x_tactics.png").read_bytes()
+    assert int.from_bytes(png[16:20], "big") == 1800  # four panels (18 in)
