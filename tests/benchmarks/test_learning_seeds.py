@@ -79,7 +79,7 @@ def test_a_game_curve_draws_each_agents_interval_and_greedy_line(tmp_path, monke
     """Against random: the win and non-loss rates with their 95% intervals shaded and, from
     eval.greedy_too, the greedy policy's rate dotted; an agent with no greedy figures gets
     none."""
-    import learning
+    import learning_plots
 
     rows = []
     for step, (win, low, high, greedy) in {0: (0.4, 0.3, 0.5, 0.45),
@@ -101,7 +101,7 @@ def test_a_game_curve_draws_each_agents_interval_and_greedy_line(tmp_path, monke
         drawn["axes"] = figure.axes
         result["plot"] = path.name
 
-    monkeypatch.setattr(learning, "_save", keep)
+    monkeypatch.setattr(learning_plots, "_save", keep)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     (result,) = summarize([str(file)], "tiny")
     assert result["curve"][1]["agent_0/non_loss_rate_high"] == pytest.approx(0.95)
