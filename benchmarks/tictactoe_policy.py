@@ -223,10 +223,11 @@ def greedy(policy: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def figures(policy: dict[str, np.ndarray], seat: int) -> dict[str, float]:
     """``score`` of ``policy`` in ``seat`` plus its greedy policy's win and loss, rounded, and
     where the greedy policy's return falls short of the best player's (``gap_by_board``)."""
-    sampled, argmax = score(policy, seat), score(greedy(policy), seat)
+    argmax_policy = greedy(policy)
+    sampled, argmax = score(policy, seat), score(argmax_policy, seat)
     both = {**sampled, "greedy_win": argmax["win"], "greedy_loss": argmax["loss"]}
     return {**{key: round(value, 4) for key, value in both.items()},
-            "greedy_gap": gap_by_board(greedy(policy), seat)}
+            "greedy_gap": gap_by_board(argmax_policy, seat)}
 
 
 def report(pipeline) -> dict[str, dict[str, dict[str, float]]]:

@@ -40,9 +40,10 @@
 # there and saves its own after step 1; the last call's `collect` brings one run's back
 # (in pieces named for the card; `unpack` joins them into .gpu/compile_cache_CARD.bin and cuts
 # it into .gpu/cc_CARD_aa, _ab, ... of 14 MB, CARD = h100, h200, ...): stash the pieces of the
-# card that came beside smol_aa, _ab, _ac (`setup` joins them). Another card's or torch's cache is simply not
-# used (session 58: an H200 given the H100's cache compiled step 1 cold, 141 s against ~75 s),
-# so each card keeps its own.
+# card that came beside smol_aa, _ab, _ac (`setup` joins them). Another card's, torch's or
+# dtype's cache is simply not used (session 58: an H200 given the H100's cache compiled step 1
+# cold, 141 s against ~75 s), so each card keeps its own; since session 59 the H200's is a
+# bf16 run's.
 # Seen: a process started with plain `nohup … &` dies when its call returns; `launch` detaches
 # it with setsid so it outlives the call (it still dies with the machine). OpenSpiel's Python
 # policies import ml_collections (not on the machine): `pack` fetches it.
