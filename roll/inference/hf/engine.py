@@ -40,7 +40,7 @@ from roll.inference.base import (
     cut_at_stop,
 )
 from roll.inference.constrained import CompletionTrie
-from roll.inference.hf.continuous import ContinuousDecoder
+from roll.inference.hf.continuous import ContinuousDecoder, decode_lanes
 from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
@@ -281,7 +281,8 @@ class HFEngine:
         if not first:
             return 0  # nothing started, so nothing of ``later`` can be outstanding
         longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in first)
-        lanes = min(self.max_batch_size, len(first))
+        lanes = decode_lanes(len(first), self.max_batch_size,
+                             None if self._decoder is None else self._decoder.lanes)
         decoder = self._decoder
         if decoder is None or decoder.lanes != lanes:
             self._decoder = None  # free the old ring first

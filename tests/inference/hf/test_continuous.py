@@ -258,3 +258,44 @@ def test_the_host_reads_a_step_after_launching_the_next(tiny_model_path, team, e
         cases.add((unforeseen, request.allowed_completions is None))
     assert steps_at_follow == expected
     assert cases == {(True, True), (True, False), (False, True)}  # every kind of end above
+
+
+def test_decode_lanes_keeps_the_current_shape_while_it_fits():
+    """Hand-picked cases: the current lanes are kept while they hold every first request and
+    at most half start idle; otherwise the next power of two, never above the engine's cap."""
+    from roll.inference.hf.continuous import decode_lanes
+
+    assert decode_lanes(32, 256, None) == 32
+    assert decode_lanes(24, 256, 32) == 32  # the Hanabi step that began partly played ahead
+    assert decode_lanes(17, 256, 32) == 32  # 15 of 32 idle at the start: kept
+    assert decode_lanes(16, 256, 32) == 16  # half idle: a smaller shape
+    assert decode_lanes(33, 256, 32) == 64  # more than it holds: the next power of two
+    assert decode_lanes(100, 96, None) == 96  # capped
+    assert decode_lanes(5, 3, 3) == 3
+    assert decode_lanes(1, 3, 3) == 1
+    assert decode_lanes(24, 24, None) == 24  # the cap is a shape of its own
+    assert decode_lanes(20, 24, 24) == 24
+
+
+def test_a_serve_with_fewer_first_requests_reuses_the_decoder(tiny_model_path, team):
+    """A serve whose first requests are fewer than the decoder's lanes (a rollout that began
+    with part of its episodes played ahead) runs on the same decoder, its extra lanes idle
+    or taking follow-ups, and every request still gets the lock-step path's tokens."""
+    engine = hf_engine_for(team, load_tokenizer(tiny_model_path), max_batch_size=8)
+    push_adapters(engine, team, version=1)
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)
+    expected = engine.generate(requests)
+    first, follow, outputs = _chain(requests, 8)
+    engine.serve(first, follow)
+    decoder = engine._decoder
+    assert engine.last_serve["lanes"] == 8
+    first, follow, outputs = _chain(requests, 5)
+    assert engine.serve(first, follow) == len(requests)
+    assert engine._decoder is decoder and engine.last_serve["lanes"] == 8
+    for index, want in enumerate(expected):
+        assert outputs[index].token_ids == want.token_ids, index
+    first, follow, outputs = _chain(requests[:3], 3)
+    engine.serve(first, follow)  # 3 of 8: more than half idle, a 4-lane decoder
+    assert engine._decoder is not decoder and engine.last_serve["lanes"] == 4
+    assert [outputs[i].token_ids for i in range(3)] == [e.token_ids for e in expected[:3]]
