@@ -56,6 +56,10 @@
 # Seen (2026-11-27, session 54): an interruption on the caller's side between the launching
 # call and the first `watch` lost the machine; `watch` now stops at once on a machine with no
 # runs. Let the launching call itself watch as long as it can (setup + `watch 480`).
+# Seen (2026-11-28, session 60): after a 538-s launching call (setup + `watch 480`) whose reply
+# was small (28 KB), the next `watch`, issued at once, found a fresh machine: a long run can be
+# lost at any call boundary, whatever is sent back. Plan each machine for what its evaluations
+# can show before the first boundary is crossed, or accept that the run may end there.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
