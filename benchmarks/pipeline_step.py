@@ -19,7 +19,8 @@ and, as the engine-only reference at the same concurrency, the same engine servi
 requests of the run's prompt length and token budget with nothing else to do, and the same at
 ``busy_lanes`` requests (the rows decoding per decode step on average, ``rollout/busy_lanes``,
 when fewer than the lanes); ``in_pipeline_vs_engine`` is the rollout's tok/s over the
-engine-only figure at the run's lanes (issue 33: >= 0.6 on Hanabi). With
+engine-only figure at the run's lanes (issue 33: >= 0.6 on Hanabi), pooled over the later
+steps and step by step (``in_pipeline_vs_engine_by_step``). With
 ``--override rollout.lookahead=1`` the next step's episodes fill the lanes a rollout's tail
 leaves idle; the rollout's tok/s and the step's count the tokens decoded in the phase
 (``rollout/decoded_tokens``), whichever step they belong to.
@@ -162,6 +163,13 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
             # the rollout phase against the engine alone on all the lanes (issue 33's 60%)
             summary["in_pipeline_vs_engine"] = round(
                 summary["rollout_tokens_per_s"] / summary["engine_only"]["tokens_per_s"], 3)
+            # Step by step as well: a later step that compiles a new decode shape (lanes or
+            # ring capacity) carries that compile in its rollout time and so in the pooled
+            # figure (a lookahead step on an H200 did: 0.091 pooled, 0.56 for the clean step).
+            summary["in_pipeline_vs_engine_by_step"] = {
+                s["step"]: round(s["rollout/tokens_per_s"]
+                                 / summary["engine_only"]["tokens_per_s"], 3)
+                for s in later if s.get("rollout/tokens_per_s")}
             if 0 < busy < lanes:
                 summary["busy_lanes"] = busy
                 summary["engine_only_busy"] = engine_only(pipeline, busy, prompt_len, max_new)
