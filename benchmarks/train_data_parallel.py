@@ -66,7 +66,9 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         os.environ["LOCAL_RANK"] = str(rank)  # DeepSpeed places its engine by it
     init_ranks(rank, world_size, address, "cpu" if args.tiny else "cuda")
     torch.manual_seed(0)
-    shape = TINY if args.tiny else SHAPES[args.shape]
+    shape = dict(TINY if args.tiny else SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
     dtype = torch.float32 if args.tiny else torch.bfloat16
     say = (lambda text: print(f"{time.strftime('%H:%M:%S')} rank 0: {text}", flush=True)) \
         if rank == 0 else (lambda text: None)
@@ -90,15 +92,17 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         base = base.to(dtype).eval()
     base_elements = sum(int(getattr(p, "ds_numel", p.numel())) for p in base.parameters())
     say(f"base built: {base_elements / 1e9:.2f} B parameters")
-    agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
+    lora = LoRAConfig(rank=args.lora_rank, alpha=args.lora_rank)
+    agents = [AgentConfig(f"agent_{i}", lora=lora,
                           optim=OptimConfig(lr=1e-5)) for i in range(args.agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
     config = TrainerConfig(micro_batch_size=args.micro)
     if args.strategy == "deepspeed":
-        from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
+        from roll.distributed.deepspeed_strategy import PERSIST_ELEMENTS, DeepSpeedStrategy
 
         strategy = DeepSpeedStrategy(args.zero_stage, TorchDistributedSync(), args.live,
-                                     args.gather)
+                                     args.gather,
+                                     PERSIST_ELEMENTS if args.persist is None else args.persist)
     else:
         strategy = TorchStrategy(TorchDistributedSync() if world_size > 1 else None)
     trainer = MultiAgentTrainer(model, agents, config, strategy=strategy)
@@ -136,7 +140,11 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
         results.put({"world_size": world_size, "strategy": args.strategy,
                      "zero_stage": args.zero_stage if args.strategy == "deepspeed" else None,
                      "gather": args.gather if args.strategy == "deepspeed" else None,
-                     "live": args.live,
+                     "live": args.live, "persist": args.persist,
+                     # ZeRO-3: elements kept whole on the rank (never gathered or released)
+                     "persistent_elements_rank0": sum(
+                         int(param.ds_numel) for param in model.parameters()
+                         if getattr(param, "ds_persist", False)),
                      "resident_params_rank0": resident, "rows_per_rank": args.rows,
                      "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
                      "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
@@ -147,6 +155,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
                      "base_gb": round(base_bytes / 1e9, 2),
                      "base_share_gb": round(base_bytes / world_size / 1e9, 2),
                      "shape": args.shape if not args.tiny else "tiny",
+                     "layers": shape["num_hidden_layers"],
                      # DeepSpeed's zero.Init may replace it for the whole process
                      "functional_linear_is_torch": torch.nn.functional.linear is torch_linear})
     if world_size > 1:
@@ -157,9 +166,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--world_sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rows", type=int, default=64, help="rows per rank")
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--rows", type=int, default=None, help="rows per rank (64; --tiny 8)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens a row (512; --tiny 64)")
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (256; --tiny 32)")
+    parser.add_argument("--lora_rank", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="decoder layers, in place of the shape's (e.g. --tiny --layers 28: "
+                             "the host's per-layer work of a 0.6B step at a tiny width)")
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
@@ -171,11 +184,14 @@ def main() -> None:
                              "--strategy deepspeed --zero_stage 3 on 2+ GPUs")
     parser.add_argument("--gather", default="layer", choices=["layer", "projection"],
                         help="ZeRO-3: what is gathered whole (actor_train.zero3_gather)")
+    parser.add_argument("--persist", type=int, default=None,
+                        help="ZeRO-3: actor_train.zero3_persist_elements (default: the config's)")
     parser.add_argument("--live", type=int, default=None,
                         help="ZeRO-3: actor_train.zero3_live_elements (default: DeepSpeed's)")
     args = parser.parse_args()
-    if args.tiny:
-        args.rows, args.tokens, args.prompt = 8, 64, 32
+    for key, (full, tiny) in {"rows": (64, 8), "tokens": (512, 64), "prompt": (256, 32)}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, tiny if args.tiny else full)
     from roll.distributed.data_parallel import free_port
 
     context = mp.get_context("spawn")

@@ -85,7 +85,8 @@ class TrainRank:
             from roll.distributed.deepspeed_strategy import DeepSpeedStrategy
 
             strategy = DeepSpeedStrategy(spec.zero_stage, TorchDistributedSync(),
-                                         spec.zero3_live_elements, spec.zero3_gather)
+                                         spec.zero3_live_elements, spec.zero3_gather,
+                                         spec.zero3_persist_elements)
         else:
             strategy = TorchStrategy(TorchDistributedSync())
         self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,

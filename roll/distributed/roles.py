@@ -53,6 +53,9 @@ class TrainSpec:
     """ZeRO-3: the most elements gathered at once and prefetched (``actor_train.*``)."""
     zero3_gather: str = "layer"
     """ZeRO-3: what is gathered whole at once, 'layer' or 'projection' (``actor_train.*``)."""
+    zero3_persist_elements: int = 100_000
+    """ZeRO-3: tensors of at most this many elements stay whole on every rank
+    (``actor_train.*``)."""
     tf32: bool = True
     """On CUDA, float32 matmuls use TensorFloat-32 (``model.tf32``)."""
     critic: CriticConfig | None = None

@@ -123,13 +123,10 @@ def critic_values(model: MultiAgentLoRAModel, heads: ValueHeads, input_ids: Tens
         kwargs = {"use_cache": False}
         if model._takes_logits_to_keep:
             kwargs["logits_to_keep"] = 1  # one position's logits: the values read hidden states
-        # PEFT adds no LoRA of its own ("__base__" rows) and the segment hooks add each row's
-        # critic's delta: no adapter is switched off and on (``model.reference()`` costs ~70
-        # ms of host time a call on SmolLM2, as much as a small forward on a GPU).
+        # the segment hooks add each row's critic's delta to the base layers' outputs
         with segment_lora(model.lora_layers, segments):
             output = model.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                      output_hidden_states=True,
-                                      adapter_names=["__base__"] * input_ids.shape[0], **kwargs)
+                                      output_hidden_states=True, **kwargs)
         hidden = output.hidden_states[-1]  # (B, T, H), after the final norm
     values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     parts = [heads(name, hidden[first:stop, :-1]) for name, first, stop in segments]

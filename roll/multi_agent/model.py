@@ -38,7 +38,7 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig
 from roll.multi_agent.dropout import AgentDropout
 from roll.multi_agent.logprobs import choice_logits, response_window, sequence_logprobs
 from roll.multi_agent.prefix import LayerKV, common_prefix, layer_kv, prefix_logits
-from roll.multi_agent.routing import agent_segments, segment_lora
+from roll.multi_agent.routing import agent_segments, base_layers_only, segment_lora
 from roll.multi_agent.seeds import adapter_init_seed, agent_stream_seed
 from roll.multi_agent.shape_only import adapters_on_cpu
 from roll.multi_agent.team_factors import layout_warning_ignored
@@ -207,11 +207,8 @@ class MultiAgentLoRAModel(nn.Module):
     @contextmanager
     def reference(self) -> Iterator[None]:
         """Adapters off: the base model is the reference policy (no second copy)."""
-        try:
-            with self.peft_model.disable_adapter():
-                yield
-        finally:
-            self._all_trainable()
+        with base_layers_only(self.lora_layers):
+            yield
 
     # ------------------------------------------------------------------ forward
     @contextmanager
@@ -318,9 +315,7 @@ class MultiAgentLoRAModel(nn.Module):
                 with self.reference():
                     return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                            **kwargs).logits
-            # PEFT adds no LoRA of its own ("__base__" rows; unlike disable_adapter this keeps
-            # every adapter trainable); the hooks add each row segment's own agent's delta.
-            kwargs = dict(kwargs, adapter_names=["__base__"] * input_ids.shape[0])
+            # the hooks add each row segment's own agent's delta to the base layers' outputs
             with segment_lora(self.lora_layers,
                               agent_segments(agent_id.tolist(), self.agent_names)):
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,

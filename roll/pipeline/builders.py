@@ -68,6 +68,7 @@ def train_spec(cfg: PipelineConfig, path, agents, temperature: float,
                                     share_prefix=trainer_share_prefix(cfg)),
         strategy=train.strategy, zero_stage=train.zero_stage,
         zero3_live_elements=train.zero3_live_elements, zero3_gather=train.zero3_gather,
+        zero3_persist_elements=train.zero3_persist_elements,
         critic=cfg.critic if with_critics else None,
     )
 

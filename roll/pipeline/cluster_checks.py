@@ -49,6 +49,7 @@ def check_cluster(cfg: PipelineConfig) -> None:
     if train.zero3_gather not in ZERO3_GATHERS:
         raise ConfigError("actor_train.zero3_gather", train.zero3_gather,
                           f"must be one of {list(ZERO3_GATHERS)}")
+    require_int("actor_train.zero3_persist_elements", train.zero3_persist_elements, 0)
     if train.zero3_live_elements is not None:
         if train.strategy != "deepspeed" or train.zero_stage != 3:
             raise ConfigError("actor_train.zero3_live_elements", train.zero3_live_elements,

@@ -19,10 +19,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path):
+@pytest.mark.parametrize("persist", [None, 0])
+def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path, persist):
+    """Also: the default keeps the small tensors whole (actor_train.zero3_persist_elements),
+    ``--persist 0`` none."""
+    extra = [] if persist is None else ["--persist", str(persist)]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/train_data_parallel.py"), "--tiny",
-         "--world_sizes", "1", "--strategy", "deepspeed", "--zero_stage", "3", "--repeats", "1"],
+         "--world_sizes", "1", "--strategy", "deepspeed", "--zero_stage", "3", "--repeats", "1",
+         *extra],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env=os.environ | {"PYTHONPATH": str(ROOT), "OUT": str(tmp_path),
                           "DS_ACCELERATOR": "cpu"})
@@ -30,3 +35,9 @@ def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path):
     entry = json.loads((tmp_path / "train_data_parallel.json").read_text())["results"][0]
     assert entry["zero_stage"] == 3 and entry["seconds"] > 0
     assert entry["functional_linear_is_torch"] is True
+    if persist == 0:
+        assert entry["persistent_elements_rank0"] == 0
+    else:  # every tensor of the tiny shape is under 100k elements: all kept whole, each
+        # beside its own partition (one rank: the whole again)
+        assert entry["persistent_elements_rank0"] > 0
+        assert 2 * entry["persistent_elements_rank0"] == entry["resident_params_rank0"]

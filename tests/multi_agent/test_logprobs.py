@@ -272,3 +272,39 @@ def test_a_window_with_nothing_selected_is_one_column_so_the_model_still_runs():
     assert response_window(torch.zeros(3, 5, dtype=torch.bool)) == (1, 2)
     with pytest.raises(ValueError, match="1 column"):
         response_window(torch.zeros(2, 1, dtype=torch.bool))
+
+
+def test_the_reference_pass_switches_peft_off_and_leaves_every_flag_as_it_was(tiny_model_path):
+    """Trained adapters (B not zero): the reference pass equals a fresh base, every agent's
+    forward still differs from it, and PEFT's flags and ``requires_grad`` come back as they
+    were — also when a frozen tensor was frozen on purpose, and when the pass raises."""
+    from roll.multi_agent.routing import base_layers_only
+
+    team, _ = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    with torch.no_grad():
+        for param in team.agent_parameters("alice") + team.agent_parameters("bob"):
+            param.add_(0.05 * torch.randn_like(param))
+    frozen = team.agent_parameters("bob")[0]
+    frozen.requires_grad_(False)
+    grads_before = [p.requires_grad for _, p in team.peft_model.named_parameters()]
+    rows = make_rows([0, 1], seed=6)
+    positions = rows.response_mask.bool()
+    ref = team.reference_logprobs(rows.input_ids, rows.attention_mask, positions=positions)
+    with torch.no_grad():
+        logits = load_model(tiny_model_path)(input_ids=rows.input_ids,
+                                             attention_mask=rows.attention_mask).logits
+    logp = torch.log_softmax(logits.float(), -1)[:, :-1]
+    expected = torch.nn.functional.pad(logp.gather(-1, rows.input_ids[:, 1:, None])[..., 0],
+                                       (1, 0)) * rows.response_mask
+    torch.testing.assert_close(ref, expected, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        own = team.logprobs(rows.input_ids, rows.attention_mask, rows.agent_id,
+                            positions=positions)
+    assert float((own - expected).abs().max()) > 1e-3  # the adapters are really on again
+    assert [p.requires_grad for _, p in team.peft_model.named_parameters()] == grads_before
+    assert not any(layer.disable_adapters for _, layer in team.lora_layers)
+    with pytest.raises(RuntimeError, match="inside"):
+        with base_layers_only(team.lora_layers):
+            assert all(layer.disable_adapters for _, layer in team.lora_layers)
+            raise RuntimeError("inside")
+    assert not any(layer.disable_adapters for _, layer in team.lora_layers)

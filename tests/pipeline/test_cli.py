@@ -114,6 +114,8 @@ BAD = [
      ("actor_train.zero3_live_elements=0", ">= 1")),
     (["trainer.share_prefix=true", "actor_train.strategy=deepspeed", "actor_train.zero_stage=3",
       "cluster.backend=ray"], ("trainer.share_prefix=True", "zero_stage=3")),
+    (["actor_train.zero3_persist_elements=-1"],
+     ("actor_train.zero3_persist_elements=-1", ">= 0")),
     (["actor_train.zero3_gather=block"],
      ("actor_train.zero3_gather='block'", "['layer', 'projection']")),
     # Refused before any model loads (they used to fail after it):
