@@ -7,7 +7,7 @@ a few short rows, one thread: the arithmetic is negligible, so the time is what 
 per forward + backward (Python, dispatch, guards, graph breaks). On a GPU that time is paid per
 micro-batch whatever its size; a step that runs far slower than its FLOPs starts here.
 Prints JSON: per backend, the agents' and the critics' median milliseconds over ``--repeats``
-calls, graphs compiled and graph breaks seen.
+calls (and the reference pass's, forward only), graphs compiled and graph breaks seen.
 """
 
 from __future__ import annotations
@@ -60,8 +60,13 @@ def measure(layers: int, backend: str, rows: int, tokens: int, repeats: int) -> 
     def critics_pass():
         critic_values(model, heads, input_ids, attention_mask, row_ids, positions).sum().backward()
 
+    def reference_pass():  # no grad, every adapter off (the KL's reference, the engine's base)
+        with torch.no_grad():
+            model.reference_logprobs(input_ids, attention_mask, positions=positions)
+
     result = {"layers": layers, "backend": backend, "rows": rows, "tokens": tokens}
-    for name, call in (("agents", agents_pass), ("critics", critics_pass)):
+    for name, call in (("agents", agents_pass), ("critics", critics_pass),
+                       ("reference", reference_pass)):
         call()  # compiles (when compiled)
         call()
         times = []
