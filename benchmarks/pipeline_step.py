@@ -119,7 +119,8 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                     "rollout/generated_tokens", "rollout/tokens_per_s", "rollout/lanes",
                     "rollout/decoded_tokens", "rollout/busy_lanes", "rollout/ahead_turns",
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
-                    "rollout/episodes", "rollout/prompt_tokens")}
+                    "rollout/episodes", "rollout/prompt_tokens", "rollout/prefills",
+                    "rollout/shared_tokens")}
         step["step"] = row["step"]
         # Whole-step throughput: tokens generated plus response tokens trained (each agent's
         # num_tokens: the tokens its loss covers), over the step's time (rollout, passes,
