@@ -127,8 +127,10 @@ def deepspeed_config(stage: int, live_elements: int | None = None,
         # Persistent tensors are never gathered or released: each one left partitioned costs
         # host time at every gather and release of its layer (DeepSpeed walks and partitions a
         # layer's tensors one by one, and a layer holds 14 LoRA tensors per agent beside its 7
-        # weights). On this CPU, a 28-layer model with four agents: a ZeRO-3 step 1.96x a
-        # ZeRO-2 step with nothing persistent, 1.52x with the adapters and norms whole.
+        # weights). On a CPU, a 28-layer model with four agents: a ZeRO-3 step ~1.9x a ZeRO-2
+        # step with nothing persistent, ~1.5x with the adapters and norms whole
+        # (benchmarks/README.md). The engine applies the threshold to every tensor, the
+        # base's too: its norms persist, its weight matrices (over 100k at 0.6B) do not.
         zero["stage3_param_persistence_threshold"] = persist_elements
         # Keep torch's own linear: DeepSpeed's "memory-efficient" one (the default) replaces
         # torch.nn.functional.linear for the whole process, runs a matmul where torch fuses
