@@ -18,6 +18,7 @@
 # (a compile cache comes in pieces of 14 MB, 2-3 of them, so each fits beside a 31 MB piece of
 # SmolLM2 and the working tree, 16.7 MiB after session 59)
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
+#   bash scripts/device_runs.sh bench NAME 'COMMAND'      # a benchmark chain, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
 #   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
 #   bash scripts/device_runs.sh stop                      # kill the launched runs
@@ -96,7 +97,7 @@ copy_metrics() {  # copy_metrics [with_cache]
   for f in "$RUNS"/out_*/*; do [ -f "$f" ] && cp "$f" "$staging/"; done  # results, plots
   tar czf "$OUT/progress.tgz" -C "$staging" .
 }
-cmd=${1:?pack, stash, setup, launch, watch, stop, collect, unpack, bring, join or restore}; shift
+cmd=${1:?pack, stash, setup, launch, bench, watch, stop, collect, unpack, bring, join or restore}; shift
 case $cmd in
 pack)
   mkdir -p .whl .gpu
@@ -144,6 +145,14 @@ launch)
   OUT="$RUNS/out_$name" OMP_NUM_THREADS=$threads setsid nohup python benchmarks/learning.py \
     --run_dir "$RUNS" "$@" > "$RUNS/$name.log" 2>&1 < /dev/null &
   echo "[$(ts)] launched $name (pid $!, $threads host threads)" ;;
+bench)
+  # bench NAME 'COMMAND': a benchmark (or a chain of them) detached beside the learning runs,
+  # e.g. on a second GPU while the first one learns: its $OUT is out_NAME (collected with the
+  # runs' results), its output NAME.log (each `watch` shows its last line)
+  name=${1:?NAME}; command=${2:?COMMAND}
+  mkdir -p "$RUNS/out_$name"
+  OUT="$RUNS/out_$name" setsid nohup bash -c "$command" > "$RUNS/$name.log" 2>&1 < /dev/null &
+  echo "[$(ts)] benchmark $name (pid $!): $command" ;;
 watch)
   # A fresh machine (the last one went back, runs and all) has no logs: say so at once, not
   # after SECONDS of watching nothing (session 54 lost 9 of its 30 device minutes that way)
@@ -154,11 +163,12 @@ watch)
   fi
   end=$(( $(date +%s) + ${1:?SECONDS} ))
   while [ "$(date +%s)" -lt "$end" ]; do
-    sleep 30
-    for f in "$RUNS"/*.log; do
-      echo "[$(ts)] $(basename "$f"): $(grep -a 'step' "$f" | tail -1 | cut -c1-150)"
+    sleep "${DEVICE_WATCH_EVERY:-30}"  # (a test's shorter period)
+    for f in "$RUNS"/*.log; do  # a learning run's last step, or a benchmark's last line
+      last=$(grep -a 'step' "$f" | tail -1 || true)
+      echo "[$(ts)] $(basename "$f"): $(echo "${last:-$(grep -a . "$f" | tail -1)}" | cut -c1-150)"
     done
-    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null || true
   done
   copy_metrics ;;
 bring)

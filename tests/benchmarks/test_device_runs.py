@@ -156,3 +156,29 @@ def test_each_launched_run_gets_its_share_of_the_cores(tmp_path):
 
     assert threads_of("A") == str(max(1, len(os.sched_getaffinity(0)) // 2))  # = nproc / 2
     assert threads_of("B", OMP_NUM_THREADS="3") == "3"
+
+
+def test_a_benchmark_runs_detached_and_comes_back_with_the_runs(tmp_path):
+    """`bench NAME COMMAND` (a benchmark chain on a second GPU beside a learning run): it
+    outlives the call, writes under its own $OUT, and `watch` shows its last line and brings
+    its files back in progress.tgz."""
+    runs, out = tmp_path / "runs", tmp_path / "call_out"
+    out.mkdir()
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_CARD": "NVIDIA H200",
+           "DEVICE_WATCH_EVERY": "1"}
+    command = 'echo "[12:00:00] zero 2 done"; echo \'{"ratio": 1.5}\' > "$OUT/zero.json"'
+    done = _run("bench", "Z", command, env=env)
+    assert done.returncode == 0, done.stderr
+    result = runs / "out_Z" / "zero.json"
+    for _ in range(100):  # detached: wait for it
+        if result.exists() and result.read_text():
+            break
+        time.sleep(0.05)
+    assert json.loads(result.read_text()) == {"ratio": 1.5}
+    assert not list(out.iterdir())  # nothing in the launching call's own $OUT
+    done = _run("watch", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Z.log: [12:00:00] zero 2 done" in done.stdout
+    with tarfile.open(out / "progress.tgz") as tar:
+        names = {Path(name).name for name in tar.getnames()}
+    assert {"zero.json", "Z.log"} <= names
