@@ -24,6 +24,7 @@ from torch import Tensor
 
 from roll.algorithms.choices import choice_logprobs
 from roll.batch import TrajectoryBatch
+from roll.distributed.deepspeed_strategy import PERSIST_ELEMENTS
 from roll.inference.base import InferenceEngine
 from roll.multi_agent.config import AgentConfig, CriticConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -53,7 +54,7 @@ class TrainSpec:
     """ZeRO-3: the most elements gathered at once and prefetched (``actor_train.*``)."""
     zero3_gather: str = "layer"
     """ZeRO-3: what is gathered whole at once, 'layer' or 'projection' (``actor_train.*``)."""
-    zero3_persist_elements: int = 100_000
+    zero3_persist_elements: int = PERSIST_ELEMENTS
     """ZeRO-3: tensors of at most this many elements stay whole on every rank
     (``actor_train.*``)."""
     tf32: bool = True

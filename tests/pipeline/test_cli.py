@@ -301,3 +301,18 @@ def test_every_example_config_validates_and_names_its_launch_command(yaml_path):
     assert f"--config_name {yaml_path.stem}" in script.read_text()
     cfg = load_config(str(yaml_path.parent), yaml_path.stem, [])
     assert cfg.max_steps >= 1
+
+
+def test_the_zero3_persistence_default_is_the_strategys():
+    """actor_train.zero3_persist_elements and the DeepSpeed strategy share one default (the
+    schema holds a literal so the config loads without the trainer's imports)."""
+    import inspect
+
+    from roll.distributed.deepspeed_strategy import PERSIST_ELEMENTS, DeepSpeedStrategy
+    from roll.distributed.roles import TrainSpec
+    from roll.pipeline.config import ActorTrainSchema
+
+    strategy_default = inspect.signature(DeepSpeedStrategy).parameters["persist_elements"].default
+    spec_default = TrainSpec.__dataclass_fields__["zero3_persist_elements"].default
+    assert ActorTrainSchema().zero3_persist_elements == PERSIST_ELEMENTS
+    assert strategy_default == spec_default == PERSIST_ELEMENTS

@@ -68,6 +68,7 @@ from roll.utils.transfer import upload
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
 
+
 def decode_lanes(requests: int, max_lanes: int, current: int | None) -> int:
     """How many decode lanes a ``serve`` of ``requests`` first requests runs on.
 
@@ -79,7 +80,7 @@ def decode_lanes(requests: int, max_lanes: int, current: int | None) -> int:
     follow-up requests as they come; each request samples from its own seed, so which lane
     serves it does not change what it gets."""
     needed = min(requests, max_lanes)
-    if current is not None and needed <= current < 2 * needed and current <= max_lanes:
+    if current is not None and needed <= current < 2 * needed:
         return current
     return min(max_lanes, 1 << (needed - 1).bit_length())
 
