@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Two agents on TicTacToe, strong play (mixed.yaml says how). On a GPU: model.device=cuda
+# Two agents on TicTacToe, strong play (mixed.yaml says how). On a GPU:
+#   model.device=cuda model.dtype=bfloat16 trainer.micro_batch_size=128 (~6.3 s a step on an H200)
 # Extra arguments are Hydra overrides, e.g. model.path=Qwen/Qwen3-0.6B
 set -euo pipefail
 cd "$(dirname "$0")/../.."
