@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from roll.multi_agent.prefix import LayerKV, layer_kv
-from roll.multi_agent.routing import RowRouting
+from roll.multi_agent.routing import RowRouting, base_layers_only
 from roll.utils.compile_workers import compile_in_process
 from roll.utils.recompiles import recompile_guard
 from roll.utils.stages import stage
@@ -191,23 +191,15 @@ class CompiledForward:
 
     def _routed(self, input_ids: Tensor, attention_mask: Tensor, row_id: Tensor | None,
                 kwargs: dict, per_layer: list[LayerKV] | None, critics: bool):
-        # PEFT's own LoRA off: no active adapter in any LoRA layer. Set on PEFT's attribute
-        # directly: its set_adapter would also flip requires_grad on every adapter tensor, and
-        # with 8 agents those flips (and undoing them) cost more host time than the forward.
-        previous = [layer._active_adapter for layer in self.lora_layers]
-        for layer in self.lora_layers:
-            layer._active_adapter = []
-        try:
-            with self.routing.route(row_id, self.layers.embeddings.weight.dtype, critics), \
-                    self.layers.active(), layer_kv(self.layers.layers, per_layer):
-                if critics:  # the final hidden states (``hidden`` says why not the LM)
-                    return self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                                        use_cache=False).last_hidden_state
-                return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
-                                       **kwargs)
-        finally:
-            for layer, active in zip(self.lora_layers, previous, strict=True):
-                layer._active_adapter = active
+        # PEFT's own LoRA off (its flag, as in the eager forwards): the routing adds each row's
+        # own agent's delta inside the compiled layers
+        with base_layers_only(self.lora_layers), \
+                self.routing.route(row_id, self.layers.embeddings.weight.dtype, critics), \
+                self.layers.active(), layer_kv(self.layers.layers, per_layer):
+            if critics:  # the final hidden states (``hidden`` says why not the LM)
+                return self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                    use_cache=False).last_hidden_state
+            return self.peft_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
 
 def _first_row(output):

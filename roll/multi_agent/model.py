@@ -207,7 +207,7 @@ class MultiAgentLoRAModel(nn.Module):
     @contextmanager
     def reference(self) -> Iterator[None]:
         """Adapters off: the base model is the reference policy (no second copy)."""
-        with base_layers_only(self.lora_layers):
+        with base_layers_only(layer for _, layer in self.lora_layers):
             yield
 
     # ------------------------------------------------------------------ forward

@@ -17,7 +17,7 @@ factors, stacked per forward). The engines route rows at decode time on their ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 
@@ -40,7 +40,7 @@ def agent_segments(agent_ids: list[int], names: Sequence[str]) -> list[tuple[str
 
 
 @contextmanager
-def base_layers_only(lora_layers: Sequence[tuple[str, nn.Module]]) -> Iterator[None]:
+def base_layers_only(lora_layers: Iterable[nn.Module]) -> Iterator[None]:
     """While active, PEFT's LoRA layers compute their base layer alone (the reference policy,
     or the base that ``segment_lora``'s hooks add each row's delta to): each layer's own
     ``disable_adapters`` flag, set and restored directly. PEFT's ways cost host time that grows
@@ -49,7 +49,7 @@ def base_layers_only(lora_layers: Sequence[tuple[str, nn.Module]]) -> Iterator[N
     ["__base__"] * B`` walks every module twice per forward to place and remove hooks, then
     indexes the rows of each layer in Python (20 ms a forward of a 28-layer model with four
     agents on this project's CPU, 20% of a ZeRO-2 step)."""
-    layers = [layer for _, layer in lora_layers]
+    layers = list(lora_layers)
     before = [layer._disable_adapters for layer in layers]
     for layer in layers:
         layer._disable_adapters = True
@@ -97,7 +97,7 @@ def segment_lora(lora_layers: Sequence[tuple[str, nn.Module]],
     handles = [layer.base_layer.register_forward_hook(partial(hook, layer))
                for _, layer in lora_layers]
     try:
-        with base_layers_only(lora_layers):
+        with base_layers_only(layer for _, layer in lora_layers):
             yield
     finally:
         for handle in handles:

@@ -304,7 +304,7 @@ def test_the_reference_pass_switches_peft_off_and_leaves_every_flag_as_it_was(ti
     assert [p.requires_grad for _, p in team.peft_model.named_parameters()] == grads_before
     assert not any(layer.disable_adapters for _, layer in team.lora_layers)
     with pytest.raises(RuntimeError, match="inside"):
-        with base_layers_only(team.lora_layers):
+        with base_layers_only(layer for _, layer in team.lora_layers):
             assert all(layer.disable_adapters for _, layer in team.lora_layers)
             raise RuntimeError("inside")
     assert not any(layer.disable_adapters for _, layer in team.lora_layers)
