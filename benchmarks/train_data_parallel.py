@@ -47,6 +47,30 @@ SHAPES = {
 from report import emit  # noqa: E402
 
 
+def count_leaf_walks(step, leaf_types: list[type]) -> int:
+    """Calls during ``step()`` that walk the modules inside a module of ``leaf_types``
+    (``named_parameters`` or ``named_buffers`` with ``recurse=True`` on a leaf itself)."""
+    from torch import nn
+
+    walks = 0
+
+    def counting(self, *args, **kwargs):
+        nonlocal walks
+        recurse = kwargs.get("recurse", args[2] if len(args) > 2 else True)
+        walks += bool(recurse)
+        return nn.Module._named_members(self, *args, **kwargs)
+
+    for leaf_type in leaf_types:
+        assert "_named_members" not in vars(leaf_type), leaf_type  # nn.Module's, restored below
+        leaf_type._named_members = counting
+    try:
+        step()
+    finally:
+        for leaf_type in leaf_types:
+            del leaf_type._named_members
+    return walks
+
+
 def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     import torch.distributed as dist
     from logprob_memory import TINY
@@ -134,6 +158,11 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     say("warm-up step done")
     times = [step() for _ in range(args.repeats)]
     say(f"steps: {[round(t, 2) for t in times]}")
+    # ZeRO-3: how often a step walked the modules inside a leaf (DeepSpeed's fetch and release
+    # ask each leaf for its parameters; deepspeed_strategy.list_leaf_parameters_once), counted
+    # in one more step, untimed
+    leaf_walks = (count_leaf_walks(step, strategy.leaf_types)
+                  if args.strategy == "deepspeed" and args.zero_stage == 3 else None)
     if rank == 0:
         seconds = statistics.median(times)
         base_bytes = base_elements * (4 if args.tiny else 2)
@@ -148,6 +177,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
                      "resident_params_rank0": resident, "rows_per_rank": args.rows,
                      "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
                      "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
+                     "leaf_walks_per_step": leaf_walks,
                      "tokens_per_s": round(rows * tokens / seconds),
                      "peak_gb_rank0": round(torch.cuda.max_memory_allocated() / 1e9, 2)
                      if cuda else None,

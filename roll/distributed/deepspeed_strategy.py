@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from functools import partial
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from roll.multi_agent.config import AgentConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -93,7 +94,7 @@ class AgentGroupAdamW(torch.optim.AdamW):
             self.param_groups = every
 
 
-def _leaf_types(model: MultiAgentLoRAModel, gather: str) -> list[type]:
+def zero3_leaf_types(model: MultiAgentLoRAModel, gather: str) -> list[type]:
     """The module types ZeRO-3 gathers whole (its "leaf" modules: no hooks inside them)."""
     projections = list({type(layer) for _, layer in model.lora_layers})
     if gather == "projection":
@@ -106,6 +107,33 @@ def _leaf_types(model: MultiAgentLoRAModel, gather: str) -> list[type]:
               "decoder layer (_no_split_modules); gathering per projection", flush=True)
         return projections
     return layers
+
+
+def list_leaf_parameters_once(model: nn.Module, leaf_types: Sequence[type]) -> int:
+    """Each ZeRO-3 leaf module of ``model`` answers ``named_parameters()`` from a listing made
+    here, once; returns how many leaves got one.
+
+    DeepSpeed's fetch and release of a leaf (before and after its forward, and again around
+    its backward) each call ``leaf.named_parameters(recurse=True)``, which walks every module
+    inside the leaf: a decoder layer holds ~150 with PEFT's LoRA modules of four agents, and
+    those walks took 12-16% of a 28-layer ZeRO-3 step on this project's CPU
+    (benchmarks/README.md, "the leaves' parameters listed once"). What a leaf holds is fixed
+    once DeepSpeed has wrapped the model (every adapter and critic is injected before), so the
+    listing stays right; a call with other arguments still walks."""
+    leaves = 0
+    for module in model.modules():
+        if isinstance(module, tuple(leaf_types)):
+            listing = list(type(module).named_parameters(module))
+            module.__dict__["named_parameters"] = partial(_listed, module, listing)
+            leaves += 1
+    return leaves
+
+
+def _listed(module: nn.Module, listing: list[tuple[str, nn.Parameter]], prefix: str = "",
+            recurse: bool = True, remove_duplicate: bool = True) -> Iterator:
+    if prefix == "" and recurse and remove_duplicate:
+        return iter(listing)
+    return type(module).named_parameters(module, prefix, recurse, remove_duplicate)
 
 
 PERSIST_ELEMENTS = 100_000
@@ -178,6 +206,8 @@ class DeepSpeedStrategy:
         self.persist_elements = persist_elements
         """ZeRO-3: tensors of at most this many elements are kept whole on every rank (the
         adapters' and the norms', at the usual sizes; ``deepspeed_config``)."""
+        self.leaf_types: list[type] = []
+        """ZeRO-3: the module types gathered whole (set up by ``setup``)."""
         self.carriers = TorchStrategy(grad_sync)
         """Per agent an AdamW over stand-ins of its adapter tensors (one element of memory
         each) that never steps: they carry the gradients (the real tensors' .grad belongs to
@@ -219,7 +249,8 @@ class DeepSpeedStrategy:
             # which agents a forward routes to then never changes the ranks' collectives.
             from deepspeed.utils import set_z3_leaf_modules
 
-            set_z3_leaf_modules(model, _leaf_types(model, self.gather))
+            self.leaf_types = zero3_leaf_types(model, self.gather)
+            set_z3_leaf_modules(model, self.leaf_types)
         self.inner = AgentGroupAdamW([
             dict(params=self.params[agent.name], agent=agent.name, lr=agent.optim.lr,
                  betas=tuple(agent.optim.betas), eps=agent.optim.eps,
@@ -233,6 +264,7 @@ class DeepSpeedStrategy:
         if zero_stage == 3:
             for handle in self.engine.optimizer._leaf_module_hooks:
                 handle.remove()
+            list_leaf_parameters_once(model, self.leaf_types)
         model.peft_model.eval()
         self.adam_steps = dict.fromkeys(self.agent_names, 0)
         stand_ins = {}
