@@ -100,6 +100,21 @@ def test_watch_returns_small_and_leaves_the_compile_cache_to_collect(tmp_path):
         "compile_cache_h200.bin_aa", "compile_cache_h200.bin_ab", "progress.tgz"]
 
 
+def test_watch_never_sleeps_past_its_seconds(tmp_path):
+    """`watch 560` with a 60-s period slept to 600 s, the call's limit, and brought nothing back
+    (session 61): the last sleep is cut to what is left, then the progress is packed."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    runs.mkdir()
+    (runs / "A.log").write_text("step 3/80 ...\n")
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_WATCH_EVERY": "60"}
+    done = subprocess.run(["bash", str(SCRIPT), "watch", "2"], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=40)  # 60 s on the old script
+    assert done.returncode == 0, done.stderr
+    assert "A.log: step 3/80" in done.stdout
+    assert (out / "progress.tgz").exists()
+
+
 def test_watch_stops_at_once_on_a_machine_without_runs(tmp_path):
     done = _run("watch", "600", env={"DEVICE_RUNS": str(tmp_path / "none"),
                                      "OUT": str(tmp_path)})
