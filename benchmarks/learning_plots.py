@@ -148,3 +148,78 @@ def plot_tactics(records: list[dict], title: str, path: Path) -> str:
     figure.suptitle(title, fontsize=10)
     _save(plt, figure, path, result)
     return result["plot"]
+
+
+def greedy_o_by_run(runs: dict[str, list[dict]]) -> dict[str, dict[int, dict]]:
+    """Per run (label -> its tactics.jsonl records), per scored step: the greedy O seat's win
+    and loss rates, lowest and mean over the run's agents (the goal needs every agent)."""
+    summary = {}
+    for label, records in runs.items():
+        summary[label] = {}
+        for record in records:
+            figures = [seats["O"] for seats in record["agents"].values()]
+            wins = [f["greedy_win"] for f in figures]
+            losses = [f["greedy_loss"] for f in figures]
+            summary[label][record["step"]] = {
+                "win_min": min(wins), "win_mean": sum(wins) / len(wins),
+                "loss_max": max(losses)}
+    return summary
+
+
+def plot_greedy_o_runs(runs: dict[str, list[dict]], title: str, path: Path) -> dict:
+    """The greedy O seat against random over several runs' scored evaluations (the seat the
+    TicTacToe goal turns on): each run's worst agent's win rate (line) and its agents' mean
+    (dotted), its worst agent's loss rate (second panel), the goal's lines; written to
+    ``path``. Returns ``greedy_o_by_run``'s summary with ``plot`` (what was written, or why
+    nothing was)."""
+    summary: dict = greedy_o_by_run(runs)
+    plt = _pyplot(summary, path.parent)
+    if plt is None:
+        return summary
+    figure, (wins, losses) = plt.subplots(1, 2, figsize=(12, 4))
+    for index, (label, by_step) in enumerate(summary.items()):
+        if label == "plot":
+            continue
+        steps = sorted(by_step)
+        color = f"C{index % 10}"
+        wins.plot(steps, [by_step[s]["win_min"] for s in steps], color=color, marker="o",
+                  label=f"{label}: worst agent")
+        wins.plot(steps, [by_step[s]["win_mean"] for s in steps], color=color, ls=":")
+        losses.plot(steps, [by_step[s]["loss_max"] for s in steps], color=color, marker="x",
+                    label=label)
+    wins.axhline(0.85, color="g", lw=0.8, label="goal: win >= 0.85")
+    losses.axhline(0.05, color="r", lw=0.8, label="goal: loss <= 0.05")
+    wins.set(title="greedy O: win rate vs random (exact; dotted: agents' mean)",
+             xlabel="step", ylim=(0.6, 1))
+    losses.set(title="greedy O: loss rate vs random, worst agent", xlabel="step",
+               ylim=(0, 0.15))
+    for axis in (wins, losses):
+        axis.legend(fontsize=6)
+        axis.grid(alpha=0.3)
+    figure.suptitle(title, fontsize=10)
+    _save(plt, figure, path, summary)
+    return summary
+
+
+def main() -> None:
+    """python benchmarks/learning_plots.py --greedy_o LABEL=TACTICS.jsonl ... --out FILE.png"""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--greedy_o", nargs="+", required=True, metavar="LABEL=FILE")
+    parser.add_argument("--title", default="TicTacToe, greedy O seat")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    runs = {}
+    for item in args.greedy_o:
+        label, _, name = item.partition("=")
+        if not name:
+            parser.error(f"--greedy_o {item!r}: expected LABEL=FILE")
+        runs[label] = [json.loads(line) for line in Path(name).read_text().splitlines()
+                       if line.strip()]
+    print(json.dumps(plot_greedy_o_runs(runs, args.title, args.out), indent=1))
+
+
+if __name__ == "__main__":
+    main()
