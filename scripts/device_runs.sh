@@ -70,6 +70,9 @@
 # was small (28 KB), the next `watch`, issued at once, found a fresh machine: a long run can be
 # lost at any call boundary, whatever is sent back. Plan each machine for what its evaluations
 # can show before the first boundary is crossed, or accept that the run may end there.
+# Seen (2026-11-28, session 61): two 150-step runs on an nvidia-h200-x2 machine crossed four call
+# boundaries (launch + `watch 500`, `watch 560`, `watch 100` + `collect`, then two ZeRO calls)
+# with small replies (<2 KB of output at DEVICE_WATCH_EVERY=60) and the next call issued at once.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
