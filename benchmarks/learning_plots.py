@@ -170,16 +170,14 @@ def plot_greedy_o_runs(runs: dict[str, list[dict]], title: str, path: Path) -> d
     """The greedy O seat against random over several runs' scored evaluations (the seat the
     TicTacToe goal turns on): each run's worst agent's win rate (line) and its agents' mean
     (dotted), its worst agent's loss rate (second panel), the goal's lines; written to
-    ``path``. Returns ``greedy_o_by_run``'s summary with ``plot`` (what was written, or why
-    nothing was)."""
-    summary: dict = greedy_o_by_run(runs)
-    plt = _pyplot(summary, path.parent)
+    ``path``. Returns ``{"runs": greedy_o_by_run's summary, "plot": what was written, or why
+    nothing was}``."""
+    result: dict = {"runs": greedy_o_by_run(runs)}
+    plt = _pyplot(result, path.parent)
     if plt is None:
-        return summary
+        return result
     figure, (wins, losses) = plt.subplots(1, 2, figsize=(12, 4))
-    for index, (label, by_step) in enumerate(summary.items()):
-        if label == "plot":
-            continue
+    for index, (label, by_step) in enumerate(result["runs"].items()):
         steps = sorted(by_step)
         color = f"C{index % 10}"
         wins.plot(steps, [by_step[s]["win_min"] for s in steps], color=color, marker="o",
@@ -197,8 +195,8 @@ def plot_greedy_o_runs(runs: dict[str, list[dict]], title: str, path: Path) -> d
         axis.legend(fontsize=6)
         axis.grid(alpha=0.3)
     figure.suptitle(title, fontsize=10)
-    _save(plt, figure, path, summary)
-    return summary
+    _save(plt, figure, path, result)
+    return result
 
 
 def main() -> None:

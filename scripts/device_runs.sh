@@ -197,11 +197,10 @@ watch)
   fi
   end=$(( $(date +%s) + ${1:?SECONDS} ))
   every=${DEVICE_WATCH_EVERY:-30}  # (a test's shorter period)
-  while [ "$(date +%s)" -lt "$end" ]; do
-    # never past SECONDS: session 61's `watch 560` every 60 s slept to 600 s, hit the call's
-    # limit and brought nothing back (its progress is packed after the loop)
-    left=$(( end - $(date +%s) ))
-    sleep $(( left < every ? (left > 0 ? left : 0) : every ))
+  # never past SECONDS: session 61's `watch 560` every 60 s slept to 600 s, hit the call's
+  # limit and brought nothing back (its progress is packed after the loop)
+  while left=$(( end - $(date +%s) )); [ "$left" -gt 0 ]; do
+    sleep $(( left < every ? left : every ))
     for f in "$RUNS"/*.log; do  # a learning run's last step, or a benchmark's last line
       last=$(grep -a 'step' "$f" | tail -1 || true)
       echo "[$(ts)] $(basename "$f"): $(echo "${last:-$(grep -a . "$f" | tail -1)}" | cut -c1-150)"

@@ -109,9 +109,9 @@ def zero3_leaf_types(model: MultiAgentLoRAModel, gather: str) -> list[type]:
     return layers
 
 
-def list_leaf_parameters_once(model: nn.Module, leaf_types: Sequence[type]) -> int:
+def list_leaf_parameters_once(model: nn.Module, leaf_types: Sequence[type]) -> None:
     """Each ZeRO-3 leaf module of ``model`` answers ``named_parameters()`` from a listing made
-    here, once; returns how many leaves got one.
+    here, once.
 
     DeepSpeed's fetch and release of a leaf (before and after its forward, and again around
     its backward) each call ``leaf.named_parameters(recurse=True)``, which walks every module
@@ -120,13 +120,10 @@ def list_leaf_parameters_once(model: nn.Module, leaf_types: Sequence[type]) -> i
     (benchmarks/README.md, "the leaves' parameters listed once"). What a leaf holds is fixed
     once DeepSpeed has wrapped the model (every adapter and critic is injected before), so the
     listing stays right; a call with other arguments still walks."""
-    leaves = 0
     for module in model.modules():
         if isinstance(module, tuple(leaf_types)):
             listing = list(type(module).named_parameters(module))
             module.__dict__["named_parameters"] = partial(_listed, module, listing)
-            leaves += 1
-    return leaves
 
 
 def _listed(module: nn.Module, listing: list[tuple[str, nn.Parameter]], prefix: str = "",

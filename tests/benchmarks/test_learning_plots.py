@@ -45,7 +45,7 @@ def test_the_command_line_draws_the_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed["plot"] == "greedy_o.png" and out.stat().st_size > 1000
-    assert printed["run a"]["100"] == {"win_min": 0.9, "win_mean": 0.9, "loss_max": 0.0}
+    assert printed["runs"]["run a"]["100"] == {"win_min": 0.9, "win_mean": 0.9, "loss_max": 0.0}
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/learning_plots.py"),
                           "--greedy_o", "no_file", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
