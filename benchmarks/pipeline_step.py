@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -198,6 +199,11 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="a model path or alias (smollm2-135m) instead of the random-weight "
                              "Qwen3-0.6B shape (--tiny: the tiny model)")
+    parser.add_argument("--vocab_rows", type=int, default=None,
+                        help="rows of the random-weight shape's embedding and LM head (default: "
+                             "the tiny tokenizer's ~600 tokens); 151936 is Qwen3's. vLLM 0.26 "
+                             "needs at least the hidden size (1,024) to capture its CUDA graphs "
+                             "with LoRA")
     parser.add_argument("--override", nargs="*", default=[],
                         help="more Hydra overrides for every setting, e.g. cluster.backend=ray "
                              "actor_train.world_size=1 (a colocated Ray run)")
@@ -208,9 +214,11 @@ def main() -> None:
         model_path = args.model  # resolved by the pipeline (roll/models/aliases.py)
     else:
         spec = TinyModelSpec() if args.tiny else TinyModelSpec(**SHAPE_06B)
-        model_path = build_tiny_model(
-            default_cache_dir().parent / ("tiny-qwen3" if args.tiny else "qwen3-0.6b-shape"),
-            spec)
+        folder = "tiny-qwen3" if args.tiny else "qwen3-0.6b-shape"
+        if args.vocab_rows:
+            spec = replace(spec, embedding_rows=args.vocab_rows)
+            folder += f"-v{args.vocab_rows}"
+        model_path = build_tiny_model(default_cache_dir().parent / folder, spec)
     results = []
     for setting in args.settings:
         example, agents = setting.split(":")
@@ -220,6 +228,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": name, "torch": torch.__version__, "steps": args.steps,
                "model": args.model or ("tiny" if args.tiny else "qwen3-0.6b-shape"),
+               "vocab_rows": args.vocab_rows,
                "results": results}
     emit(summary, "pipeline_step.json")
 

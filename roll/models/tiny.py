@@ -73,6 +73,10 @@ class TinyModelSpec:
     tokens' logits can get: at 0.02 no legal move of a Kuhn answer can get a probability
     outside [0.12, 0.88], too narrow for the game's equilibrium; the ``tiny-wide`` alias
     draws them at 0.1 (benchmarks/README.md, "The step size in policy space")."""
+    embedding_rows: int | None = None
+    """Rows of the (tied) embedding and LM head; None: one per token of the tokenizer. Real
+    models pad theirs (Qwen3: 151,936 rows for 151,669 tokens); a shape whose vocabulary is
+    narrower than its hidden size also breaks vLLM 0.26's LoRA warm-up on a GPU."""
     format_version: int = 2
     """Bumped when the builder changes what it writes."""
 
@@ -127,7 +131,16 @@ def _is_complete(path: Path, spec: TinyModelSpec) -> bool:
     marker = path / "roll_tiny_spec.json"
     if not marker.is_file():
         return False
-    return json.loads(marker.read_text()) == asdict(spec)
+    return json.loads(marker.read_text()) == _record(spec)
+
+
+def _record(spec: TinyModelSpec) -> dict:
+    """What the marker holds: the spec, without ``embedding_rows`` when it is the default
+    (so folders built before the field existed stay valid)."""
+    record = asdict(spec)
+    if record["embedding_rows"] is None:
+        del record["embedding_rows"]
+    return record
 
 
 def build_tiny_model(
@@ -150,7 +163,7 @@ def build_tiny_model(
             return path
         tokenizer = _train_tokenizer(spec.vocab_size)
         config = Qwen3Config(
-            vocab_size=len(tokenizer),
+            vocab_size=spec.embedding_rows or len(tokenizer),
             hidden_size=spec.hidden_size,
             intermediate_size=spec.intermediate_size,
             num_hidden_layers=spec.num_hidden_layers,
@@ -175,5 +188,5 @@ def build_tiny_model(
         with atomic_folder(path) as staging:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
-            (staging / "roll_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+            (staging / "roll_tiny_spec.json").write_text(json.dumps(_record(spec), indent=2))
     return path

@@ -22,7 +22,12 @@ from roll.inference import (
     SamplingParams,
     load_adapter_folder,
 )
-from roll.inference.vllm_engine import ALLOWED_RANKS, VLLMEngine, round_lora_rank  # noqa: E402
+from roll.inference.vllm_engine import (  # noqa: E402
+    ALLOWED_RANKS,
+    VLLMEngine,
+    lora_warmup_error,
+    round_lora_rank,
+)
 from roll.models import load_tokenizer  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
@@ -354,3 +359,14 @@ def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, te
                           True, groups=4, size=2, max_new_tokens=16)
 
     lookahead_plays_the_plain_rollouts(scheduler(), scheduler())
+
+
+def test_a_vocabulary_narrower_than_the_hidden_size_is_refused_where_vllm_026_breaks():
+    """Seen on an H200: vLLM 0.26 captured its CUDA graphs with a dummy LM-head adapter of the
+    wrong shape for a 611-token vocabulary at hidden size 1,024 and died inside the engine."""
+    error = lora_warmup_error(611, 1024, "0.26.0", cuda_graphs=True)
+    assert "611" in error and "1024" in error and "enforce_eager" in error
+    assert lora_warmup_error(611, 1024, "0.26.0", cuda_graphs=False) is None  # no capture
+    assert lora_warmup_error(151936, 1024, "0.26.0", cuda_graphs=True) is None  # real widths
+    assert lora_warmup_error(1024, 1024, "0.26.0", cuda_graphs=True) is None
+    assert lora_warmup_error(611, 1024, "0.32.0", cuda_graphs=True) is None  # shaped right

@@ -39,6 +39,23 @@ def test_tiny_model_cache_is_reused_and_rebuilt_on_spec_change(tmp_path):
     assert json.loads((path / "roll_tiny_spec.json").read_text())["seed"] == 1
 
 
+def test_padded_embedding_rows_widen_the_head_not_the_tokenizer(tiny_model_path, tmp_path):
+    """embedding_rows pads the (tied) embedding and LM head as real models do; a folder built
+    before the field existed (its marker lacks the key) is still taken as complete."""
+    from roll.models import load_tokenizer
+
+    tokens = len(load_tokenizer(tiny_model_path))
+    padded = build_tiny_model(tmp_path / "p", TinyModelSpec(embedding_rows=tokens + 100))
+    assert AutoConfig.from_pretrained(padded).vocab_size == tokens + 100
+    assert len(load_tokenizer(padded)) == tokens
+    assert load_model(padded).get_output_embeddings().weight.shape[0] == tokens + 100
+    marker = json.loads((tiny_model_path / "roll_tiny_spec.json").read_text())
+    assert "embedding_rows" not in marker  # the default leaves the marker as it was
+    stamp = (tiny_model_path / "model.safetensors").stat().st_mtime_ns
+    build_tiny_model(tiny_model_path)
+    assert (tiny_model_path / "model.safetensors").stat().st_mtime_ns == stamp
+
+
 def test_a_build_started_while_another_is_writing_waits_and_reuses_its_folder(
         tiny_model_path, tmp_path):
     """Side-by-side runs on one machine: while one process holds the build lock and writes the
