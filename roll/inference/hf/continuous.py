@@ -69,18 +69,23 @@ if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
 
 
-def decode_lanes(requests: int, max_lanes: int, current: int | None) -> int:
+def decode_lanes(requests: int, max_lanes: int, current: int | None,
+                 keep_captured: bool = False) -> int:
     """How many decode lanes a ``serve`` of ``requests`` first requests runs on.
 
     A new lane count is a new decode shape: on CUDA a new compile and CUDA-graph capture (50 s
     for the Qwen3-0.6B shape on an H200, seen when a Hanabi step that began with part of its
     episodes played ahead asked for 24 lanes after 32). So the current decoder's lanes are kept
     while they hold every first request and at most half of them start idle; a new count is a
-    power of two (at most ``max_lanes``), so the shapes a run meets are few. Extra lanes take
-    follow-up requests as they come; each request samples from its own seed, so which lane
-    serves it does not change what it gets."""
+    power of two (at most ``max_lanes``), so the shapes a run meets are few. With
+    ``keep_captured`` (the decode step replays a CUDA graph) the current lanes are kept
+    whenever they hold every first request: an idle lane of a replayed graph costs next to
+    nothing, a smaller shape a compile in the middle of a step (session 62: a Hanabi step whose
+    episodes were mostly played ahead dropped from 32 to 16 lanes and spent 56 s of its 57-s
+    rollout compiling). Extra lanes take follow-up requests as they come; each request samples
+    from its own seed, so which lane serves it does not change what it gets."""
     needed = min(requests, max_lanes)
-    if current is not None and needed <= current < 2 * needed:
+    if current is not None and needed <= current and (keep_captured or current < 2 * needed):
         return current
     return min(max_lanes, 1 << (needed - 1).bit_length())
 

@@ -282,7 +282,8 @@ class HFEngine:
             return 0  # nothing started, so nothing of ``later`` can be outstanding
         longest = max(len(r.prompt_ids) + r.sampling.max_new_tokens for r in first)
         lanes = decode_lanes(len(first), self.max_batch_size,
-                             None if self._decoder is None else self._decoder.lanes)
+                             None if self._decoder is None else self._decoder.lanes,
+                             keep_captured=self._decoder is not None and self._decoder.graphs)
         decoder = self._decoder
         if decoder is None or decoder.lanes != lanes:
             self._decoder = None  # free the old ring first

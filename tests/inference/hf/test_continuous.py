@@ -273,6 +273,11 @@ def test_decode_lanes_keeps_the_current_shape_while_it_fits():
     assert decode_lanes(100, 96, None) == 96  # capped
     assert decode_lanes(5, 3, 3) == 3
     assert decode_lanes(1, 3, 3) == 1
+    # a replayed CUDA graph keeps its lanes while they hold every first request
+    assert decode_lanes(9, 256, 32, keep_captured=True) == 32  # session 62's Hanabi step 6
+    assert decode_lanes(1, 256, 32, keep_captured=True) == 32
+    assert decode_lanes(33, 256, 32, keep_captured=True) == 64  # still grows
+    assert decode_lanes(9, 256, None, keep_captured=True) == 16  # the first shape as before
     assert decode_lanes(24, 24, None) == 24  # the cap is a shape of its own
     assert decode_lanes(20, 24, 24) == 24
 
