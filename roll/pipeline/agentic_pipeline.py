@@ -233,17 +233,24 @@ class AgenticPipeline:
         return slot
 
     @contextmanager
-    def engine_awake(self) -> Iterator[None]:
+    def engine_awake(self) -> Iterator[dict[str, float]]:
         """Engines that can sleep (vLLM with sleep mode) hold their KV cache only while rolling
-        out, so training gets the memory back between rollout phases."""
+        out, so training gets the memory back between rollout phases. Yields a dict that holds
+        ``time/wake`` once awake and ``time/sleep`` once asleep again (seconds), empty when the
+        engine does not sleep between phases."""
+        phases: dict[str, float] = {}
         if not self.cfg.rollout.vllm.sleep_between_phases:  # others' sleep/wake_up do nothing
-            yield
+            yield phases
             return
+        start = time.perf_counter()
         self.engine.wake_up()
+        phases["time/wake"] = time.perf_counter() - start
         try:
-            yield
+            yield phases
         finally:
+            start = time.perf_counter()
             self.engine.sleep()
+            phases["time/sleep"] = time.perf_counter() - start
 
     def sync_adapters(self) -> list[str]:
         """Bring every agent's engine slot to the trainer's version (``trainer.global_step``):
@@ -262,19 +269,20 @@ class AgenticPipeline:
     def synced_rollout(
         self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str,
         items: list[int] | None = None, ahead_seeds: list[int] | None = None,
-    ) -> tuple[RolloutResult, float]:
+    ) -> tuple[RolloutResult, dict[str, float]]:
         """Wake the engine, sync the adapters, roll out (team tasks: group g plays dataset item
         ``items[g]``; ``ahead_seeds``: the next rollouts', played ahead in idle lanes);
-        (result, seconds spent syncing)."""
-        with self.engine_awake():
+        (result, seconds of the phases around the rollout: ``time/sync``, and ``time/wake`` /
+        ``time/sleep`` where the engine sleeps between phases)."""
+        with self.engine_awake() as phases:
             start = time.perf_counter()
             self.sync_adapters()
-            synced = time.perf_counter() - start
+            phases["time/sync"] = time.perf_counter() - start
             result = scheduler.rollout(
                 seed=seed, progress=lambda done, total: tracker.progress(done, total, what),
                 items=items, ahead_seeds=ahead_seeds or (),
             )
-        return result, synced
+        return result, phases
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, float]:
@@ -384,10 +392,11 @@ class AgenticPipeline:
         start = time.perf_counter()
         items = None if self.items is None else self.items.take(scheduler.config.num_groups)
         seed = cfg.seed * 1_000_003 + self.step
-        result, times["time/sync"] = self.synced_rollout(
+        result, phases = self.synced_rollout(
             scheduler, seed, tracker, "episodes", items,
             [seed + later - self.step for later in ahead_steps or ()])
-        times["time/rollout"] = time.perf_counter() - start - times["time/sync"]
+        times.update(phases)
+        times["time/rollout"] = time.perf_counter() - start - sum(phases.values())
         metrics = dict(result.metrics)
         metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve,
                                              times["time/rollout"]))

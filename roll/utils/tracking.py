@@ -8,7 +8,8 @@ Naming convention of metric keys (the plot command and the console line rely on 
   ``{agent: {metric: value}}`` dict);
 - ``team/<metric>``          a figure of the whole team, e.g. ``team/episode_return``;
 - ``time/<phase>``           seconds spent in a phase of the step: ``time/rollout``,
-  ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``;
+  ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``, and ``time/wake`` /
+  ``time/sleep`` where the engine sleeps between phases (``rollout.vllm.sleep_between_phases``);
 - ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
 - ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts;
   ``eval_greedy/...`` the same for the greedy policy's (``eval.greedy_too``).

@@ -109,3 +109,26 @@ def test_greedy_too_evaluates_the_greedy_policy_on_the_same_games(tmp_path, caps
     assert any(both[f"eval/agent_0/{m}"] != both[f"eval_greedy/agent_0/{m}"]
                for m in ("win_rate", "mean_return"))
     assert "  greedy" in printed and "agent_0" in printed
+
+
+def test_an_engine_that_sleeps_between_phases_reports_its_wake_and_sleep_apart(tmp_path):
+    """rollout.vllm.sleep_between_phases: waking and putting the engine back to sleep are
+    their own phases (time/wake, time/sleep), not part of time/rollout; the embedded engine's
+    wake_up/sleep (no-ops) are given a known cost here so the split can be seen."""
+    import time
+
+    pipeline = AgenticPipeline(_config(tmp_path / "run", "max_steps=1", "save_steps=0",
+                                       "rollout.num_groups=1", "rollout.sampling.max_new_tokens=8",
+                                       "rollout.vllm.sleep_between_phases=true"))
+    pipeline.engine.wake_up = lambda: time.sleep(2.0)
+    pipeline.engine.sleep = lambda: time.sleep(1.0)
+    pipeline.run()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 2.0 <= row["time/wake"] < 3.0 and 1.0 <= row["time/sleep"] < 2.0
+    assert row["time/rollout"] < 2.0  # a rollout that counted the wake would be >= 3 s
+    assert row["time/sync"] >= 0.0
+    plain = AgenticPipeline(_config(tmp_path / "plain", "max_steps=1", "save_steps=0",
+                                    "rollout.num_groups=1", "rollout.sampling.max_new_tokens=8"))
+    plain.run()
+    row = json.loads((tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "time/wake" not in row and "time/sleep" not in row
