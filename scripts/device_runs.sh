@@ -73,6 +73,11 @@
 # Seen (2026-11-28, session 61): two 150-step runs on an nvidia-h200-x2 machine crossed four call
 # boundaries (launch + `watch 500`, `watch 560`, `watch 100` + `collect`, then two ZeRO calls)
 # with small replies (<2 KB of output at DEVICE_WATCH_EVERY=60) and the next call issued at once.
+# Seen (2026-11-28, session 62): a benchmark machine (x2) took its ten engine pieces in ten calls
+# of ~4 s each (45 s held in all); `setup` with vLLM and Ray ~60 s. vLLM 0.26 died at start on the
+# 0.6B shape with the tiny tokenizer (pipeline_step.py --vocab_rows 151936 since). A loop that
+# ended the call at a fixed time cut off a run that was writing its summary: copy each setting's
+# JSON as it ends, and plan the last call to end after the slowest run's summary.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
