@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -111,6 +112,12 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     pipeline = AgenticPipeline(cfg)
+    if args.profile_rollout:
+        import run_hooks
+
+        profile_dir = Path(os.environ.get("OUT") or out)
+        run_hooks.profile_rollout_of_step(pipeline, args.profile_rollout, args.profile_top,
+                                          profile_dir)
     pipeline.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = []
@@ -204,6 +211,13 @@ def main() -> None:
                              "the tiny tokenizer's ~600 tokens); 151936 is Qwen3's. vLLM 0.26 "
                              "needs at least the hidden size (1,024) to capture its CUDA graphs "
                              "with LoRA")
+    parser.add_argument("--profile_rollout", type=int, default=0, metavar="STEP",
+                        help="run step STEP's rollout under torch.profiler: kernels, GPU busy "
+                             "share, top operators and the serve loop's ranges (admit, "
+                             "decode_step, wait, follow) -> $OUT/profile_rollout.json (first "
+                             "setting only)")
+    parser.add_argument("--profile_top", type=int, default=25,
+                        help="operators listed by --profile_rollout")
     parser.add_argument("--override", nargs="*", default=[],
                         help="more Hydra overrides for every setting, e.g. cluster.backend=ray "
                              "actor_train.world_size=1 (a colocated Ray run)")

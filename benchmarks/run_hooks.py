@@ -5,6 +5,8 @@ one of its methods and leaves the run as it was otherwise.
 - ``load_compile_cache`` / ``save_compile_cache_after_step_1``: torch.compile's artifacts
   carried from one GPU machine to the next (``--compile_cache``);
 - ``profile_one_step``: one training step under torch.profiler (``--profile_step``);
+- ``profile_rollout_of_step``: one step's rollout under torch.profiler, with the serve loop's
+  own ranges (``pipeline_step.py --profile_rollout``);
 - ``sync_sites_of_step``: where one training step makes the host wait for the GPU
   (``--sync_step``).
 """
@@ -103,6 +105,30 @@ def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
     from train_throughput import profile_step
 
     _measure_step(pipeline, step, out, "profile", lambda run: profile_step(run, top))
+
+
+def profile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
+    """The rollout of training step ``step`` (wake, adapter sync, episodes) under
+    torch.profiler (``--profile_rollout``): kernels, GPU busy share, the top operators, and the
+    serve loop's own ranges (``roll.admit``: prefill and admission; ``roll.decode_step``;
+    ``roll.wait``: the host waiting for a step's tokens; ``roll.follow``: the caller's env
+    step and next prompt) -> ``out/profile_rollout.json``, printed as
+    ``{"profile_rollout": ...}``."""
+    from train_throughput import profile_step
+
+    plain = pipeline.synced_rollout
+
+    def synced_rollout(*args, **kwargs):
+        if pipeline.step != step or (out / "profile_rollout.json").exists():
+            return plain(*args, **kwargs)
+        returned = []
+        report = {"step": step, **profile_step(
+            lambda: returned.append(plain(*args, **kwargs)), top)}
+        (out / "profile_rollout.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps({"profile_rollout": report}), flush=True)
+        return returned[0]
+
+    pipeline.synced_rollout = synced_rollout
 
 
 def site_of(frames: list) -> str:

@@ -74,6 +74,13 @@ def profile_step(step, top: int) -> dict:
     }
     if cuda:  # where the host's time goes (a step with the GPU idle is bound by this)
         result["top_host"] = entries(lambda e: e.self_cpu_time_total)
+    # the project's own ranges (roll.utils.stages.profiled): host time inside each, and the
+    # GPU time of the kernels launched inside it
+    result["ranges"] = {e.key: {"calls": e.count,
+                                "host_ms": round(e.cpu_time_total / 1e3, 2),
+                                "gpu_ms": round(float(getattr(e, "device_time_total", 0.0))
+                                                / 1e3, 2)}
+                        for e in events if e.key.startswith("roll.")}
     return result
 
 

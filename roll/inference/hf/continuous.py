@@ -62,7 +62,7 @@ from roll.inference.hf.sampling import (
     mix32,
     seed_key,
 )
-from roll.utils.stages import stage
+from roll.utils.stages import profiled, stage
 from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
@@ -189,7 +189,8 @@ class ContinuousDecoder:
             free = [i for i, lane in enumerate(self.running) if lane is None]
             if queue and free:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
-                pending.append(self._admit(admitted))
+                with profiled("roll.admit"):
+                    pending.append(self._admit(admitted))
             needed = [lane for lane in self.running if lane is not None and not lane.finished
                       and len(lane.tokens) + lane.in_flight < lane.request.sampling.max_new_tokens]
             # Constrained lanes sample from their trie node: their tokens must be read first.
@@ -198,7 +199,8 @@ class ContinuousDecoder:
                     submit(self._finish(step, follow))
                 pending = []
                 continue
-            launched = [self._decode_step()] if needed else []
+            with profiled("roll.decode_step"):
+                launched = [self._decode_step()] if needed else []
             for step in pending:
                 submit(self._finish(step, follow))
             pending = launched
@@ -368,7 +370,8 @@ class ContinuousDecoder:
         """Read a step's tokens (waiting for it), record them, finish lanes that are done and
         hand their outputs to ``follow``; the requests it returns."""
         if step.done is not None:
-            step.done.synchronize()
+            with profiled("roll.wait"):  # the host idle until the device is done
+                step.done.synchronize()
         engine = self.engine
         new: list[GenerationRequest] = []
         for lane, state, token, logprob in zip(step.lanes, step.states,
@@ -386,5 +389,6 @@ class ContinuousDecoder:
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True
-            new += follow(state.key, state.output(reason, engine))
+            with profiled("roll.follow"):  # the caller: env step, next prompt
+                new += follow(state.key, state.output(reason, engine))
         return new

@@ -1,0 +1,48 @@
+"""pipeline_step.py --profile_rollout (benchmarks/run_hooks.py): one step's rollout under
+torch.profiler, with the serve loop's own ranges counted once per admission, decode step and
+finished request; without a profiler the ranges cost nothing and record nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import run_hooks  # noqa: E402
+
+from roll.pipeline.agentic_pipeline import AgenticPipeline  # noqa: E402
+from roll.pipeline.cli import load_config  # noqa: E402
+from roll.utils.stages import profiled  # noqa: E402
+
+
+def test_ranges_count_the_serve_loops_admissions_decode_steps_and_finished_requests(tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [
+        "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
+        "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=0", "max_steps=2",
+        f"output_dir={out}"])
+    pipeline = AgenticPipeline(cfg)
+    run_hooks.profile_rollout_of_step(pipeline, 2, 5, tmp_path)
+    pipeline.run()
+    report = json.loads((tmp_path / "profile_rollout.json").read_text())
+    step = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert report["step"] == 2 and step["step"] == 2
+    ranges = report["ranges"]
+    assert ranges["roll.admit"]["calls"] == step["rollout/prefills"]
+    assert ranges["roll.decode_step"]["calls"] == step["rollout/decode_steps"]
+    assert ranges["roll.follow"]["calls"] == step["rollout/llm_turns"]  # one per served turn
+    assert all(entry["host_ms"] > 0 for entry in ranges.values())
+    assert len(report["top"]) == 5
+
+
+def test_a_range_is_nothing_without_a_profiler():
+    with profiled("roll.test") as inside:
+        assert inside is None  # nullcontext: no range object was made
+    with torch.profiler.profile() as prof:
+        with profiled("roll.test"):
+            torch.ones(3).sum()
+    assert any(event.key == "roll.test" for event in prof.key_averages())
