@@ -76,7 +76,7 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
         head_positions = torch.arange(shared, device=device).expand(len(heads), shared)
         causal = torch.ones(shared, shared, dtype=torch.bool, device=device).tril()
         engine.fused.set_rows(heads)
-        engine.forward_last(head_ids, additive_mask(causal.expand(len(heads), 1, -1, -1), dtype),
+        engine.prefill_last(head_ids, additive_mask(causal.expand(len(heads), 1, -1, -1), dtype),
                             head_positions, head)
         capture = HeadCapture(head, upload([heads.index(a) for a in adapters], torch.long,
                                            device))
@@ -95,6 +95,6 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
     if shared:  # every row sees the whole head
         allowed = torch.cat([allowed.new_ones(rows, width, shared), allowed], dim=-1)
     engine.fused.set_rows(adapters)
-    logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], dtype), positions,
+    logits = engine.prefill_last(input_ids, additive_mask(allowed[:, None], dtype), positions,
                                  capture)  # (B, V)
     return logits, capture, shared, shared + width
