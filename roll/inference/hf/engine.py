@@ -41,14 +41,10 @@ from roll.inference.base import (
 )
 from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.continuous import ContinuousDecoder, decode_lanes
-from roll.inference.hf.cuda_graph import (
-    CapturedStep,
-    cache_counters,
-    compile_dynamic,
-    compile_step,
-)
+from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
+from roll.inference.hf.prefill import PrefillForward
 from roll.inference.hf.ring import ATTENTION_KERNELS, additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
 from roll.utils.stages import stage
@@ -170,10 +166,9 @@ class HFEngine:
         ).parameters
         self._static_caches: dict[tuple[int, int], object] = {}
         self._compiled_step = None
-        self.compile_prefill = compile_prefill
-        """Continuous batching: admissions' prefills through one torch.compile'd forward with
-        dynamic rows and prompt lengths (prefill.py), instead of eager."""
-        self._compiled_prefill: Callable[..., Tensor] | None = None
+        self.prefill_last = PrefillForward(self.forward_last, compile_prefill)
+        """``forward_last`` for admissions' prefills: compiled with dynamic shapes when
+        ``compile_prefill`` (prefill.py), eager otherwise."""
         self._decode_graph: tuple[tuple, CapturedStep] | None = None
         self.decode_captures = 0
         """CUDA graphs captured by the compiled lock-step decode so far (one at a time: a new
@@ -334,21 +329,6 @@ class HFEngine:
     def next_seed(self) -> int:
         """A seed for a request that brings none (reproducible per engine and call order)."""
         return self._rng.randrange(2**63)
-
-    def prefill_last(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                     cache) -> Tensor:
-        """``forward_last`` for a prefill: compiled with dynamic shapes when
-        ``compile_prefill`` (a prefill of a few rows of a 0.6B model runs eager at one launch
-        per op of every layer, ~50 ms on an H200 for ~3 ms of arithmetic: benchmarks/README.md,
-        the Hanabi lanes), eager otherwise."""
-        if not self.compile_prefill:
-            return self.forward_last(input_ids, attention_mask, position_ids, cache)
-        if self._compiled_prefill is None:
-            compiled = compile_dynamic(self.forward_last)
-            self._compiled_prefill = compiled
-            with stage("hf engine: compiling the prefill forward (dynamic shapes; once)"):
-                return compiled(input_ids, attention_mask, position_ids, cache)
-        return self._compiled_prefill(input_ids, attention_mask, position_ids, cache)
 
     def forward_last(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                      cache) -> Tensor:

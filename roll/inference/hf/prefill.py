@@ -19,12 +19,15 @@ one token of its own left to every prompt (its last token's logits come from the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from roll.inference.hf.cuda_graph import compile_dynamic
 from roll.inference.hf.ring import CaptureCache, additive_mask
+from roll.utils.stages import stage
 from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
@@ -42,6 +45,30 @@ def shared_length(prompts: list[list[int]], adapters: list) -> int:
     # commonprefix compares element by element, lists included
     length = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
     return length if length >= MIN_SHARED else 0
+
+
+class PrefillForward:
+    """``forward_last`` for admissions' prefills (logits (B, V) of each row's last position):
+    with ``compiled``, one torch.compile'd forward with dynamic rows and lengths, compiled at
+    the first call; eager otherwise. Why: a prefill of a few rows of a 0.6B model runs eager
+    at one launch per op of every layer, ~50 ms on an H200 for ~3 ms of arithmetic
+    (benchmarks/README.md, the Hanabi lanes)."""
+
+    def __init__(self, forward_last: Callable[..., Tensor], compiled: bool) -> None:
+        self.forward_last = forward_last
+        self.compiled = compiled
+        self._call: Callable[..., Tensor] | None = None
+        """The compiled forward, once built (None: not yet, or eager)."""
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                 cache) -> Tensor:
+        if not self.compiled:
+            return self.forward_last(input_ids, attention_mask, position_ids, cache)
+        if self._call is None:
+            self._call = compile_dynamic(self.forward_last)
+            with stage("hf engine: compiling the prefill forward (dynamic shapes; once)"):
+                return self._call(input_ids, attention_mask, position_ids, cache)
+        return self._call(input_ids, attention_mask, position_ids, cache)
 
 
 class HeadCapture(CaptureCache):
