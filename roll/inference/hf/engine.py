@@ -21,9 +21,7 @@ that a new batch rarely means a new compilation; the first call per bucket pays 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import os
 import random
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -43,7 +41,7 @@ from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.continuous import ContinuousDecoder, decode_lanes
 from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
-from roll.inference.hf.fused_lora import KERNELS, FusedLoRA
+from roll.inference.hf.fused_lora import KERNELS, FusedLoRA, resolve_kernels
 from roll.inference.hf.prefill import PrefillForward
 from roll.inference.hf.ring import ATTENTION_KERNELS, additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
@@ -159,7 +157,7 @@ class HFEngine:
             slot_capacity=slot_capacity or 1,
             rank_capacity=rank_capacity or 1,
             static_addresses=compile,
-            kernels=_resolve_kernels(lora_kernels, self.device),
+            kernels=resolve_kernels(lora_kernels, self.device),
         )
         self._takes_cache_position = "cache_position" in inspect.signature(
             self.model.forward
@@ -460,20 +458,6 @@ class HFEngine:
         if not self.fused.layout_key:  # read so that torch.compile guards on the LoRA layout
             raise AssertionError("empty layout key")
         return self._run(input_ids, attention_mask, position_ids, cache, cache_position)[0]
-
-
-def _resolve_kernels(choice: str, device: torch.device) -> str:
-    """``lora_kernels`` → the FusedLoRA kernels: 'auto' takes triton on CUDA when importable."""
-    has_triton = importlib.util.find_spec("triton") is not None
-    if choice == "auto":
-        return "triton" if device.type == "cuda" and has_triton else "torch"
-    if choice == "triton":
-        if not has_triton:
-            raise ValueError("lora_kernels='triton' but triton is not installed")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"lora_kernels='triton' runs on CUDA, not {device.type} (on CPU "
-                             f"only under TRITON_INTERPRET=1, for tests)")
-    return choice
 
 
 def _is_peft_wrapper(model: nn.Module) -> bool:

@@ -23,8 +23,10 @@ its own (PEFT) adapters off. The engine's copy of the factors lives only in thes
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +46,20 @@ PEFT_PREFIX = "base_model.model."
 _LAYOUT_KEYS = (f"layout-{n}" for n in itertools.count())
 KERNELS = ("torch", "triton")
 _SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B"}
+
+
+def resolve_kernels(choice: str, device: torch.device) -> str:
+    """``lora_kernels`` → the FusedLoRA kernels: 'auto' takes triton on CUDA when importable."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    if choice == "auto":
+        return "triton" if device.type == "cuda" and has_triton else "torch"
+    if choice == "triton":
+        if not has_triton:
+            raise ValueError("lora_kernels='triton' but triton is not installed")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"lora_kernels='triton' runs on CUDA, not {device.type} (on CPU "
+                             f"only under TRITON_INTERPRET=1, for tests)")
+    return choice
 
 
 @dataclass
