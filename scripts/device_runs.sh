@@ -76,8 +76,9 @@
 # Seen (2026-11-28, session 62): a benchmark machine (x2) took its ten engine pieces in ten calls
 # of ~4 s each (45 s held in all); `setup` with vLLM and Ray ~60 s. vLLM 0.26 died at start on the
 # 0.6B shape with the tiny tokenizer (pipeline_step.py --vocab_rows 151936 since). A loop that
-# ended the call at a fixed time cut off a run that was writing its summary: copy each setting's
-# JSON as it ends, and plan the last call to end after the slowest run's summary.
+# ended the call at a fixed time cut a chain off while its Ray run shut down, after the summary
+# but before the chain's `cp`: the JSON was there under its first name, but two chains' files of
+# one name overwrite each other in progress.tgz; give each chain's files names of their own.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
