@@ -112,7 +112,12 @@ copy_metrics() {  # copy_metrics [with_cache]
     fi
   done
   for f in "$RUNS"/*.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$staging/$(basename "$f")"; done
-  for f in "$RUNS"/out_*/*; do [ -f "$f" ] && cp "$f" "$staging/"; done  # results, plots
+  # results and plots, in a folder per run or chain (NAME of out_NAME): two chains' files of one
+  # name (each pipeline_step.json) no longer overwrite each other (session 62)
+  for f in "$RUNS"/out_*/*; do
+    [ -f "$f" ] || continue
+    d=$(basename "$(dirname "$f")"); mkdir -p "$staging/${d#out_}" && cp "$f" "$staging/${d#out_}/"
+  done
   tar czf "$OUT/progress.tgz" -C "$staging" .
 }
 cmd=${1:?pack, stash, setup, launch, bench, watch, stop, collect, unpack, bring, join or restore}; shift

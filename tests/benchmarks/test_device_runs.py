@@ -74,7 +74,7 @@ def test_collect_sends_few_small_files_and_unpack_restores_them(tmp_path):
     assert (keep / "cc_h200_aa").read_bytes() + (keep / "cc_h200_ab").read_bytes() == other
     progress = keep / "progress"
     assert json.loads((progress / "run_b_metrics.jsonl").read_text())["run"] == "run_b"
-    png = (progress / "learning_tictactoe_s0.png").read_bytes()
+    png = (progress / "A" / "learning_tictactoe_s0.png").read_bytes()  # out_A's, in A/
     assert png == b"result learning_tictactoe_s0.png"
     log = (progress / "run_c.log").read_text()
     assert len(log) == 20_000 and log.endswith("last line\n")  # the log's tail
@@ -197,6 +197,17 @@ def test_a_benchmark_runs_detached_and_comes_back_with_the_runs(tmp_path):
     with tarfile.open(out / "progress.tgz") as tar:
         names = {Path(name).name for name in tar.getnames()}
     assert {"zero.json", "Z.log"} <= names
+    # a second chain's file of the same name comes back beside the first, not over it
+    assert _run("bench", "Y", 'echo \'{"ratio": 1.2}\' > "$OUT/zero.json"', env=env).returncode == 0
+    for _ in range(100):
+        if (runs / "out_Y" / "zero.json").exists() and (runs / "out_Y" / "zero.json").read_text():
+            break
+        time.sleep(0.05)
+    assert _run("watch", "1", env=env).returncode == 0
+    with tarfile.open(out / "progress.tgz") as tar:
+        kept = {Path(name).parent.name: json.loads(tar.extractfile(name).read())
+                for name in tar.getnames() if name.endswith("zero.json")}
+    assert kept == {"Z": {"ratio": 1.5}, "Y": {"ratio": 1.2}}
 
 
 def test_engine_wheels_are_cut_into_pieces_that_fit_beside_the_working_tree(tmp_path):
