@@ -32,7 +32,7 @@
 #   bash scripts/device_runs.sh collect                   # each run's files -> $OUT/progress.tgz
 #   bash scripts/device_runs.sh stop                      # kill the launched runs
 # Here, after each call that brought progress back:
-#   bash scripts/device_runs.sh unpack FILES_AT           # -> .gpu/progress/ (+ compile cache)
+#   bash scripts/device_runs.sh unpack FILES_AT           # -> .gpu/progress/ (results in NAME/) + compile cache
 # A run longer than one machine (each goes back after 30 minutes held) continues on the next
 # one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
 # in two calls, and goes out again in pieces that fit beside the working tree:
