@@ -55,6 +55,12 @@ EXAMPLES = {"hanabi": ("examples/hanabi", "multi_agent_hanabi"),
 
 
 def seating(agents: int) -> str:
+    """Seats of the 2-player examples: 1 agent plays both seats (self-play), 2 one each, 2k
+    agents k pairs (the run's games split among the seatings)."""
+    if agents == 1:
+        return "env.seat_to_agent=[agent_0,agent_0]"
+    if agents % 2:
+        raise SystemExit(f"--settings ...:{agents}: 1 or an even number of agents")
     if agents == 2:
         return "env.seat_to_agent=[agent_0,agent_1]"
     pairs = ",".join(f"[agent_{i},agent_{i + 1}]" for i in range(0, agents, 2))
