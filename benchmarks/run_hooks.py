@@ -78,24 +78,27 @@ def save_compile_cache_after_step_1(pipeline, out: Path) -> None:
     pipeline.train_step = train_step
 
 
-def _measure_step(pipeline, step: int, out: Path, name: str, measure) -> None:
-    """Step ``step`` of ``pipeline.run()`` runs inside ``measure(run) -> report``; the report,
-    with the step's phase times, is printed as ``{name: report}`` and written to
-    ``out/<name>.json``. Other steps as usual."""
-    plain = pipeline.train_step
+def _measure_step(pipeline, step: int, out: Path, name: str, measure,
+                  method: str = "train_step") -> None:
+    """The first call of ``pipeline.<method>`` in step ``step`` of ``pipeline.run()`` runs
+    inside ``measure(run) -> report``; the report, with the phase times the call returned
+    (``time/*`` of a train step's metrics, or of a rollout's phases), is printed as
+    ``{name: report}`` and written to ``out/<name>.json``. Other calls as usual."""
+    plain = getattr(pipeline, method)
 
-    def train_step(*args, **kwargs):
-        if pipeline.step != step:
+    def measured(*args, **kwargs):
+        if pipeline.step != step or (out / f"{name}.json").exists():
             return plain(*args, **kwargs)
-        metrics = {}
-        report = measure(lambda: metrics.update(plain(*args, **kwargs)))
-        report = {"step": step, "time": {key: round(value, 3) for key, value in metrics.items()
+        returned = []
+        report = measure(lambda: returned.append(plain(*args, **kwargs)))
+        times = returned[0] if method == "train_step" else returned[0][1]
+        report = {"step": step, "time": {key: round(value, 3) for key, value in times.items()
                                          if key.startswith("time/")}, **report}
         (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps({name: report}), flush=True)
-        return metrics
+        return returned[0]
 
-    pipeline.train_step = train_step
+    setattr(pipeline, method, measured)
 
 
 def profile_one_step(pipeline, step: int, top: int, out: Path) -> None:
@@ -116,19 +119,8 @@ def profile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
     ``{"profile_rollout": ...}``."""
     from train_throughput import profile_step
 
-    plain = pipeline.synced_rollout
-
-    def synced_rollout(*args, **kwargs):
-        if pipeline.step != step or (out / "profile_rollout.json").exists():
-            return plain(*args, **kwargs)
-        returned = []
-        report = {"step": step, **profile_step(
-            lambda: returned.append(plain(*args, **kwargs)), top)}
-        (out / "profile_rollout.json").write_text(json.dumps(report, indent=1) + "\n")
-        print(json.dumps({"profile_rollout": report}), flush=True)
-        return returned[0]
-
-    pipeline.synced_rollout = synced_rollout
+    _measure_step(pipeline, step, out, "profile_rollout", lambda run: profile_step(run, top),
+                  method="synced_rollout")
 
 
 def site_of(frames: list) -> str:

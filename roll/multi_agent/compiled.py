@@ -91,9 +91,8 @@ class CompiledLayers:
         compile_in_process()  # roll/utils/compile_workers.py says why
         # (mode: TrainerConfig.compile_mode; 'reduce-overhead' replays CUDA graphs)
         self.mode = mode
-        options = {} if mode == "default" else {"mode": mode}
         self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True,
-                                        **options)
+                                        mode=None if mode == "default" else mode)
                           for layer in self.layers]
 
     @contextmanager

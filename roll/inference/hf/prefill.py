@@ -56,19 +56,22 @@ class PrefillForward:
 
     def __init__(self, forward_last: Callable[..., Tensor], compiled: bool) -> None:
         self.forward_last = forward_last
-        self.compiled = compiled
-        self._call: Callable[..., Tensor] | None = None
-        """The compiled forward, once built (None: not yet, or eager)."""
+        self.compiled = compile_dynamic(forward_last) if compiled else None
+        """The compiled forward (torch.compile is lazy: it compiles at the first call), or
+        None: eager."""
+        self.warmed = False
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                  cache) -> Tensor:
-        if not self.compiled:
-            return self.forward_last(input_ids, attention_mask, position_ids, cache)
-        if self._call is None:
-            self._call = compile_dynamic(self.forward_last)
-            with stage("hf engine: compiling the prefill forward (dynamic shapes; once)"):
-                return self._call(input_ids, attention_mask, position_ids, cache)
-        return self._call(input_ids, attention_mask, position_ids, cache)
+        args = (input_ids, attention_mask, position_ids, cache)
+        if self.compiled is None:
+            return self.forward_last(*args)
+        if self.warmed:
+            return self.compiled(*args)
+        with stage("hf engine: compiling the prefill forward (dynamic shapes; once)"):
+            logits = self.compiled(*args)
+        self.warmed = True
+        return logits
 
 
 class HeadCapture(CaptureCache):
