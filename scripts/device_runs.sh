@@ -140,14 +140,18 @@ pack_engines)
   # ../shared/tools/pack_gpu_wheels.sh resolves vLLM's and Ray's wheels the machine lacks into
   # one tar in 60 MiB pieces; a call carries at most 64 MiB WITH the working tree (18 MB in
   # session 61), so the tar is cut again here into pieces that fit beside it
+  # `pack_engines ray`: Ray alone (80 MB, 2 pieces ray_aa, ray_ab instead of 10): what the
+  # multi-GPU pipeline and kill runs need, 8 calls fewer on a machine whose minutes count
   keep=${DEVICE_PIECES:-.gpu}; src=${DEVICE_ENGINE_TAR_DIR:-}  # (a test's folders)
+  prefix=eng_; packages=(vllm==0.26.0 ray==2.60.0)
+  if [ "${1:-}" = ray ]; then prefix=ray_; packages=(ray==2.60.0); fi
   if [ -z "$src" ]; then
     src=$(mktemp -d); trap 'rm -rf "$src"' EXIT
-    bash ../shared/tools/pack_gpu_wheels.sh "$src" vllm==0.26.0 ray==2.60.0
+    bash ../shared/tools/pack_gpu_wheels.sh "$src" "${packages[@]}"
   fi
-  mkdir -p "$keep" && rm -f "$keep"/eng_*
-  cat "$src"/piece_* | split -b "${DEVICE_PIECE_BYTES:-44000000}" - "$keep/eng_"
-  ls -la "$keep"/eng_* ;;
+  mkdir -p "$keep" && rm -f "$keep/$prefix"*
+  cat "$src"/piece_* | split -b "${DEVICE_PIECE_BYTES:-44000000}" - "$keep/$prefix"
+  ls -la "$keep/$prefix"* ;;
 stash) mkdir -p /tmp/pieces; cp "$@" /tmp/pieces/; ls -la /tmp/pieces ;;
 setup)
   mkdir -p /tmp/bin /tmp/site "$RUNS"
@@ -157,13 +161,17 @@ setup)
     cat /tmp/pieces/cc_"$(card)"_* > /tmp/pieces/compile_cache.bin; ls -la /tmp/pieces/compile_cache.bin
   fi
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  if ls /tmp/pieces/eng_* > /dev/null 2>&1; then  # vLLM and Ray, stashed in pieces
+  for prefix in eng ray; do  # vLLM and Ray (eng_*), or Ray alone (ray_*), stashed in pieces
+    ls /tmp/pieces/${prefix}_* > /dev/null 2>&1 || continue
     rm -rf /tmp/engine_wheels && mkdir -p /tmp/engine_wheels
-    cat /tmp/pieces/eng_* | tar -x -C /tmp/engine_wheels
+    cat /tmp/pieces/${prefix}_* | tar -x -C /tmp/engine_wheels
     find /tmp/engine_wheels -name '*.whl' -print0 |
       xargs -0 python3 -m pip install -q --no-index --no-deps --target /tmp/site
-    python -c "import vllm, ray; print('vllm', vllm.__version__, 'ray', ray.__version__)"
-  fi
+    python -c "import importlib
+for name in ('vllm', 'ray'):
+    try: print(name, importlib.import_module(name).__version__)
+    except ImportError: print(name, 'not carried')"
+  done
   python -c "import pyspiel, hydra, gguf, ml_collections, torch
 from open_spiel.python.algorithms import exploitability
 print('imports ok', torch.__version__, torch.cuda.get_device_name())"

@@ -228,3 +228,20 @@ def test_engine_wheels_are_cut_into_pieces_that_fit_beside_the_working_tree(tmp_
     assert [piece.name for piece in pieces] == ["eng_aa", "eng_ab", "eng_ac", "eng_ad"]
     assert all(piece.stat().st_size <= MiB for piece in pieces)
     assert b"".join(piece.read_bytes() for piece in pieces) == whole
+
+
+def test_ray_alone_is_packed_under_its_own_prefix(tmp_path):
+    """`pack_engines ray` cuts Ray's tar into ray_* pieces and leaves the vLLM pack (eng_*) be."""
+    source, keep = tmp_path / "packer", tmp_path / "keep"
+    source.mkdir()
+    whole = os.urandom(MiB + 777)
+    (source / "piece_00").write_bytes(whole)
+    keep.mkdir()
+    (keep / "eng_aa").write_bytes(b"the vLLM pack")
+    env = {"DEVICE_ENGINE_TAR_DIR": str(source), "DEVICE_PIECES": str(keep),
+           "DEVICE_PIECE_BYTES": str(MiB)}
+    done = _run("pack_engines", "ray", env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(piece.name for piece in keep.iterdir()) == ["eng_aa", "ray_aa", "ray_ab"]
+    assert (keep / "eng_aa").read_bytes() == b"the vLLM pack"
+    assert (keep / "ray_aa").read_bytes() + (keep / "ray_ab").read_bytes() == whole
