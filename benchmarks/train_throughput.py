@@ -92,8 +92,7 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
-    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile,
-                           compile_mode=args.compile_mode).validate()
+    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile)
     if args.compile:
         torch._dynamo.reset()  # each team compiles afresh: its warm-up and graphs are its own
     trainer = MultiAgentTrainer(model, agents, config)
@@ -142,9 +141,6 @@ def main() -> None:
                         help="also profile one train step per point; report the TOP operators")
     parser.add_argument("--compile", action="store_true",
                         help="trainer.compile=true: compiled decoder layers, gated LoRA rows")
-    parser.add_argument("--compile_mode", default="default",
-                        help="trainer.compile_mode with --compile: default, reduce-overhead "
-                             "(CUDA graphs), max-autotune-no-cudagraphs")
     parser.add_argument("--paths", nargs="+", default=["fused", "sequential"],
                         choices=["fused", "sequential"])
     args = parser.parse_args()
@@ -183,8 +179,7 @@ def main() -> None:
                 entry[phase]["seconds"] / one[phase]["seconds"], 3)
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
                "rows": rows, "tokens": tokens, "prompt": args.prompt,
-               "micro_batch_size": args.micro, "compile": args.compile,
-               "compile_mode": args.compile_mode, "results": results}
+               "micro_batch_size": args.micro, "compile": args.compile, "results": results}
     emit(summary, "train_throughput.json")
 
 

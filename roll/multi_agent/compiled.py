@@ -81,18 +81,17 @@ def compile_count() -> int:
 class CompiledLayers:
     """The compiled decoder layers of one model, switched in only inside ``active``."""
 
-    def __init__(self, base_model: nn.Module, backend: str = "inductor",
-                 mode: str = "default") -> None:
+    def __init__(self, base_model: nn.Module, backend: str = "inductor") -> None:
         self.layers = decoder_layers(base_model)
         self.embeddings = base_model.get_input_embeddings()
         # One compiled callable per layer; they share one code object, so dynamo's cache (and
         # its compiled graphs) is shared by every layer. Rows and tokens vary from one forward
         # to the next: dynamic from the start, not one static graph and then a dynamic one.
         compile_in_process()  # roll/utils/compile_workers.py says why
-        # (mode: TrainerConfig.compile_mode; 'reduce-overhead' replays CUDA graphs)
-        self.mode = mode
-        self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True,
-                                        mode=None if mode == "default" else mode)
+        # (torch.compile's mode 'reduce-overhead', the layers replayed as CUDA graphs, failed
+        # on an H200: a layer's replay overwrote the output the next layer was reading;
+        # benchmarks/README.md, session 63)
+        self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True)
                           for layer in self.layers]
 
     @contextmanager
@@ -122,10 +121,10 @@ class CompiledForward:
 
     def __init__(self, peft_model: nn.Module, lora_layers: Sequence[nn.Module],
                  agent_names: Sequence[str], backend: str = "inductor",
-                 critic_names: Sequence[str] = (), mode: str = "default") -> None:
+                 critic_names: Sequence[str] = ()) -> None:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
-        self.layers = CompiledLayers(peft_model.get_base_model(), backend, mode)
+        self.layers = CompiledLayers(peft_model.get_base_model(), backend)
         self.decoder = peft_model.get_base_model().get_decoder() if critic_names else None
         """The decoder stack without the LM head (the critics read its final hidden states)."""
         self.routing = RowRouting(self.lora_layers, agent_names, critic_names)

@@ -221,10 +221,6 @@ def _peft_cannot_hold(name: str) -> bool:
     return hasattr(nn.ModuleDict(), name) or hasattr(nn.ParameterDict(), name)
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-"""``trainer.compile_mode`` values (torch.compile's modes that suit a training forward)."""
-
-
 @dataclass
 class TrainerConfig:
     """How each agent's adapter is updated from its own rows (see trainer.py)."""
@@ -259,14 +255,6 @@ class TrainerConfig:
     compile_backend: str = "inductor"
     """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
     generating kernels: a quick check when a compiled run misbehaves)."""
-    compile_mode: str = "default"
-    """torch.compile's ``mode`` for the inductor backend: 'default', or 'reduce-overhead'
-    (each compiled decoder layer's forward and backward replayed as CUDA graphs: a micro-batch
-    of 8 rows of the 0.6B shape launches ~4,200 kernels and leaves the GPU idle ~40% of the
-    step, benchmarks/README.md; a graph is recorded per input shape, so it suits fixed
-    micro-batch shapes; no effect on a CPU) or 'max-autotune-no-cudagraphs'. Not with
-    ``share_prefix`` (its second forward reads the first's outputs, which a replay may
-    overwrite)."""
     ppo_mini_batch_size: int | None = None
     """At most this many rows of one agent per optimizer step: each pass shuffles the agent's
     rows (its own generator) and cuts them into ceil(rows / this) mini-batches of nearly equal
@@ -320,17 +308,6 @@ class TrainerConfig:
     'seq-mean-token-mean' (mean per row, then over rows)."""
 
     def validate(self) -> TrainerConfig:
-        if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError("trainer.compile_mode", self.compile_mode,
-                              f"must be one of {', '.join(COMPILE_MODES)}")
-        if self.compile_mode != "default" and self.compile_backend != "inductor":
-            raise ConfigError("trainer.compile_mode", self.compile_mode,
-                              f"applies to the inductor backend only (trainer.compile_backend="
-                              f"{self.compile_backend})")
-        if self.compile_mode == "reduce-overhead" and self.share_prefix:
-            raise ConfigError("trainer.compile_mode", self.compile_mode,
-                              "cannot replay CUDA graphs with trainer.share_prefix=true (the "
-                              "tail's forward reads the head's outputs)")
         if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
             raise ConfigError("trainer.micro_batch_size", self.micro_batch_size, "must be >= 1")
         if not isinstance(self.ppo_epochs, int) or self.ppo_epochs < 1:

@@ -114,8 +114,7 @@ def build_engine(
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
                        lora_kernels=cfg.rollout.hf.lora_kernels,
                        attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
-                       cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg),
-                       compile_prefill=cfg.rollout.hf.compile_prefill)
+                       cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 

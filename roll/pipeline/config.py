@@ -173,12 +173,6 @@ class HFEngineSchema:
     """The decode steps' attention: 'sdpa' (one fused scaled_dot_product_attention over the
     whole cache, the mask hiding what a row may not see) or 'triton' (a kernel that reads only
     the cache blocks a row sees: roll/inference/hf/attention_kernel.py; CUDA)."""
-    compile_prefill: bool = False
-    """Continuous batching: run admissions' prefills through one torch.compile'd forward with
-    dynamic rows and lengths (compiled once, ~16 s for the tiny model on a CPU) instead of
-    eager. Why: on an H200 a Hanabi admission of ~3 prompts seems to cost ~50 ms, one launch
-    per op of every layer, against ~3 ms of arithmetic (benchmarks/README.md, the Hanabi
-    lanes). Off until measured on a GPU."""
 
 
 @dataclass

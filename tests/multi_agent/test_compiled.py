@@ -33,8 +33,7 @@ def nothing_left_to_finalise():
 AGENTS = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
 
 
-def _team(path, compile_backend: str | None, optim: OptimConfig | None = None,
-          compile_mode: str = "default"):
+def _team(path, compile_backend: str | None, optim: OptimConfig | None = None):
     model, resolved = make_team(path, AGENTS, optim=optim)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # adapters that differ (B starts at zero: all would be the base)
@@ -42,8 +41,7 @@ def _team(path, compile_backend: str | None, optim: OptimConfig | None = None,
             for _, tensor in model.named_agent_tensors(name):
                 tensor.add_(0.1 * torch.randn(tensor.shape, generator=generator))
     config = TrainerConfig(micro_batch_size=4, compile=compile_backend is not None,
-                           compile_backend=compile_backend or "inductor",
-                           compile_mode=compile_mode).validate()
+                           compile_backend=compile_backend or "inductor").validate()
     return model, MultiAgentTrainer(model, resolved, config)
 
 
@@ -113,25 +111,6 @@ def test_compiled_passes_equal_the_eager_path_and_do_not_recompile(tiny_model_pa
     after = model.export_adapter("bob")
     assert all(torch.equal(after[key], value) for key, value in before.items())
     assert trainer.optimizers["bob"].state == {} and trainer.optimizers["alice"].state != {}
-
-
-@pytest.mark.slow  # inductor on the CPU: ~20 s of compiling
-def test_a_compile_mode_reaches_torch_compile_and_keeps_the_eager_numbers(tiny_model_path):
-    """trainer.compile_mode=reduce-overhead: the layers are compiled in that mode (on a GPU
-    their forward and backward replay CUDA graphs; inductor leaves a CPU run without them), and
-    the passes equal the eager path's, as the default mode's do."""
-    torch._dynamo.reset()
-    batch = make_rows([0, 2, 0, 0, 1, 2, 0, 2, 0, 1], seed=11)
-    eager_model, eager_trainer = _team(tiny_model_path, None)
-    model, trainer = _team(tiny_model_path, "inductor", compile_mode="reduce-overhead")
-    assert model._compiled.layers.mode == "reduce-overhead"
-    want, got = _passes(eager_model, eager_trainer, batch), _passes(model, trainer, batch)
-    for index in (0, 1):
-        torch.testing.assert_close(got[index], want[index], rtol=0, atol=1e-5)
-    for name, grads in want[2].items():
-        for got_grad, want_grad in zip(got[2][name], grads, strict=True):
-            torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
-    model.disable_compile()
 
 
 def test_compile_refuses_lora_dropout(tiny_model_path):

@@ -120,11 +120,6 @@ BAD = [
      ("actor_train.zero3_gather='block'", "['layer', 'projection']")),
     # Refused before any model loads (they used to fail after it):
     (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
-    (["trainer.compile_mode=fast"], ("trainer.compile_mode='fast'", "reduce-overhead")),
-    (["trainer.compile_mode=reduce-overhead", "trainer.compile_backend=aot_eager"],
-     ("trainer.compile_mode='reduce-overhead'", "inductor backend only")),
-    (["trainer.compile_mode=reduce-overhead", "trainer.share_prefix=true"],
-     ("trainer.compile_mode='reduce-overhead'", "share_prefix")),
     (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",
       "advantage.estimator=ippo", "critic.mode=per_agent"],
      ("team.agents[0].name='critic_bob'", "critic")),

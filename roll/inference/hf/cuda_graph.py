@@ -26,19 +26,6 @@ def compile_step(step: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return call
 
 
-def compile_dynamic(forward: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``torch.compile(forward, dynamic=True)``: one graph for every row count and length
-    (admissions' prefills), called under the raised recompile limit like ``compile_step``."""
-    compile_in_process()
-    compiled = torch.compile(forward, dynamic=True)
-
-    def call(*args) -> Tensor:
-        with recompile_guard("hf engine prefill"):
-            return compiled(*args)
-
-    return call
-
-
 class CapturedStep:
     """``step(*inputs)`` captured once as a CUDA graph over static copies of its inputs.
 

@@ -42,7 +42,6 @@ from roll.inference.hf.continuous import ContinuousDecoder, decode_lanes
 from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA, resolve_kernels
-from roll.inference.hf.prefill import PrefillForward
 from roll.inference.hf.ring import ATTENTION_KERNELS, additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
 from roll.utils.stages import stage
@@ -103,7 +102,6 @@ class HFEngine:
         lora_kernels: str = "auto",
         share_prefix: bool = False,
         attention_kernel: str = "sdpa",
-        compile_prefill: bool = False,
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
@@ -164,9 +162,6 @@ class HFEngine:
         ).parameters
         self._static_caches: dict[tuple[int, int], object] = {}
         self._compiled_step = None
-        self.prefill_last = PrefillForward(self.forward_last, compile_prefill)
-        """``forward_last`` for admissions' prefills: compiled with dynamic shapes when
-        ``compile_prefill`` (prefill.py), eager otherwise."""
         self._decode_graph: tuple[tuple, CapturedStep] | None = None
         self.decode_captures = 0
         """CUDA graphs captured by the compiled lock-step decode so far (one at a time: a new

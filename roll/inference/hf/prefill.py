@@ -19,15 +19,12 @@ one token of its own left to every prompt (its last token's logits come from the
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from roll.inference.hf.cuda_graph import compile_dynamic
 from roll.inference.hf.ring import CaptureCache, additive_mask
-from roll.utils.stages import stage
 from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
@@ -45,33 +42,6 @@ def shared_length(prompts: list[list[int]], adapters: list) -> int:
     # commonprefix compares element by element, lists included
     length = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
     return length if length >= MIN_SHARED else 0
-
-
-class PrefillForward:
-    """``forward_last`` for admissions' prefills (logits (B, V) of each row's last position):
-    with ``compiled``, one torch.compile'd forward with dynamic rows and lengths, compiled at
-    the first call; eager otherwise. Why: a prefill of a few rows of a 0.6B model runs eager
-    at one launch per op of every layer, ~50 ms on an H200 for ~3 ms of arithmetic
-    (benchmarks/README.md, the Hanabi lanes)."""
-
-    def __init__(self, forward_last: Callable[..., Tensor], compiled: bool) -> None:
-        self.forward_last = forward_last
-        self.compiled = compile_dynamic(forward_last) if compiled else None
-        """The compiled forward (torch.compile is lazy: it compiles at the first call), or
-        None: eager."""
-        self.warmed = False
-
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                 cache) -> Tensor:
-        args = (input_ids, attention_mask, position_ids, cache)
-        if self.compiled is None:
-            return self.forward_last(*args)
-        if self.warmed:
-            return self.compiled(*args)
-        with stage("hf engine: compiling the prefill forward (dynamic shapes; once)"):
-            logits = self.compiled(*args)
-        self.warmed = True
-        return logits
 
 
 class HeadCapture(CaptureCache):
@@ -106,7 +76,7 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
         head_positions = torch.arange(shared, device=device).expand(len(heads), shared)
         causal = torch.ones(shared, shared, dtype=torch.bool, device=device).tril()
         engine.fused.set_rows(heads)
-        engine.prefill_last(head_ids, additive_mask(causal.expand(len(heads), 1, -1, -1), dtype),
+        engine.forward_last(head_ids, additive_mask(causal.expand(len(heads), 1, -1, -1), dtype),
                             head_positions, head)
         capture = HeadCapture(head, upload([heads.index(a) for a in adapters], torch.long,
                                            device))
@@ -125,6 +95,6 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
     if shared:  # every row sees the whole head
         allowed = torch.cat([allowed.new_ones(rows, width, shared), allowed], dim=-1)
     engine.fused.set_rows(adapters)
-    logits = engine.prefill_last(input_ids, additive_mask(allowed[:, None], dtype), positions,
+    logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], dtype), positions,
                                  capture)  # (B, V)
     return logits, capture, shared, shared + width

@@ -304,37 +304,3 @@ def test_a_serve_with_fewer_first_requests_reuses_the_decoder(tiny_model_path, t
     engine.serve(first, follow)  # 3 of 8: more than half idle, a 4-lane decoder
     assert engine._decoder is not decoder and engine.last_serve["lanes"] == 4
     assert [outputs[i].token_ids for i in range(3)] == [e.token_ids for e in expected[:3]]
-
-
-def test_compiled_prefills_serve_what_eager_prefills_serve_with_one_graph(tiny_model_path,
-                                                                          team, monkeypatch):
-    """compile_prefill: admissions' prefills go through one torch.compile'd forward with
-    dynamic shapes (traced with dynamo's 'eager' backend so that it runs on CPU); admissions
-    of 1 to 3 rows and prompts of several lengths get the eager prefill's tokens and log-probs,
-    and no shape after the first two compiles again."""
-    from torch._dynamo.utils import counters
-
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile",
-                        lambda fn, **kw: compile_(fn, backend="eager", dynamic=kw["dynamic"]))
-    torch._dynamo.reset()
-    tokenizer = load_tokenizer(tiny_model_path)
-    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer) * 2
-    plain = hf_engine_for(team, tokenizer, max_batch_size=3)
-    compiled = hf_engine_for(team, tokenizer, max_batch_size=3, compile_prefill=True)
-    outputs = {}
-    for name, engine in (("plain", plain), ("compiled", compiled)):
-        push_adapters(engine, team, version=1)
-        first, follow, outputs[name] = _chain(requests, 3)
-        assert engine.serve(first, follow) == len(requests)
-        if name == "compiled":
-            graphs = counters["stats"]["unique_graphs"]
-            first, follow, again = _chain(requests[5:] + requests[:5], 3)
-            engine.serve(first, follow)
-            assert counters["stats"]["unique_graphs"] == graphs > 0  # no new shape compiled
-    assert plain.last_serve["prefills"] > 3 and compiled.prefill_last.warmed
-    assert plain.prefill_last.compiled is None
-    for index, want in outputs["plain"].items():
-        got = outputs["compiled"][index]
-        assert got.token_ids == want.token_ids, index
-        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5), index
