@@ -30,10 +30,10 @@ def measure(layers: int, backend: str, rows: int, tokens: int, repeats: int) -> 
 
     from roll.models import load_model
     from roll.models.tiny import TinyModelSpec, build_tiny_model
-    from roll.multi_agent.compiled import compile_count
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig
     from roll.multi_agent.critics import ValueHeads, critic_values
     from roll.multi_agent.model import MultiAgentLoRAModel
+    from roll.utils.recompiles import compile_count
 
     torch._dynamo.reset()
     counters.clear()

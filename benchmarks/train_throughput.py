@@ -115,7 +115,7 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
         result["train_step"] = measure(lambda: trainer.train_step(filled),
                                        batch.input_ids.device, args.repeats)
     if args.compile:
-        from roll.multi_agent.compiled import compile_count
+        from roll.utils.recompiles import compile_count
 
         result["compiled_graphs"] = compile_count()  # after warm-ups AND timed calls
     if args.profile:

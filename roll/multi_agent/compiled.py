@@ -71,13 +71,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return best
 
 
-def compile_count() -> int:
-    """Graphs torch.compile has built in this process (forward and backward, all regions)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 class CompiledLayers:
     """The compiled decoder layers of one model, switched in only inside ``active``."""
 

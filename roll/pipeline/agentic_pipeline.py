@@ -72,6 +72,7 @@ from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
 from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 from roll.utils.checkpoint import resolve_resume
+from roll.utils.recompiles import compile_count
 from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
 
@@ -386,7 +387,20 @@ class AgenticPipeline:
     def train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
                    ahead_steps: list[int] | None = None) -> dict[str, float]:
         """One step: roll out (``ahead_steps``: those steps' episodes fill idle lanes), score,
-        update the agents (and critics)."""
+        update the agents (and critics). ``compile/new_graphs``: graphs torch.compile built in
+        this process during the step (a line says so after step 1: each costs seconds to
+        minutes on a GPU and is otherwise silent)"""
+        graphs = compile_count()
+        metrics = self._train_step(scheduler, tracker, ahead_steps)
+        metrics["compile/new_graphs"] = float(compile_count() - graphs)
+        if self.step > 1 and metrics["compile/new_graphs"]:
+            log_line(f"step {self.step}: torch.compile built {metrics['compile/new_graphs']:.0f}"
+                     " new graph(s) in this process (a new kind of input; TORCH_LOGS=recompiles "
+                     "says which)")
+        return metrics
+
+    def _train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
+                    ahead_steps: list[int] | None) -> dict[str, float]:
         cfg = self.cfg
         times: dict[str, float] = {}
         start = time.perf_counter()

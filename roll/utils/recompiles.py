@@ -44,6 +44,15 @@ class _LimitReport(logging.Handler):
                  "recompiles says what changed")
 
 
+def compile_count() -> int:
+    """Graphs torch.compile has built in this process (forward and backward, all regions, the
+    trainer's and the engine's): a count that grows after the first step means a new kind of
+    input compiled again, seconds to minutes on a GPU."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 @contextmanager
 def recompile_guard(who: str) -> Iterator[None]:
     """Inside the block, torch's recompile limit is ``RECOMPILE_LIMIT`` (patched for the block

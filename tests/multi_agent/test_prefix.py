@@ -147,7 +147,8 @@ def test_compiled_shared_prefix_equals_eager_and_compiles_once_per_kind(tiny_mod
     """``trainer.compile`` with the prefix shared: the eager numbers; after the first batch,
     new row counts and agent mixes (one agent alone: a lone segment) compile nothing; and
     one graph serves every decoder layer (``LayerKV`` leaves the layer index unread)."""
-    from roll.multi_agent.compiled import compile_count, decoder_layers
+    from roll.multi_agent.compiled import decoder_layers
+    from roll.utils.recompiles import compile_count
 
     from .test_compiled import _passes, _team
 

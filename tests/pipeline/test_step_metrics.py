@@ -44,3 +44,36 @@ def test_logprob_gaps_split_rows_played_ahead_by_hand():
     none_ahead = [SimpleNamespace(ahead=False, trained_agent="a")] * 3
     assert logprob_metrics(batch, none_ahead, comparable=True) == pytest.approx(
         {"rollout/engine_logprob_gap": (0.5 + 0 + 1 + 2 + 1) / 5})
+
+
+@pytest.mark.slow  # a compiled 2-step run (~30 s)
+def test_each_step_counts_the_graphs_it_compiled_and_a_later_compile_is_said(tmp_path, capsys):
+    """compile/new_graphs: step 1 of a compiled trainer builds its graphs, step 2 (inputs of
+    kinds already seen) none; a step that must compile again (here: dynamo's caches emptied
+    between steps, as a new kind of input would) counts its graphs and prints one line."""
+    import json
+
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+    from roll.utils.tracking import Tracker, TrackingConfig
+    from tests.pipeline.test_action_regularisers import BASE, KUHN
+
+    out = tmp_path / "run"
+    cfg = load_config(KUHN, "quickstart_cpu", BASE + [
+        f"output_dir={out}", "max_steps=2", "trainer.compile=true",
+        "trainer.compile_backend=aot_eager"])
+    torch._dynamo.reset()
+    pipeline = AgenticPipeline(cfg)
+    pipeline.run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["compile/new_graphs"] > 0 for row in rows] == [True, False]
+    assert "new graph(s)" not in capsys.readouterr().out
+    torch._dynamo.reset()
+    pipeline.step += 1
+    scheduler = pipeline.scheduler(pipeline.train_seatings, evaluation=False)
+    with Tracker(TrackingConfig(backends=[]), str(tmp_path / "again")) as tracker:
+        metrics = pipeline.train_step(scheduler, tracker)
+    assert metrics["compile/new_graphs"] > 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "new graph(s)" in line]
+    assert len(said) == 1 and said[0].split("] ", 1)[1].startswith(
+        f"step 3: torch.compile built {metrics['compile/new_graphs']:.0f} new graph(s)")
