@@ -229,5 +229,19 @@ def push_adapters(
     by_reference = published if published and getattr(engine, "takes_references", False) else {}
     for name in agents if agents is not None else model.agent_names:
         tensors = by_reference.get(name)
-        engine.load_adapter(name, model.export_adapter(name) if tensors is None else tensors,
-                            model.peft_config(name), version)
+        if tensors is None:
+            tensors = _adapter_for(engine, model, name)
+        engine.load_adapter(name, tensors, model.peft_config(name), version)
+
+
+def _adapter_for(engine: InferenceEngine, model: MultiAgentLoRAModel,
+                 name: str) -> dict[str, Tensor]:
+    """One agent's adapter as ``engine.load_adapter`` takes it: the model's own tensors
+    (detached, no copy) for an engine in this process on the model's device, which copies
+    them into its stacks; detached host copies (``export_adapter``) for any other. The host's
+    round trip cost an H200 Hanabi step 1.2 s of sync with 8 agents (0.15 s with one)."""
+    named = dict(model.named_agent_tensors(name))
+    device = next(iter(named.values())).device
+    if getattr(engine, "device", None) == device:
+        return {key: tensor.detach() for key, tensor in named.items()}
+    return model.export_adapter(name)
