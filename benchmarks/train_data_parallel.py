@@ -71,6 +71,34 @@ def count_leaf_walks(step, leaf_types: list[type]) -> int:
     return walks
 
 
+def gathered_peak(step, model) -> float:
+    """The most frozen base weight elements ZeRO-3 held gathered at once during ``step()``, in
+    decoder layers (one layer's base weights = 1), sampled after every module's forward and
+    around every module's backward. Weights kept whole on every rank (``ds_persist``) are not
+    counted: they are never gathered or released."""
+    from torch import nn
+
+    base = [p for p in model.parameters()
+            if hasattr(p, "ds_numel") and not p.requires_grad and not p.ds_persist]
+    first_layer = model.base_model.get_decoder().layers[0]
+    layer = sum(int(p.ds_numel) for p in first_layer.parameters() if not p.requires_grad)
+    peak = 0
+
+    def census(*unused) -> None:
+        nonlocal peak
+        peak = max(peak, sum(p.data.numel() for p in base))
+
+    handles = [nn.modules.module.register_module_forward_hook(census),
+               nn.modules.module.register_module_full_backward_pre_hook(census),
+               nn.modules.module.register_module_full_backward_hook(census)]
+    try:
+        step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return round(peak / layer, 2)
+
+
 def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     import torch.distributed as dist
     from logprob_memory import TINY
@@ -161,8 +189,11 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
     # ZeRO-3: how often a step walked the modules inside a leaf (DeepSpeed's fetch and release
     # ask each leaf for its parameters; deepspeed_strategy.list_leaf_parameters_once), counted
     # in one more step, untimed
-    leaf_walks = (count_leaf_walks(step, strategy.leaf_types)
-                  if args.strategy == "deepspeed" and args.zero_stage == 3 else None)
+    zero3 = args.strategy == "deepspeed" and args.zero_stage == 3
+    leaf_walks = count_leaf_walks(step, strategy.leaf_types) if zero3 else None
+    # ZeRO-3: the most base weights gathered at once in one more step (untimed): about one
+    # decoder layer (plus a prefetched one) when each is released after use
+    gathered = gathered_peak(step, model) if zero3 else None
     if rank == 0:
         seconds = statistics.median(times)
         base_bytes = base_elements * (4 if args.tiny else 2)
@@ -178,6 +209,7 @@ def rank_main(rank: int, world_size: int, address: str, args, results) -> None:
                      "rows_total": rows, "rows_forwarded_rank0": trainer.rows_forwarded,
                      "seconds": round(seconds, 3), "times": [round(t, 3) for t in times],
                      "leaf_walks_per_step": leaf_walks,
+                     "gathered_peak_layers_rank0": gathered,
                      "tokens_per_s": round(rows * tokens / seconds),
                      "peak_gb_rank0": round(torch.cuda.max_memory_allocated() / 1e9, 2)
                      if cuda else None,

@@ -179,6 +179,19 @@ def deepspeed_config(stage: int, live_elements: int | None = None,
     }
 
 
+def release_after_each_use(engine) -> None:
+    """ZeRO-3 releases each gathered weight as soon as its module's forward or backward is
+    done, and prefetches nothing: DeepSpeed's trace of a first step's module order, which
+    decides later releases and prefetches, is never recorded. A trace assumes every step runs
+    the modules in one order; ours do not (passes per agent and micro-batch, no-grad passes,
+    padding passes), and with a trace it released nothing from a step's second micro-batch on:
+    every layer stayed gathered (CPU, 8 layers: 9.4 layers' weights at once against 2.4 without
+    it; an 82.7 B base ran out of an H200's memory in its first step, benchmarks/README.md)."""
+    coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+    coordinator.is_complete_trace = lambda: False
+    coordinator.is_record_trace = lambda: False
+
+
 class DeepSpeedStrategy:
     """A ``TrainStrategy`` (roll/multi_agent/strategy.py) whose adapters' optimizer lives in a
     DeepSpeed ZeRO engine: ``MultiAgentTrainer(..., strategy=DeepSpeedStrategy(stage, sync))``.
@@ -262,6 +275,7 @@ class DeepSpeedStrategy:
             for handle in self.engine.optimizer._leaf_module_hooks:
                 handle.remove()
             list_leaf_parameters_once(model, self.leaf_types)
+            release_after_each_use(self.engine)
         model.peft_model.eval()
         self.adam_steps = dict.fromkeys(self.agent_names, 0)
         stand_ins = {}
