@@ -35,6 +35,7 @@ from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.strategy import TorchStrategy
 from roll.multi_agent.trainer import MultiAgentTrainer
+from roll.utils.recompiles import CompileWatch
 
 PASS_FIELDS = ("old_logprobs", "old_move_logprobs", "ref_logprobs")
 """What the no-grad passes write (roll/multi_agent/trainer.py ``behaviour_logprobs``)."""
@@ -61,6 +62,9 @@ class TrainRank:
         init_ranks(rank, self.world_size, address, spec.device)
         torch.manual_seed(spec.seed)
         self.meter = ResidentPeak() if spec.measure_resident else None
+        self.compiles = CompileWatch(f"train rank {rank}")
+        """A line when a rank's pass compiles after its first of a kind (the ranks compile in
+        their own processes: the pipeline's ``compile/new_graphs`` does not see them)."""
         with self.meter.recording() if self.meter else nullcontext():
             self._build()
         self.load_peak = self.meter.peak if self.meter else None
@@ -94,7 +98,9 @@ class TrainRank:
 
     def logprob_passes(self, batch: TrajectoryBatch, rows: torch.Tensor) -> dict:
         """The no-grad log-prob fields of ``batch``'s ``rows`` (this rank's share), on CPU."""
-        share = self.trainer.logprob_passes(batch.select(rows).to(self.device))
+        with self.compiles.watch("logprobs", f"the log-prob passes of step "
+                                 f"{self.trainer.global_step + 1}"):
+            share = self.trainer.logprob_passes(batch.select(rows).to(self.device))
         return {key: getattr(share, key).cpu() for key in PASS_FIELDS
                 if getattr(share, key) is not None}
 
@@ -148,7 +154,8 @@ class TrainRank:
 
     def train_step(self, batch: TrajectoryBatch) -> tuple[dict, int, int]:
         """(metrics per agent, global step, rows this rank ran forward/backward)."""
-        with self.meter.recording() if self.meter else nullcontext():
+        with (self.meter.recording() if self.meter else nullcontext(),
+              self.compiles.watch("train", f"train step {self.trainer.global_step + 1}")):
             metrics = self.trainer.train_step(batch.to(self.device))
         return metrics, self.trainer.global_step, self.trainer.rows_forwarded
 

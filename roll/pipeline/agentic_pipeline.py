@@ -72,7 +72,7 @@ from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
 from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 from roll.utils.checkpoint import resolve_resume
-from roll.utils.recompiles import compile_count
+from roll.utils.recompiles import CompileWatch
 from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
 
@@ -161,6 +161,8 @@ class AgenticPipeline:
         """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
         episodes in this process."""
         self.step = 0
+        self.compiles = CompileWatch("pipeline")
+        """Graphs torch.compile builds in this process per step (``compile/new_graphs``)."""
         self.run_id: str | None = None
         """The tracking (WandB) run id, kept in checkpoints so a resumed run continues it."""
         self._greedy_eval: RolloutScheduler | None = None
@@ -390,13 +392,9 @@ class AgenticPipeline:
         update the agents (and critics). ``compile/new_graphs``: graphs torch.compile built in
         this process during the step (a line says so after step 1: each costs seconds to
         minutes on a GPU and is otherwise silent)"""
-        graphs = compile_count()
-        metrics = self._train_step(scheduler, tracker, ahead_steps)
-        metrics["compile/new_graphs"] = float(compile_count() - graphs)
-        if self.step > 1 and metrics["compile/new_graphs"]:
-            log_line(f"step {self.step}: torch.compile built {metrics['compile/new_graphs']:.0f}"
-                     " new graph(s) in this process (a new kind of input; TORCH_LOGS=recompiles "
-                     "says which)")
+        with self.compiles.watch("step", f"step {self.step}"):
+            metrics = self._train_step(scheduler, tracker, ahead_steps)
+        metrics["compile/new_graphs"] = float(self.compiles.last)
         return metrics
 
     def _train_step(self, scheduler: RolloutScheduler, tracker: Tracker,

@@ -53,6 +53,31 @@ def compile_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+class CompileWatch:
+    """Graphs torch.compile builds in this process during a block (``last``), and one line
+    naming ``who`` when a block compiles that is not the first of its kind (the first's
+    compiles are the expected warm-up; a later one costs seconds to minutes on a GPU and
+    would otherwise pass in silence)."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.last = 0
+        """Graphs built during the last block."""
+        self._kinds: set[str] = set()
+
+    @contextmanager
+    def watch(self, kind: str, label: str) -> Iterator[None]:
+        """Count the block's graphs; ``kind``: blocks alike (the first of a kind is silent),
+        ``label``: this block, as the line names it."""
+        start = compile_count()
+        yield
+        self.last = compile_count() - start
+        if self.last and kind in self._kinds:
+            log_line(f"{self.who}: torch.compile built {self.last} new graph(s) in {label} (a "
+                     "new kind of input; TORCH_LOGS=recompiles says which)")
+        self._kinds.add(kind)
+
+
 @contextmanager
 def recompile_guard(who: str) -> Iterator[None]:
     """Inside the block, torch's recompile limit is ``RECOMPILE_LIMIT`` (patched for the block

@@ -76,4 +76,5 @@ def test_each_step_counts_the_graphs_it_compiled_and_a_later_compile_is_said(tmp
     assert metrics["compile/new_graphs"] > 0
     said = [line for line in capsys.readouterr().out.splitlines() if "new graph(s)" in line]
     assert len(said) == 1 and said[0].split("] ", 1)[1].startswith(
-        f"step 3: torch.compile built {metrics['compile/new_graphs']:.0f} new graph(s)")
+        f"pipeline: torch.compile built {metrics['compile/new_graphs']:.0f} new graph(s) in "
+        "step 3 ")

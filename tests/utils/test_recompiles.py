@@ -37,3 +37,29 @@ def test_a_recompile_past_the_limit_is_reported_with_the_function(monkeypatch, c
     assert not any(isinstance(h, recompiles._LimitReport)
                    for h in logging.getLogger("torch._dynamo").handlers)
     torch._dynamo.reset()
+
+
+def test_a_compile_after_the_first_block_of_its_kind_is_counted_and_said(capsys):
+    """CompileWatch: the first block of a kind compiles in silence (warm-up), a later block
+    that compiles (here a new dtype: a guard fails) says so in one line naming who and where,
+    and one that reuses its graphs counts 0 and says nothing."""
+    from roll.utils.recompiles import CompileWatch
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    watch = CompileWatch("train rank 1")
+    with watch.watch("train", "train step 1"):
+        double(torch.ones(3))
+    assert watch.last == 1 and "graph(s)" not in capsys.readouterr().out
+    with watch.watch("train", "train step 2"):
+        double(torch.ones(3))
+    assert watch.last == 0 and "graph(s)" not in capsys.readouterr().out
+    with watch.watch("train", "train step 3"):
+        double(torch.ones(3, dtype=torch.float64))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "graph(s)" in line]
+    assert watch.last == 1 and len(lines) == 1
+    assert lines[0].split("] ", 1)[1].startswith(
+        "train rank 1: torch.compile built 1 new graph(s) in train step 3 ")
+    with watch.watch("logprobs", "the log-prob passes of step 3"):  # a new kind: silent
+        torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    assert watch.last == 1 and "graph(s)" not in capsys.readouterr().out
