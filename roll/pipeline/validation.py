@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from roll.errors import ConfigError, require_int
 from roll.inference.hf.engine import LORA_KERNELS
 from roll.inference.hf.ring import ATTENTION_KERNELS
+from roll.inference.vllm_checks import lora_warmup_error
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
@@ -49,6 +50,10 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     require_int("snapshot_pool.max_size", cfg.snapshot_pool.max_size)
     _check_model(cfg.model, check_paths)
     _check_rollout(cfg.rollout, cfg.model.device)
+    if check_paths and cfg.rollout.engine == "vllm" and cfg.model.device.startswith("cuda"):
+        from importlib.metadata import version
+
+        check_vllm_lora_widths(cfg.rollout, cfg.model.path, version("vllm"))
     check_cluster(cfg)
     if cfg.eval.temperature < 0:
         raise ConfigError("eval.temperature", cfg.eval.temperature, "must be >= 0")
@@ -176,6 +181,20 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
             f"{rollout.max_prompt_tokens} + rollout.sampling.max_new_tokens="
             f"{sampling.max_new_tokens} = {needed}",
         )
+
+
+def check_vllm_lora_widths(rollout: RolloutSchema, model_path: str, vllm_version: str) -> None:
+    """vLLM ``vllm_version`` can capture its CUDA graphs with LoRA for the model at
+    ``model_path`` (its config.json read; roll/inference/vllm_checks.py says what fails);
+    aliases are built here with wide vocabularies."""
+    if is_alias(model_path) or rollout.vllm.enforce_eager:
+        return
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(model_path).get_text_config()
+    error = lora_warmup_error(text.vocab_size, text.hidden_size, vllm_version, cuda_graphs=True)
+    if error:
+        raise ConfigError("rollout.vllm.enforce_eager", False, error)
 
 
 def _check_tracking(cfg: PipelineConfig, check_paths: bool) -> None:

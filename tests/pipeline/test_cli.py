@@ -316,3 +316,24 @@ def test_the_zero3_persistence_default_is_the_strategys():
     spec_default = TrainSpec.__dataclass_fields__["zero3_persist_elements"].default
     assert ActorTrainSchema().zero3_persist_elements == PERSIST_ELEMENTS
     assert strategy_default == spec_default == PERSIST_ELEMENTS
+
+
+def test_a_vllm_that_cannot_capture_the_models_lora_is_refused_from_its_config(tmp_path):
+    """vLLM 0.26 fails inside its start on a model whose vocabulary is narrower than its hidden
+    size (roll/inference/vllm_checks.py): validation reads config.json (no weights) and names
+    the key that avoids it; eager vLLM, a vLLM that shapes it right and the aliases pass."""
+    from transformers import Qwen3Config
+
+    from roll.errors import ConfigError
+    from roll.pipeline.config import RolloutSchema
+    from roll.pipeline.validation import check_vllm_lora_widths
+
+    Qwen3Config(vocab_size=611, hidden_size=1024, num_hidden_layers=1, num_attention_heads=8,
+                num_key_value_heads=8, head_dim=128, intermediate_size=64).save_pretrained(tmp_path)
+    rollout = RolloutSchema()
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.enforce_eager.*\(611\).*\(1024\)"):
+        check_vllm_lora_widths(rollout, str(tmp_path), "0.26.0")
+    check_vllm_lora_widths(rollout, str(tmp_path), "0.32.0")
+    check_vllm_lora_widths(rollout, "tiny", "0.26.0")
+    rollout.vllm.enforce_eager = True
+    check_vllm_lora_widths(rollout, str(tmp_path), "0.26.0")
