@@ -79,6 +79,10 @@
 # ended the call at a fixed time cut a chain off while its Ray run shut down, after the summary
 # but before the chain's `cp`: the JSON was there under its first name, but two chains' files of
 # one name overwrite each other in progress.tgz; give each chain's files names of their own.
+# Seen (2026-11-28, session 63): an x4 machine took Ray alone in 2 pieces (`pack_engines ray`)
+# and ran four chains at once (scripts/multi_gpu_runs.sh); it went back twice when the caller
+# paused > 30 s between `watch` calls to read results (the runs still going were lost): read
+# what a call brought back AFTER issuing the next `watch`, never before.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

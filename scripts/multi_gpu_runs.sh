@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
-# Issue 34's runs (and issue 33's open measurements on the spare GPUs) on one 4-GPU machine,
-# as chains that share its GPUs, launched detached by device_runs.sh:
+# Issue 34's runs (and issue 33's open measurements) on one 4-GPU machine, as chains that share
+# its GPUs, launched detached by device_runs.sh (Ray carried alone: `pack_engines ray`):
 #   bash scripts/device_runs.sh bench multi 'bash scripts/multi_gpu_runs.sh'
 # Each run's stdout goes to $RUNS/NAME.log (every `watch` shows its last line), its JSON to
-# $OUT/NAME*.json as soon as it ends (a run cut off later keeps what the earlier ones wrote).
-#   GPU 0      the 1-GPU rows (Kuhn, Hanabi; 4 agents, 64 episodes a step, lookahead 1)
-#   GPUs 2, 3  the same examples on 2 GPUs: Ray, 2 train ranks + 2 hf engine actors, colocated
-#   GPU 1      issue 33: the micro-8 train step compiled in the default mode and replayed as CUDA
-#              graphs (reduce-overhead), interleaved
-#   then       GPUs 0, 1: a base larger than one GPU (82.7 B, ZeRO-3); GPU 2: 1 and 8 agents in
-#              the pipeline (issue 33); GPU 3: Hanabi's prefills compiled or not, profiled
-#   last       the same examples on all 4 GPUs (if the machine is still there)
+# $OUT/NAME_*.json as soon as it ends (a run cut off later keeps what the earlier ones wrote).
+# Session 63 ran the plan of session 62 (benchmarks/README.md, "The plan run on 4 x H200");
+# this is the next one, in its order:
+#   GPUs 0, 1  the 82.7 B base under ZeRO-3 again (each layer now released after use), with
+#              a live cap, then with DeepSpeed's defaults
+#   GPUs 2, 3  whole-step tok/s against episodes per step on 2 GPUs (Kuhn, Hanabi)
+#   then GPU 0 the same on 1 GPU; GPU 1: ZeRO-3 / ZeRO-2 on the 0.6B shape (no prefetch now),
+#              then 1 and 8 agents in the pipeline (the device-side adapter sync)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${DEVICE_RUNS:-/tmp/runs}
 OUT=${OUT:?OUT: where the JSON goes}
 ts() { date +%H:%M:%S; }
 steps="--modes continuous --steps 4"
-fill="rollout.num_groups=16 rollout.lookahead=1"
 ray2="cluster.backend=ray actor_infer.colocate=true actor_train.world_size=2 actor_infer.num_engines=2"
-ray4="cluster.backend=ray actor_infer.colocate=true actor_train.world_size=4 actor_infer.num_engines=4"
 
 one() {  # one NAME GPUS THREADS SCRIPT ARGS...: a benchmark in its own $OUT, its JSON copied as NAME_*
   local name=$1 gpus=$2 threads=$3; shift 3
@@ -33,32 +31,35 @@ one() {  # one NAME GPUS THREADS SCRIPT ARGS...: a benchmark in its own $OUT, it
   echo "[$(ts)] end $name rc=$rc"
 }
 
-(one kuhn4_1gpu 0 16 benchmarks/pipeline_step.py --settings kuhn:4 $steps --override $fill
- one hanabi4_1gpu 0 16 benchmarks/pipeline_step.py --settings hanabi:4 $steps --override $fill) &
+large="benchmarks/train_data_parallel.py --world_sizes 2 --strategy deepspeed --zero_stage 3
+  --shape large --layers 96 --agents 2 --rows 2 --tokens 256 --prompt 128 --micro 1 --repeats 2"
+(one zero3_83b_live 0,1 32 $large --live 200000000
+ one zero3_83b_defaults 0,1 32 $large) &
 a=$!
-(one kuhn4_2gpu 2,3 16 benchmarks/pipeline_step.py --settings kuhn:4 $steps --override $fill $ray2
- one hanabi4_2gpu 2,3 16 benchmarks/pipeline_step.py --settings hanabi:4 $steps --override $fill $ray2) &
+(for groups in 16 32 64; do
+   one "kuhn4_2gpu_g$groups" 2,3 32 benchmarks/pipeline_step.py --settings kuhn:4 $steps \
+     --override rollout.num_groups=$groups rollout.lookahead=1 $ray2
+ done
+ for groups in 16 32; do
+   one "hanabi4_2gpu_g$groups" 2,3 32 benchmarks/pipeline_step.py --settings hanabi:4 $steps \
+     --override rollout.num_groups=$groups rollout.lookahead=1 $ray2
+ done) &
 b=$!
-(for m in default reduce-overhead default reduce-overhead; do
-   one "tt_${m}_$(date +%s)" 1 16 benchmarks/train_throughput.py --agents 1 8 --micro 8 --compile \
-     --compile_mode "$m" --paths fused --repeats 3
+wait $a
+(for groups in 16 32 64; do
+   one "kuhn4_1gpu_g$groups" 0 16 benchmarks/pipeline_step.py --settings kuhn:4 $steps \
+     --override rollout.num_groups=$groups rollout.lookahead=1
+ done
+ for groups in 16 32; do
+   one "hanabi4_1gpu_g$groups" 0 16 benchmarks/pipeline_step.py --settings hanabi:4 $steps \
+     --override rollout.num_groups=$groups rollout.lookahead=1
  done) &
 c=$!
-wait $a $c
-(one zero3_large83b 0,1 32 benchmarks/train_data_parallel.py --world_sizes 2 --strategy deepspeed \
-   --zero_stage 3 --shape large --layers 96 --agents 2 --rows 2 --tokens 256 --prompt 128 --micro 1 \
-   --repeats 2 --live 200000000) &
-e=$!
-wait $b
-(one agents_kuhn 2 16 benchmarks/pipeline_step.py --settings kuhn:1 kuhn:8 $steps
- one agents_hanabi 2 16 benchmarks/pipeline_step.py --settings hanabi:1 hanabi:8 $steps) &
-f=$!
-(for c in false true; do
-   one "prefill_$c" 3 16 benchmarks/pipeline_step.py --settings hanabi:2 $steps --profile_rollout 3 \
-     --override rollout.lookahead=2 rollout.hf.compile_prefill=$c
- done) &
-g=$!
-wait $e $f $g
-one kuhn4_4gpu 0,1,2,3 64 benchmarks/pipeline_step.py --settings kuhn:4 $steps --override $fill $ray4
-one hanabi4_4gpu 0,1,2,3 64 benchmarks/pipeline_step.py --settings hanabi:4 $steps --override $fill $ray4
+(for stage in 3 2 3 2; do
+   one "zero${stage}_06b_$(date +%s)" 1 16 benchmarks/train_data_parallel.py --world_sizes 1 \
+     --strategy deepspeed --zero_stage $stage --repeats 3
+ done
+ one agents_kuhn 1 16 benchmarks/pipeline_step.py --settings kuhn:1 kuhn:8 $steps) &
+d=$!
+wait $b $c $d
 echo "[$(ts)] all done"
