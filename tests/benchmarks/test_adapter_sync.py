@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a subprocess building two teams (~5 s; the quick subset stays < 3 min)
 def test_the_hf_sync_is_timed_per_agent_count(tmp_path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "adapter_sync.py"), "--engines", "hf",
