@@ -156,6 +156,13 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                              for key in dict.fromkeys(k for s in later for k in s)
                              if key != "step"},
     }
+    # Whole-step throughput of the later steps together (issue 34's figure): what they decoded
+    # and trained over their time. Pooled, not a mean of per-step ratios: with
+    # rollout.lookahead a step may decode little of its own (its games were played ahead in
+    # the step before) and much of the next step's.
+    summary["step_tokens_per_s_after_first"] = round(
+        sum(s.get("rollout/decoded_tokens", 0.0) + s["trained_tokens"] for s in later)
+        / max(sum(s.get("time/step", 0.0) for s in later), 1e-9))
     # the rollout phases of the later steps together: what they decoded over their time
     summary["rollout_tokens_per_s"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) for s in later)
