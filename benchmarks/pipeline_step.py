@@ -93,7 +93,7 @@ def engine_only(pipeline, lanes: int, prompt_len: int, max_new: int) -> dict:
 
 
 def run_setting(args, model_path: Path | str, example: str, agents: int,
-                continuous: bool) -> dict:
+                continuous: bool, extra: list[str]) -> dict:
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.cli import load_config
 
@@ -113,7 +113,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                       f"rollout.vllm.enforce_eager={args.vllm_eager}"]
     if args.tiny:
         overrides += ["rollout.num_groups=2", "rollout.sampling.max_new_tokens=16"]
-    overrides += args.override
+    overrides += args.override + extra
     cfg = load_config(str(ROOT / folder), name, overrides)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -151,7 +151,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     later = steps[1:] or steps
     summary = {
         "example": example, "agents": agents, "continuous": continuous, "steps": steps,
-        "engine": args.engine, "overrides": args.override,
+        "engine": args.engine, "overrides": args.override + extra,
         "mean_after_first": {key: round(statistics.mean(s[key] for s in later if key in s), 3)
                              for key in dict.fromkeys(k for s in later for k in s)
                              if key != "step"},
@@ -231,6 +231,10 @@ def main() -> None:
                              "setting only)")
     parser.add_argument("--profile_top", type=int, default=25,
                         help="operators listed by --profile_rollout")
+    parser.add_argument("--groups", type=int, nargs="*", default=[],
+                        help="rollout.num_groups values: every setting runs at each, in one "
+                             "process (tok/s against episodes per step: 4 x groups for 4 agents "
+                             "in the examples' seatings)")
     parser.add_argument("--override", nargs="*", default=[],
                         help="more Hydra overrides for every setting, e.g. cluster.backend=ray "
                              "actor_train.world_size=1 (a colocated Ray run)")
@@ -246,17 +250,22 @@ def main() -> None:
             spec = replace(spec, embedding_rows=args.vocab_rows)
             folder += f"-v{args.vocab_rows}"
         model_path = build_tiny_model(default_cache_dir().parent / folder, spec)
-    results = []
-    for setting in args.settings:
-        example, agents = setting.split(":")
-        for mode in args.modes:
-            results.append(run_setting(args, model_path, example, int(agents),
-                                       mode == "continuous"))
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     summary = {"device": name, "torch": torch.__version__, "steps": args.steps,
                "model": args.model or ("tiny" if args.tiny else "qwen3-0.6b-shape"),
-               "vocab_rows": args.vocab_rows,
-               "results": results}
+               "vocab_rows": args.vocab_rows, "complete": False, "results": []}
+    for groups in args.groups or [None]:  # one process: the compiled graphs are reused
+        extra = [] if groups is None else [f"rollout.num_groups={groups}"]
+        for setting in args.settings:
+            example, agents = setting.split(":")
+            for mode in args.modes:
+                summary["results"].append(run_setting(args, model_path, example, int(agents),
+                                                      mode == "continuous", extra))
+                if os.environ.get("OUT"):  # each result kept as it ends: a run cut off later
+                    Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)  # keeps it
+                    Path(os.environ["OUT"], "pipeline_step.json").write_text(
+                        json.dumps(summary, indent=2) + "\n")
+    summary["complete"] = True
     emit(summary, "pipeline_step.json")
 
 

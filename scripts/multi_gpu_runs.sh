@@ -36,24 +36,17 @@ large="benchmarks/train_data_parallel.py --world_sizes 2 --strategy deepspeed --
 (one zero3_83b_live 0,1 32 $large --live 200000000
  one zero3_83b_defaults 0,1 32 $large) &
 a=$!
-(for groups in 16 32 64; do
-   one "kuhn4_2gpu_g$groups" 2,3 32 benchmarks/pipeline_step.py --settings kuhn:4 $steps \
-     --override rollout.num_groups=$groups rollout.lookahead=1 $ray2
- done
- for groups in 16 32; do
-   one "hanabi4_2gpu_g$groups" 2,3 32 benchmarks/pipeline_step.py --settings hanabi:4 $steps \
-     --override rollout.num_groups=$groups rollout.lookahead=1 $ray2
- done) &
+# (--groups: one process per sweep, each result written to its JSON as it ends)
+(one kuhn4_2gpu 2,3 32 benchmarks/pipeline_step.py --settings kuhn:4 $steps --groups 16 32 64 \
+   --override rollout.lookahead=1 $ray2
+ one hanabi4_2gpu 2,3 32 benchmarks/pipeline_step.py --settings hanabi:4 $steps --groups 16 32 \
+   --override rollout.lookahead=1 $ray2) &
 b=$!
 wait $a
-(for groups in 16 32 64; do
-   one "kuhn4_1gpu_g$groups" 0 16 benchmarks/pipeline_step.py --settings kuhn:4 $steps \
-     --override rollout.num_groups=$groups rollout.lookahead=1
- done
- for groups in 16 32; do
-   one "hanabi4_1gpu_g$groups" 0 16 benchmarks/pipeline_step.py --settings hanabi:4 $steps \
-     --override rollout.num_groups=$groups rollout.lookahead=1
- done) &
+(one kuhn4_1gpu 0 16 benchmarks/pipeline_step.py --settings kuhn:4 $steps --groups 16 32 64 \
+   --override rollout.lookahead=1
+ one hanabi4_1gpu 0 16 benchmarks/pipeline_step.py --settings hanabi:4 $steps --groups 16 32 \
+   --override rollout.lookahead=1) &
 c=$!
 (for stage in 3 2 3 2; do
    one "zero${stage}_06b_$(date +%s)" 1 16 benchmarks/train_data_parallel.py --world_sizes 1 \
