@@ -11,6 +11,7 @@ Naming convention of metric keys (the plot command and the console line rely on 
   ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``, and ``time/wake`` /
   ``time/sleep`` where the engine sleeps between phases (``rollout.vllm.sleep_between_phases``);
 - ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
+- ``compile/<x>``            torch.compile's work in the step, ``compile/new_graphs``;
 - ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts;
   ``eval_greedy/...`` the same for the greedy policy's (``eval.greedy_too``).
 
@@ -42,7 +43,7 @@ BACKENDS = ("console", "tensorboard", "wandb", "jsonl")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-NAMESPACES = ("team", "time", "rollout", "eval", "eval_greedy", "train", "critic")
+NAMESPACES = ("team", "time", "rollout", "eval", "eval_greedy", "train", "critic", "compile")
 """Top-level metric namespaces that are not agents (no agent may take one of these names)."""
 # Keys a JSON line holds besides the metrics; a metric must not take these names.
 RESERVED_KEYS = ("step", "wall_time")

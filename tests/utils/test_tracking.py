@@ -144,7 +144,7 @@ def test_agent_metric_names_are_prefixed_by_the_agent_name():
     assert split_agent_key("alice/kl/ref") == ("alice", "kl/ref")
     assert split_agent_key("agent_0/reward") == ("agent_0", "reward")
     for key in ("team/reward", "time/rollout", "rollout/episodes", "eval/alice/win_rate",
-                "train/x", "alice"):
+                "train/x", "compile/new_graphs", "alice"):
         assert split_agent_key(key) is None, key
     # Knowing the agents, only their keys count.
     assert split_agent_key("alice/reward", ["alice", "bob"]) == ("alice", "reward")
