@@ -185,8 +185,9 @@ def release_after_each_use(engine) -> None:
     decides later releases and prefetches, is never recorded. A trace assumes every step runs
     the modules in one order; ours do not (passes per agent and micro-batch, no-grad passes,
     padding passes), and with a trace it released nothing from a step's second micro-batch on:
-    every layer stayed gathered (CPU, 8 layers: 9.4 layers' weights at once against 2.4 without
-    it; an 82.7 B base ran out of an H200's memory in its first step, benchmarks/README.md)."""
+    every layer stayed gathered (CPU, 8 layers, 2 micro-batches: 9.77 layers' base weights at
+    once against 1.77 without it, ``train_data_parallel.py``'s ``gathered_peak_layers_rank0``;
+    an 82.7 B base ran out of an H200's memory in its first step, benchmarks/README.md)."""
     coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
     coordinator.is_complete_trace = lambda: False
     coordinator.is_record_trace = lambda: False

@@ -19,3 +19,12 @@ def lora_warmup_error(vocab_size: int, hidden_size: int, vllm_version: str,
                 f"pad the embedding (vocab_size >= hidden_size) or set "
                 f"rollout.vllm.enforce_eager=true")
     return None
+
+
+def model_lora_warmup_error(model_path: str, vllm_version: str, cuda_graphs: bool) -> str | None:
+    """``lora_warmup_error`` for the model folder or hub id ``model_path`` (its config.json
+    read, no weights)."""
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(str(model_path)).get_text_config()
+    return lora_warmup_error(text.vocab_size, text.hidden_size, vllm_version, cuda_graphs)

@@ -61,7 +61,7 @@ from roll.inference.base import (
     cut_at_stop,
 )
 from roll.inference.constrained import CompletionTrie
-from roll.inference.vllm_checks import lora_warmup_error
+from roll.inference.vllm_checks import model_lora_warmup_error
 from roll.models.peft_io import write_peft_folder
 
 logger = init_logger(__name__)
@@ -182,11 +182,8 @@ class VLLMEngine:
         # never holds an adapter (we load at most max_loras) keeps index -1 all zeros.
         spare = int(current_platform.get_punica_wrapper().endswith("PunicaWrapperCPU"))
         if not current_platform.is_cpu():
-            from transformers import AutoConfig
-
-            text = AutoConfig.from_pretrained(str(model_path)).get_text_config()
-            error = lora_warmup_error(text.vocab_size, text.hidden_size, vllm.__version__,
-                                      cuda_graphs=not enforce_eager)
+            error = model_lora_warmup_error(model_path, vllm.__version__,
+                                            cuda_graphs=not enforce_eager)
             if error:
                 raise ValueError(error)
         self.llm = LLM(

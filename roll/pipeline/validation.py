@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from roll.errors import ConfigError, require_int
 from roll.inference.hf.engine import LORA_KERNELS
 from roll.inference.hf.ring import ATTENTION_KERNELS
-from roll.inference.vllm_checks import lora_warmup_error
+from roll.inference.vllm_checks import model_lora_warmup_error
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
@@ -189,10 +189,7 @@ def check_vllm_lora_widths(rollout: RolloutSchema, model_path: str, vllm_version
     aliases are built here with wide vocabularies."""
     if is_alias(model_path) or rollout.vllm.enforce_eager:
         return
-    from transformers import AutoConfig
-
-    text = AutoConfig.from_pretrained(model_path).get_text_config()
-    error = lora_warmup_error(text.vocab_size, text.hidden_size, vllm_version, cuda_graphs=True)
+    error = model_lora_warmup_error(model_path, vllm_version, cuda_graphs=True)
     if error:
         raise ConfigError("rollout.vllm.enforce_eager", False, error)
 

@@ -22,10 +22,10 @@ from roll.inference import (
     SamplingParams,
     load_adapter_folder,
 )
+from roll.inference.vllm_checks import lora_warmup_error  # noqa: E402
 from roll.inference.vllm_engine import (  # noqa: E402
     ALLOWED_RANKS,
     VLLMEngine,
-    lora_warmup_error,
     round_lora_rank,
 )
 from roll.models import load_tokenizer  # noqa: E402
