@@ -134,7 +134,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                     "rollout/decoded_tokens", "rollout/busy_lanes", "rollout/ahead_turns",
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
                     "rollout/episodes", "rollout/prompt_tokens", "rollout/prefills",
-                    "rollout/shared_tokens")}
+                    "rollout/shared_tokens", "rollout/played_s")}
         step["step"] = row["step"]
         # Whole-step throughput: tokens generated plus response tokens trained (each agent's
         # num_tokens: the tokens its loss covers), over the step's time (rollout, passes,
@@ -163,10 +163,11 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     summary["step_tokens_per_s_after_first"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) + s["trained_tokens"] for s in later)
         / max(sum(s.get("time/step", 0.0) for s in later), 1e-9))
-    # the rollout phases of the later steps together: what they decoded over their time
+    # the rollout phases of the later steps together: what they decoded over their time (with
+    # rollout.overlap the time they played, not the shorter wait their step saw)
     summary["rollout_tokens_per_s"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) for s in later)
-        / max(sum(s.get("time/rollout", 0.0) for s in later), 1e-9))
+        / max(sum(s.get("rollout/played_s", s.get("time/rollout", 0.0)) for s in later), 1e-9))
     if torch.cuda.is_available():
         summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if continuous and not cfg.actor_infer.num_engines:  # engine actors end with the run

@@ -61,12 +61,9 @@ from roll.pipeline.builders import (
 from roll.pipeline.cluster_checks import train_gpus_per_rank
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.env_setup import build_env_setup, check_first_prompts, run_seatings
-from roll.pipeline.evaluation import (
-    before_after,
-    policy_divergences,
-    summarize_episodes,
-    team_return,
-)
+from roll.pipeline.eval_phase import evaluate_now
+from roll.pipeline.evaluation import before_after, team_return
+from roll.pipeline.overlap import NextRollout
 from roll.pipeline.policy_update import SnapshotMagnet, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
@@ -74,9 +71,7 @@ from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.recompiles import CompileWatch
 from roll.utils.stages import log_line, stage
-from roll.utils.tracking import Tracker, agent_metrics, split_agent_key
-
-EVAL_SEED_OFFSET = 7_919
+from roll.utils.tracking import Tracker, agent_metrics
 
 
 class AgenticPipeline:
@@ -161,6 +156,11 @@ class AgenticPipeline:
         """Env worker actors holding the rollouts' episodes (env_workers.num_workers), or None:
         episodes in this process."""
         self.step = 0
+        self.served_version: int | None = None
+        """The adapter version last synced to the engines: every rollout's generate calls are
+        checked against it (with rollout.overlap the trainer is an update ahead of it)."""
+        self.next_rollout: NextRollout[RolloutResult] = NextRollout()
+        """rollout.overlap: the next step's rollout, played while this step trains."""
         self.compiles = CompileWatch("pipeline")
         """Graphs torch.compile builds in this process per step (``compile/new_graphs``)."""
         self.run_id: str | None = None
@@ -216,7 +216,7 @@ class AgenticPipeline:
             action=cfg.env.action,
             config=rollout,
             snapshot_slot=self._snapshot_slot,
-            expected_version=lambda agent: self.trainer.global_step,
+            expected_version=lambda agent: self.served_version,
             cooperative=self.cooperative,
             episodes=self.env_host,
             summarize=setup.summarize,
@@ -267,6 +267,7 @@ class AgenticPipeline:
         for name in stale:
             if self.engine.adapter_version(name) != version:
                 raise RuntimeError(f"engine did not take agent {name!r} version {version}")
+        self.served_version = version
         return stale
 
     def synced_rollout(
@@ -348,7 +349,9 @@ class AgenticPipeline:
                 if self.step == 1 or quiet:
                     log_line(f"step {self.step}/{cfg.max_steps} ..."
                              + (" (the first compiles what it needs)" if self.step == 1 else ""))
-                metrics = self.train_step(scheduler, tracker, self._ahead_steps(scheduler_of))
+                metrics = self.train_step(scheduler, tracker,
+                                          self._ahead_steps(self.step, scheduler_of),
+                                          self._overlapped_next(train_schedulers, scheduler_of))
                 if quiet:
                     log_line(f"step {self.step}/{cfg.max_steps}: done in "
                              f"{metrics['time/step']:.1f} s")
@@ -374,44 +377,81 @@ class AgenticPipeline:
         save_steps, max_steps = self.cfg.save_steps, self.cfg.max_steps
         return bool(save_steps and step % save_steps == 0) or step == max_steps
 
-    def _ahead_steps(self, scheduler_of: Callable[[int], int]) -> list[int]:
+    def _ahead_steps(self, step: int, scheduler_of: Callable[[int], int]) -> list[int]:
         """The steps whose episodes this step may start in its idle lanes (rollout.lookahead):
         up to that many next steps, played by this step's scheduler (``scheduler_of``: a
         step's scheduler index; swapped roles change it), none past a checkpoint (a resumed run must
         be the run that was not interrupted: nothing is parked when one is written)."""
         steps: list[int] = []
-        for later in range(self.step + 1, self.step + self.cfg.rollout.lookahead + 1):
-            if self._saves_after(later - 1) or scheduler_of(later) != scheduler_of(self.step):
+        for later in range(step + 1, step + self.cfg.rollout.lookahead + 1):
+            if self._saves_after(later - 1) or scheduler_of(later) != scheduler_of(step):
                 break
             steps.append(later)
         return steps
 
+    def _overlapped_next(self, schedulers: list[RolloutScheduler],
+                         scheduler_of: Callable[[int], int]
+                         ) -> tuple[RolloutScheduler, list[int]] | None:
+        """rollout.overlap: the next step's scheduler and lookahead steps when its rollout may
+        start while this step trains (overlap.py: not across a checkpoint, an evaluation or
+        the end of the run); None otherwise."""
+        cfg, step = self.cfg, self.step
+        if (not cfg.rollout.overlap or step >= cfg.max_steps or self._saves_after(step)
+                or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
+            return None
+        return schedulers[scheduler_of(step + 1)], self._ahead_steps(step + 1, scheduler_of)
+
     def train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
-                   ahead_steps: list[int] | None = None) -> dict[str, float]:
-        """One step: roll out (``ahead_steps``: those steps' episodes fill idle lanes), score,
-        update the agents (and critics). ``compile/new_graphs``: graphs torch.compile built in
-        this process during the step (a line says so after step 1: each costs seconds to
-        minutes on a GPU and is otherwise silent)"""
+                   ahead_steps: list[int] | None = None,
+                   overlapped_next: tuple[RolloutScheduler, list[int]] | None = None,
+                   ) -> dict[str, float]:
+        """One step: roll out (``ahead_steps``: those steps' episodes fill idle lanes; with
+        rollout.overlap, take the rollout started in the step before), start the next step's
+        rollout (``overlapped_next``: its scheduler and lookahead steps), score, update the
+        agents (and critics). ``compile/new_graphs``: graphs torch.compile built in this
+        process during the step (a line says so after step 1: each costs seconds to minutes
+        on a GPU and is otherwise silent)"""
         with self.compiles.watch("step", f"step {self.step}"):
-            metrics = self._train_step(scheduler, tracker, ahead_steps)
+            metrics = self._train_step(scheduler, tracker, ahead_steps, overlapped_next)
         metrics["compile/new_graphs"] = float(self.compiles.last)
         return metrics
 
+    def _rollout_args(self, step: int, scheduler: RolloutScheduler, ahead_steps: list[int] | None
+                      ) -> tuple[int, list[int] | None, list[int]]:
+        """Step ``step``'s rollout seed, dataset items (drawn now, in step order) and the
+        seeds of the steps it plays ahead."""
+        items = None if self.items is None else self.items.take(scheduler.config.num_groups)
+        seed = self.cfg.seed * 1_000_003 + step
+        return seed, items, [seed + later - step for later in ahead_steps or ()]
+
     def _train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
-                    ahead_steps: list[int] | None) -> dict[str, float]:
-        cfg = self.cfg
+                    ahead_steps: list[int] | None,
+                    overlapped_next: tuple[RolloutScheduler, list[int]] | None,
+                    ) -> dict[str, float]:
         times: dict[str, float] = {}
         start = time.perf_counter()
-        items = None if self.items is None else self.items.take(scheduler.config.num_groups)
-        seed = cfg.seed * 1_000_003 + self.step
-        result, phases = self.synced_rollout(
-            scheduler, seed, tracker, "episodes", items,
-            [seed + later - self.step for later in ahead_steps or ()])
-        times.update(phases)
-        times["time/rollout"] = time.perf_counter() - start - sum(phases.values())
+        played_before = self.next_rollout.take(self.step)
+        if played_before is None:
+            seed, items, ahead_seeds = self._rollout_args(self.step, scheduler, ahead_steps)
+            result, phases = self.synced_rollout(scheduler, seed, tracker, "episodes", items,
+                                                 ahead_seeds)
+            times.update(phases)
+            played = times["time/rollout"] = time.perf_counter() - start - sum(phases.values())
+        else:  # played while the step before trained: this step waited for what was left
+            result, played = played_before
+            times["time/rollout"] = time.perf_counter() - start
         metrics = dict(result.metrics)
-        metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve,
-                                             times["time/rollout"]))
+        metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve, played))
+        metrics["rollout/played_s"] = played
+        if overlapped_next is not None:  # engines awake throughout (validation)
+            start = time.perf_counter()
+            self.sync_adapters()
+            times["time/sync"] = times.get("time/sync", 0.0) + time.perf_counter() - start
+            next_scheduler = overlapped_next[0]
+            seed, items, ahead_seeds = self._rollout_args(self.step + 1, next_scheduler,
+                                                          overlapped_next[1])
+            self.next_rollout.start(self.step + 1, lambda: next_scheduler.rollout(
+                seed=seed, items=items, ahead_seeds=ahead_seeds))  # quiet: no progress lines
         metrics.update(team_return(result.episodes))
         batch = result.batch
         if batch is None:
@@ -421,14 +461,15 @@ class AgenticPipeline:
 
         start = time.perf_counter()
         batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
-        metrics.update(logprob_metrics(batch, result.turns, self.engine_logprobs_comparable))
+        metrics.update(logprob_metrics(batch, result.turns, self.engine_logprobs_comparable,
+                                       stale=played_before is not None))
         times["time/reference"] = time.perf_counter() - start
 
         start = time.perf_counter()
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         per_agent, critic_metrics = update_agents(
-            cfg, self.trainer, self.model, batch, self.step, self.policy_temperature,
+            self.cfg, self.trainer, self.model, batch, self.step, self.policy_temperature,
             self.baselines, self.magnet, self.critics)
         times["time/train"] = time.perf_counter() - start  # agents and critics
         metrics.update(agent_metrics(per_agent))
@@ -438,46 +479,8 @@ class AgenticPipeline:
         return metrics
 
     def evaluate(self, scheduler: RolloutScheduler, tracker: Tracker) -> dict[str, float]:
-        """Validation rollouts with the trainer's current adapters (synced first); with
-        ``eval.greedy_too`` the greedy policy's as well, same seed (``eval_greedy/...``)."""
-        start = time.perf_counter()
-        metrics = self._eval_rollout(scheduler, tracker, "eval/")
-        if self.cfg.eval.greedy_too:
-            if self._greedy_eval is None:
-                self._greedy_eval = self.scheduler(self.eval_seatings, True, temperature=0.0)
-            metrics.update(self._eval_rollout(self._greedy_eval, tracker, "eval_greedy/"))
-        if self.cfg.eval.exploitability:
-            from roll.pipeline.exploitability import agent_exploitabilities  # OpenSpiel
-
-            metrics.update(agent_exploitabilities(self.cfg, self.trainer, self.tokenizer,
-                                                  self.agent_names, self.render))
-        metrics["time/eval"] = time.perf_counter() - start
-        return metrics
-
-    def _eval_rollout(self, scheduler: RolloutScheduler, tracker: Tracker,
-                      prefix: str) -> dict[str, float]:
-        """One evaluation's episodes, summarised under ``prefix``."""
-        # Team tasks: the evaluation split in order (the same items at every evaluation).
-        items = ([i % self.env_setup.eval_items for i in range(scheduler.config.num_groups)]
-                 if self.env_setup.is_task else None)
-        result, _ = self.synced_rollout(
-            scheduler, self.cfg.seed * 1_000_003 + EVAL_SEED_OFFSET, tracker,
-            f"{prefix.rstrip('/')} episodes", items,
-        )
-        metrics = summarize_episodes(result.episodes, self.agent_names, self.cooperative,
-                                     prefix=prefix, winners=not self.env_setup.is_task)
-        if self.env_setup.is_task:
-            metrics.update({f"{prefix}{key}": value for key, value in result.metrics.items()
-                            if key.startswith("task/")})
-            if prefix == "eval/":  # the divergences of the policy trained, not the greedy one
-                batch = None if result.batch is None else result.batch.to(self.device)
-                metrics.update(policy_divergences(self.trainer, batch, self.agent_names,
-                                                  self.policy_temperature))
-        for key, value in result.metrics.items():
-            split = split_agent_key(key, self.agent_names)
-            if split is not None and ("format" in split[1] or split[1] == "truncated_rate"):
-                metrics[f"{prefix}{key}"] = value
-        return metrics
+        """Validation rollouts with the trainer's current adapters (eval_phase.py)."""
+        return evaluate_now(self, scheduler, tracker)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:

@@ -84,6 +84,8 @@ def check_cluster(cfg: PipelineConfig) -> None:
                               f"a colocated rank and engine share one GPU, but with "
                               f"actor_train.gpus_per_rank={train_gpus_per_rank(cfg):g} they "
                               f"ask for {gpus:g}")
+    if cfg.rollout.overlap:
+        _check_overlap(cfg)
     workers = cfg.env_workers
     require_int("env_workers.num_workers", workers.num_workers, 0)
     if workers.num_workers and cluster.backend != "ray":
@@ -91,6 +93,19 @@ def check_cluster(cfg: PipelineConfig) -> None:
                           "env workers are Ray actors: set cluster.backend=ray")
     if not workers.cpus_per_worker > 0:
         raise ConfigError("env_workers.cpus_per_worker", workers.cpus_per_worker, "must be > 0")
+
+
+def _check_overlap(cfg: PipelineConfig) -> None:
+    """rollout.overlap plays a rollout in a thread while this process drives the update: the
+    engines must be actors of their own (an engine in this process shares its adapter tensors
+    and its GPU stream with the update) and stay awake through the update."""
+    if not cfg.actor_infer.num_engines:
+        raise ConfigError("rollout.overlap", True, "plays the next rollout while the ranks "
+                          "train, on engine actors: set cluster.backend=ray and "
+                          "actor_infer.num_engines >= 1")
+    if cfg.rollout.vllm.sleep_between_phases:
+        raise ConfigError("rollout.vllm.sleep_between_phases", True, "rollout.overlap keeps "
+                          "the engines rolling out while the ranks train: they cannot sleep")
 
 
 def check_ray_resources(cfg: PipelineConfig, available: dict[str, float]) -> None:

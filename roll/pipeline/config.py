@@ -208,6 +208,14 @@ class RolloutSchema:
     steps' episodes and their order are unchanged. Games in this process only (not team tasks,
     env workers or snapshot opponents); no step's episodes start before a checkpoint that
     comes first, so a resumed run is the run that was not interrupted."""
+    overlap: bool = False
+    """Play each next step's rollout while this step trains (roll/pipeline/overlap.py; engine
+    actors only: actor_infer.num_engines >= 1): a step then costs about max(rollout, train)
+    instead of their sum, and its episodes come from adapters one update older, trained on as
+    they are (counted as played ahead: ``rollout/ahead_logprob_gap``). The steps' episodes,
+    seeds and order are unchanged; no rollout starts before a checkpoint or an evaluation
+    that comes first (a resumed run is the run that was not interrupted; an evaluation sees
+    the update it reports)."""
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     """Decoding settings."""
     hf: HFEngineSchema = field(default_factory=HFEngineSchema)

@@ -39,22 +39,24 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     return out
 
 
-def logprob_metrics(batch: TrajectoryBatch, turns: Sequence[Turn], comparable: bool
-                    ) -> dict[str, float]:
+def logprob_metrics(batch: TrajectoryBatch, turns: Sequence[Turn], comparable: bool,
+                    stale: bool = False) -> dict[str, float]:
     """After the old-log-prob (and reference) pass. ``comparable``: the engine reports the
     trainer's definition of a log-prob (builders.engine_reports_policy_logprobs); then
     ``rollout/engine_logprob_gap`` is the mean |old - engine| per response token over rows
-    generated this step, and ``rollout/ahead_logprob_gap`` the same over rows played ahead
-    (``Turn.ahead``; the batch's rows are the trained turns in ``turns`` order)."""
+    generated this step (when any), and ``rollout/ahead_logprob_gap`` the same over rows
+    played ahead (``Turn.ahead``, or every row when ``stale``: a rollout played while the step
+    before trained, rollout.overlap; the batch's rows are the trained turns in ``turns``
+    order)."""
     mask = batch.response_mask
     out: dict[str, float] = {}
     if comparable:
         gap = (batch.old_logprobs - batch.engine_logprobs).abs() * mask
-        ahead = torch.tensor([t.ahead for t in turns if t.trained_agent is not None],
+        ahead = torch.tensor([stale or t.ahead for t in turns if t.trained_agent is not None],
                              device=gap.device)[:, None]
         fresh, stale = mask * ~ahead, mask * ahead
-        out["rollout/engine_logprob_gap"] = float((gap * fresh).sum()
-                                                  / fresh.sum().clamp(min=1))
+        if fresh.any():  # none when every row was played ahead
+            out["rollout/engine_logprob_gap"] = float((gap * fresh).sum() / fresh.sum())
         if ahead.any():
             out["rollout/ahead_logprob_gap"] = float((gap * stale).sum()
                                                      / stale.sum().clamp(min=1))

@@ -136,10 +136,7 @@ def test_which_steps_a_step_may_start_early(tmp_path):
     one = lambda step: 0  # noqa: E731  (one scheduler)
     expected = {1: [2, 3, 4], 2: [3, 4], 3: [4], 4: [], 5: [6, 7, 8], 7: [8], 8: [], 9: []}
     for step, steps in expected.items():
-        pipeline.step = step
-        assert pipeline._ahead_steps(one) == steps, step
+        assert pipeline._ahead_steps(step, one) == steps, step
     swapped = lambda step: (step - 1) // 2 % 2  # noqa: E731  (env.swap_roles_every=2)
-    pipeline.step = 1
-    assert pipeline._ahead_steps(swapped) == [2]
-    pipeline.step = 2
-    assert pipeline._ahead_steps(swapped) == []
+    assert pipeline._ahead_steps(1, swapped) == [2]
+    assert pipeline._ahead_steps(2, swapped) == []
