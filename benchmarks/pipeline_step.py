@@ -163,6 +163,16 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     summary["step_tokens_per_s_after_first"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) + s["trained_tokens"] for s in later)
         / max(sum(s.get("time/step", 0.0) for s in later), 1e-9))
+    # Steady state: the steps between the first (compiles) and the last (plays nothing ahead),
+    # each counted by what it trained: its batch's generated tokens plus the tokens trained,
+    # over its time. With rollout.lookahead or rollout.overlap a step's batch was partly or
+    # wholly decoded in the step before, so the pooled decoded figure above credits a window
+    # with work done in another (overlap: the second step's whole rollout, played during the
+    # first); this one does not. Equal to it in steady state without either.
+    steady = steps[1:-1] or later
+    summary["step_tokens_per_s_steady"] = round(
+        sum(s.get("rollout/generated_tokens", 0.0) + s["trained_tokens"] for s in steady)
+        / max(sum(s.get("time/step", 0.0) for s in steady), 1e-9))
     # the rollout phases of the later steps together: what they decoded over their time (with
     # rollout.overlap the time they played, not the shorter wait their step saw)
     summary["rollout_tokens_per_s"] = round(

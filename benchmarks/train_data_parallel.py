@@ -72,27 +72,45 @@ def count_leaf_walks(step, leaf_types: list[type]) -> int:
 
 
 def gathered_peak(step, model) -> float:
-    """The most frozen base weight elements ZeRO-3 held gathered at once during ``step()``, in
-    decoder layers (one layer's base weights = 1), sampled after every module's forward and
-    around every module's backward. Weights kept whole on every rank (``ds_persist``) are not
-    counted: they are never gathered or released."""
+    """The most frozen base weight elements ZeRO-3 held in memory at once during ``step()``,
+    in decoder layers (one layer's base weights = 1), sampled after every module's forward and
+    around every module's backward: the weights gathered now, plus the storage of weights
+    released since whose data autograd still holds for the backward (a view saved by torch's
+    linear keeps a released weight's memory alive: roll/distributed/zero3_memory.py). Weights
+    kept whole on every rank (``ds_persist``) are not counted: never gathered or released."""
+    import weakref
+
     from torch import nn
 
     base = [p for p in model.parameters()
             if hasattr(p, "ds_numel") and not p.requires_grad and not p.ds_persist]
     first_layer = model.base_model.get_decoder().layers[0]
     layer = sum(int(p.ds_numel) for p in first_layer.parameters() if not p.requires_grad)
+    held: list[weakref.ref] = []  # tensors autograd saved that shared a gathered weight's data
     peak = 0
+
+    def pack(tensor):
+        gathered = {p.data.untyped_storage().data_ptr() for p in base if p.data.numel()}
+        if tensor.numel() and tensor.untyped_storage().data_ptr() in gathered:
+            held.append(weakref.ref(tensor))
+        return tensor
 
     def census(*unused) -> None:
         nonlocal peak
-        peak = max(peak, sum(p.data.numel() for p in base))
+        storages = {p.data.untyped_storage().data_ptr(): p.data.numel() for p in base}
+        for ref in held:  # a released weight's old data, still saved: counted once
+            tensor = ref()
+            if tensor is not None and tensor.numel():
+                storage = tensor.untyped_storage()
+                storages.setdefault(storage.data_ptr(), storage.nbytes() // tensor.element_size())
+        peak = max(peak, sum(storages.values()))
 
     handles = [nn.modules.module.register_module_forward_hook(census),
                nn.modules.module.register_module_full_backward_pre_hook(census),
                nn.modules.module.register_module_full_backward_hook(census)]
     try:
-        step()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            step()
     finally:
         for handle in handles:
             handle.remove()

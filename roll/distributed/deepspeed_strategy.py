@@ -51,6 +51,11 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from roll.distributed.zero3_memory import (
+    base_stays_gathered,
+    release_after_each_use,
+    save_weights_not_views,
+)
 from roll.multi_agent.config import AgentConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.strategy import GradSync, TorchStrategy
@@ -179,20 +184,6 @@ def deepspeed_config(stage: int, live_elements: int | None = None,
     }
 
 
-def release_after_each_use(engine) -> None:
-    """ZeRO-3 releases each gathered weight as soon as its module's forward or backward is
-    done, and prefetches nothing: DeepSpeed's trace of a first step's module order, which
-    decides later releases and prefetches, is never recorded. A trace assumes every step runs
-    the modules in one order; ours do not (passes per agent and micro-batch, no-grad passes,
-    padding passes), and with a trace it released nothing from a step's second micro-batch on:
-    every layer stayed gathered (CPU, 8 layers, 2 micro-batches: 9.77 layers' base weights at
-    once against 1.77 without it, ``train_data_parallel.py``'s ``gathered_peak_layers_rank0``;
-    an 82.7 B base ran out of an H200's memory in its first step, benchmarks/README.md)."""
-    coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
-    coordinator.is_complete_trace = lambda: False
-    coordinator.is_record_trace = lambda: False
-
-
 class DeepSpeedStrategy:
     """A ``TrainStrategy`` (roll/multi_agent/strategy.py) whose adapters' optimizer lives in a
     DeepSpeed ZeRO engine: ``MultiAgentTrainer(..., strategy=DeepSpeedStrategy(stage, sync))``.
@@ -248,6 +239,8 @@ class DeepSpeedStrategy:
 
         model._all_trainable()
         zero_stage = self.zero_stage
+        if zero_stage == 3:  # a released weight must free its memory (zero3_linear.py)
+            save_weights_not_views(model.peft_model)
         self.model = model
         self.agent_names = model.agent_names
         self.params = {agent.name: model.agent_parameters(agent.name) for agent in agents}
@@ -276,7 +269,8 @@ class DeepSpeedStrategy:
             for handle in self.engine.optimizer._leaf_module_hooks:
                 handle.remove()
             list_leaf_parameters_once(model, self.leaf_types)
-            release_after_each_use(self.engine)
+            if not base_stays_gathered(model, self.live_elements):
+                release_after_each_use(self.engine)
         model.peft_model.eval()
         self.adam_steps = dict.fromkeys(self.agent_names, 0)
         stand_ins = {}

@@ -36,3 +36,9 @@ def test_a_sweep_over_groups_runs_each_setting_at_each_and_pools_the_later_steps
         tokens = sum(s["rollout/decoded_tokens"] + s["trained_tokens"] for s in later)
         seconds = sum(s["time/step"] for s in later)
         assert abs(result["step_tokens_per_s_after_first"] - tokens / seconds) <= 1, result
+        # steady state: step 2 of 3 alone, by what it trained (its batch's tokens twice over:
+        # generated, then trained)
+        middle = result["steps"][1]
+        assert middle["trained_tokens"] == middle["rollout/generated_tokens"] > 0
+        assert abs(result["step_tokens_per_s_steady"]
+                   - 2 * middle["trained_tokens"] / middle["time/step"]) <= 1, result
