@@ -75,3 +75,38 @@ def test_a_run_resumed_from_its_checkpoint_is_the_overlapped_run_uninterrupted(
     assert latest_checkpoint(resumed).name == "step_00000004"
     assert ours and ours.keys() == theirs.keys()
     assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_an_engine_killed_under_an_overlapped_rollout_stops_with_one_line(
+        ray_cluster, tmp_path, one_thread):
+    """The engine actor dies as step 3's rollout starts in the background (during step 2):
+    step 3 raises its error where it takes the rollout, one line naming the engine and the
+    last good checkpoint, which stays intact; every role is released; resume=latest trains on."""
+    from roll.errors import RoleFailed
+
+    out = tmp_path / "run"
+    _run(out, "max_steps=1")
+    before = checkpoint_adapters(latest_checkpoint(out))
+    pipeline = AgenticPipeline(kuhn_config(out, *RAY, "max_steps=4", "save_steps=3",
+                                           "rollout.overlap=true", "resume=latest"))
+    start, started = pipeline.next_rollout.start, []
+
+    def kill_then_start(step, play):
+        started.append(step)
+        ray_cluster.kill(pipeline.engine.ranks[0])
+        start(step, play)
+
+    pipeline.next_rollout.start = kill_then_start
+    with pytest.raises(RoleFailed) as caught:
+        pipeline.run()
+    assert started == [3]
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "actor_infer engine 0 of 1 failed during" in message and "ActorDiedError" in message
+    assert "last good checkpoint:" in message and "step_00000001" in message
+    assert latest_checkpoint(out).name == "step_00000001"
+    after = checkpoint_adapters(latest_checkpoint(out))
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    assert pipeline.trainer.ranks == [] and pipeline.engine.ranks == []
+    _run(out, "max_steps=2", "rollout.overlap=true", "resume=latest")
+    assert latest_checkpoint(out).name == "step_00000002"
