@@ -226,12 +226,28 @@ def push_adapters(
     published_adapters``), sent instead of the model's tensors to engines that fetch
     references themselves (``takes_references``: engine actors).
     """
+    load_adapters(engine, model, version, adapter_payloads(engine, model, agents, published))
+
+
+def adapter_payloads(engine: InferenceEngine, model: MultiAgentLoRAModel,
+                     agents: list[str] | None = None, published: dict | None = None) -> dict:
+    """What ``push_adapters`` sends each agent's slot, taken now: the published reference,
+    or the model's tensors (``_adapter_for``). Loading them later (``load_adapters``, e.g. in
+    another thread while the trainer moves on) sends this version whatever the trainer does
+    meanwhile."""
     by_reference = published if published and getattr(engine, "takes_references", False) else {}
+    payloads = {}
     for name in agents if agents is not None else model.agent_names:
-        tensors = by_reference.get(name)
-        if tensors is None:
-            tensors = _adapter_for(engine, model, name)
-        engine.load_adapter(name, tensors, model.peft_config(name), version)
+        payload = by_reference.get(name)
+        payloads[name] = payload if payload is not None else _adapter_for(engine, model, name)
+    return payloads
+
+
+def load_adapters(engine: InferenceEngine, model: MultiAgentLoRAModel, version: int,
+                  payloads: dict) -> None:
+    """Each agent's payload (``adapter_payloads``) into its engine slot at ``version``."""
+    for name, payload in payloads.items():
+        engine.load_adapter(name, payload, model.peft_config(name), version)
 
 
 def _adapter_for(engine: InferenceEngine, model: MultiAgentLoRAModel,

@@ -36,12 +36,11 @@ import torch
 
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.results import RolloutResult
-from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutConfig, RolloutScheduler
+from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutScheduler
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import RunningBaselines
-from roll.distributed.roles import TrainGroup, push_adapters
+from roll.distributed.roles import TrainGroup, adapter_payloads, load_adapters
 from roll.errors import RoleFailed
-from roll.inference.base import SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -55,6 +54,7 @@ from roll.pipeline.builders import (
     engine_reports_policy_logprobs,
     load_base,
     model_path,
+    rollout_settings,
     start_ray,
     train_spec,
 )
@@ -159,7 +159,7 @@ class AgenticPipeline:
         self.served_version: int | None = None
         """The adapter version last synced to the engines: every rollout's generate calls are
         checked against it (with rollout.overlap the trainer is an update ahead of it)."""
-        self.next_rollout: NextRollout[RolloutResult] = NextRollout()
+        self.next_rollout: NextRollout[tuple[RolloutResult, float]] = NextRollout()
         """rollout.overlap: the next step's rollout, played while this step trains."""
         self.compiles = CompileWatch("pipeline")
         """Graphs torch.compile builds in this process per step (``compile/new_graphs``)."""
@@ -173,36 +173,7 @@ class AgenticPipeline:
                   temperature: float | None = None) -> RolloutScheduler:
         """Plays ``seatings`` for training or evaluation; ``temperature`` (evaluation only)
         instead of ``eval.temperature``, e.g. 0 for the greedy policy."""
-        cfg = self.cfg
-        sampling = cfg.rollout.sampling
-        if not evaluation:
-            if temperature is not None:
-                raise ValueError("a temperature of its own is for evaluation only: training "
-                                 "samples at rollout.sampling.temperature, its log-probs too")
-            temperature = sampling.temperature
-        elif temperature is None:
-            temperature = cfg.eval.temperature
-        params = SamplingParams(
-            temperature=temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_new_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop),
-        )
-        rollout = RolloutConfig(
-            # Evaluation: num_episodes per seating; groups cycle through the seatings.
-            num_groups=(
-                cfg.eval.num_episodes * len(seatings) if evaluation else cfg.rollout.num_groups
-            ),
-            group_size=1 if evaluation else cfg.rollout.group_size,
-            shared_deals=cfg.rollout.shared_deals,
-            max_turns=cfg.rollout.max_turns,
-            max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-            constrained_decoding=cfg.rollout.constrained_decoding,
-            enable_thinking=cfg.model.enable_thinking,
-            continuous=cfg.rollout.continuous,
-            critic_view=cfg.critic.input == "global" and not evaluation,
-        )
+        params, rollout = rollout_settings(self.cfg, len(seatings), evaluation, temperature)
         setup = self.env_setup
         return RolloutScheduler(
             env_factory=self.env_factory or (setup.eval_factory if evaluation
@@ -213,7 +184,7 @@ class AgenticPipeline:
             engine=self.engine,
             tokenizer=self.tokenizer,
             sampling=params,
-            action=cfg.env.action,
+            action=self.cfg.env.action,
             config=rollout,
             snapshot_slot=self._snapshot_slot,
             expected_version=lambda agent: self.served_version,
@@ -259,16 +230,26 @@ class AgenticPipeline:
         """Bring every agent's engine slot to the trainer's version (``trainer.global_step``):
         push the adapters of the agents whose slot is at another version; return their names.
         Call it with the engine awake."""
+        return self.adapter_sync()()
+
+    def adapter_sync(self) -> Callable[[], list[str]]:
+        """``sync_adapters`` in two halves: what to push is taken now (the trainer's version,
+        the stale agents' adapters at it); the call returned pushes and checks it, also from
+        another thread while the trainer moves on (rollout.overlap)."""
         version = self.trainer.global_step
         stale = [name for name in self.agent_names if self.engine.adapter_version(name) != version]
-        if stale:
-            push_adapters(self.engine, self.model, version, stale,
-                          self.trainer.published_adapters(version))
-        for name in stale:
-            if self.engine.adapter_version(name) != version:
-                raise RuntimeError(f"engine did not take agent {name!r} version {version}")
-        self.served_version = version
-        return stale
+        payloads = adapter_payloads(self.engine, self.model, stale,
+                                    self.trainer.published_adapters(version)) if stale else {}
+
+        def push() -> list[str]:
+            load_adapters(self.engine, self.model, version, payloads)
+            for name in stale:
+                if self.engine.adapter_version(name) != version:
+                    raise RuntimeError(f"engine did not take agent {name!r} version {version}")
+            self.served_version = version
+            return stale
+
+        return push
 
     def synced_rollout(
         self, scheduler: RolloutScheduler, seed: int, tracker: Tracker, what: str,
@@ -424,13 +405,29 @@ class AgenticPipeline:
         seed = self.cfg.seed * 1_000_003 + step
         return seed, items, [seed + later - step for later in ahead_steps or ()]
 
+    def _next_play(self, scheduler: RolloutScheduler, ahead_steps: list[int]
+                   ) -> Callable[[], tuple[RolloutResult, float]]:
+        """The next step's adapter sync and rollout, to be played in the background
+        (rollout.overlap; quiet: no progress lines), everything they read taken now; the
+        call returns (the rollout's result, the sync's seconds)."""
+        push = self.adapter_sync()
+        seed, items, ahead_seeds = self._rollout_args(self.step + 1, scheduler, ahead_steps)
+
+        def play() -> tuple[RolloutResult, float]:
+            start = time.perf_counter()
+            push()
+            synced = time.perf_counter() - start
+            return scheduler.rollout(seed=seed, items=items, ahead_seeds=ahead_seeds), synced
+
+        return play
+
     def _train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
                     ahead_steps: list[int] | None,
                     overlapped_next: tuple[RolloutScheduler, list[int]] | None,
                     ) -> dict[str, float]:
         times: dict[str, float] = {}
         start = time.perf_counter()
-        played_before = self.next_rollout.take(self.step)
+        played_before = self.next_rollout.take(self.step)  # ((result, its sync's s), s)
         if played_before is None:
             seed, items, ahead_seeds = self._rollout_args(self.step, scheduler, ahead_steps)
             result, phases = self.synced_rollout(scheduler, seed, tracker, "episodes", items,
@@ -438,20 +435,16 @@ class AgenticPipeline:
             times.update(phases)
             played = times["time/rollout"] = time.perf_counter() - start - sum(phases.values())
         else:  # played while the step before trained: this step waited for what was left
-            result, played = played_before
+            (result, synced), played = played_before
+            played -= synced
             times["time/rollout"] = time.perf_counter() - start
         metrics = dict(result.metrics)
         metrics.update(rollout_phase_metrics(metrics, self.engine.last_serve, played))
         metrics["rollout/played_s"] = played
+        if played_before is not None:
+            metrics["rollout/sync_s"] = synced  # in the background, before the rollout
         if overlapped_next is not None:  # engines awake throughout (validation)
-            start = time.perf_counter()
-            self.sync_adapters()
-            times["time/sync"] = times.get("time/sync", 0.0) + time.perf_counter() - start
-            next_scheduler = overlapped_next[0]
-            seed, items, ahead_seeds = self._rollout_args(self.step + 1, next_scheduler,
-                                                          overlapped_next[1])
-            self.next_rollout.start(self.step + 1, lambda: next_scheduler.rollout(
-                seed=seed, items=items, ahead_seeds=ahead_seeds))  # quiet: no progress lines
+            self.next_rollout.start(self.step + 1, self._next_play(*overlapped_next))
         metrics.update(team_return(result.episodes))
         batch = result.batch
         if batch is None:

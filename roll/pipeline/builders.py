@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from roll.agentic.rollout.scheduler import RolloutConfig
 from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
+from roll.inference.base import SamplingParams
 from roll.models import load_model, load_shape
 from roll.models.aliases import resolve_model_path
 from roll.multi_agent.critics import Critics
@@ -233,3 +235,40 @@ def critics_where_trained(cfg: PipelineConfig, critics: Critics | None, trainer:
     from roll.distributed.ray_train import RayCritics
 
     return RayCritics(critics, trainer)
+
+
+def rollout_settings(cfg: PipelineConfig, seatings: int, evaluation: bool,
+                     temperature: float | None = None) -> tuple[SamplingParams, RolloutConfig]:
+    """The sampling and the sizes of a scheduler that plays ``seatings`` seatings for training
+    or evaluation; ``temperature`` (evaluation only) instead of ``eval.temperature``, e.g. 0
+    for the greedy policy."""
+    sampling = cfg.rollout.sampling
+    if not evaluation:
+        if temperature is not None:
+            raise ValueError("a temperature of its own is for evaluation only: training "
+                             "samples at rollout.sampling.temperature, its log-probs too")
+        temperature = sampling.temperature
+    elif temperature is None:
+        temperature = cfg.eval.temperature
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens,
+        stop=list(sampling.stop),
+    )
+    rollout = RolloutConfig(
+        # Evaluation: num_episodes per seating; groups cycle through the seatings.
+        num_groups=(
+            cfg.eval.num_episodes * seatings if evaluation else cfg.rollout.num_groups
+        ),
+        group_size=1 if evaluation else cfg.rollout.group_size,
+        shared_deals=cfg.rollout.shared_deals,
+        max_turns=cfg.rollout.max_turns,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        constrained_decoding=cfg.rollout.constrained_decoding,
+        enable_thinking=cfg.model.enable_thinking,
+        continuous=cfg.rollout.continuous,
+        critic_view=cfg.critic.input == "global" and not evaluation,
+    )
+    return params, rollout

@@ -2,11 +2,11 @@
 
 Without it a step is a sum: rollout, then the log-prob passes, the update and the adapter sync,
 each waiting for the one before, so the engines idle while the ranks train and the other way
-round. With it, step s (after its own rollout is in hand) syncs the adapters of update s - 1 to
-the engines and starts step s + 1's rollout in a thread of this process, then drives its own
-passes and update on the train ranks; step s + 1 begins by waiting for that rollout. A step
-then costs about max(rollout, passes + update) and the engines and ranks work at once (on other
-GPUs, or sharing one).
+round. With it, step s (after its own rollout is in hand) starts, in a thread of this process,
+the sync of update s - 1's adapters to the engines (taken from the trainer before it moves on)
+and step s + 1's rollout, then drives its own passes and update on the train ranks; step s + 1
+begins by waiting for that rollout. A step then costs about max(sync + rollout, passes +
+update) and the engines and ranks work at once (on other GPUs, or sharing one).
 
 What changes: step s + 1's episodes come from the adapters of update s - 1, one update older
 than without overlap, and are trained on as they are (no importance correction: the PPO ratio is

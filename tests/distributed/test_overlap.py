@@ -50,6 +50,9 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
         assert "rollout/engine_logprob_gap" not in learning[step]
         assert learning[step]["rollout/ahead_logprob_gap"] > 1e-3, step
         assert learning[step]["rollout/played_s"] > 0
+        # the adapter sync ran in the background too (before the rollout): none in the step
+        assert learning[step]["rollout/sync_s"] > 0 and "time/sync" not in learning[step]
+    assert "rollout/sync_s" not in learning[0] and learning[0]["time/sync"] > 0
 
 
 def test_a_run_resumed_from_its_checkpoint_is_the_overlapped_run_uninterrupted(
