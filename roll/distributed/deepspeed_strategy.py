@@ -239,7 +239,7 @@ class DeepSpeedStrategy:
 
         model._all_trainable()
         zero_stage = self.zero_stage
-        if zero_stage == 3:  # a released weight must free its memory (zero3_linear.py)
+        if zero_stage == 3:  # a released weight must free its memory (zero3_memory.py)
             save_weights_not_views(model.peft_model)
         self.model = model
         self.agent_names = model.agent_names

@@ -232,9 +232,10 @@ def push_adapters(
 def adapter_payloads(engine: InferenceEngine, model: MultiAgentLoRAModel,
                      agents: list[str] | None = None, published: dict | None = None) -> dict:
     """What ``push_adapters`` sends each agent's slot, taken now: the published reference,
-    or the model's tensors (``_adapter_for``). Loading them later (``load_adapters``, e.g. in
-    another thread while the trainer moves on) sends this version whatever the trainer does
-    meanwhile."""
+    or the model's tensors (``_adapter_for``). A reference or a host copy loaded later
+    (``load_adapters``, e.g. in another thread while the trainer moves on) is still this
+    version; the live tensors an engine in this process on the model's device gets are not
+    (rollout.overlap needs engine actors)."""
     by_reference = published if published and getattr(engine, "takes_references", False) else {}
     payloads = {}
     for name in agents if agents is not None else model.agent_names:

@@ -17,7 +17,9 @@
 Every rollout syncs first, inside the engine's awake window (a sleeping vLLM engine must not
 take adapters), pushing only the agents whose engine slot is not at the trainer's version
 (``trainer.global_step``). The rollout scheduler checks at every generate call that the engine
-serves exactly that version of every trained agent, so a skipped sync fails loudly.
+serves exactly that version of every trained agent, so a skipped sync fails loudly. With
+rollout.overlap the next step's sync and rollout run in a thread while this step's passes and
+update run (overlap.py); its generate calls are checked against the version it synced.
 
 In Ray mode with engine actors or a vLLM engine this process loads no weights: its model is the
 base's shape plus the agents' adapters, read from the train ranks (``controller_holds_base``).
@@ -359,10 +361,11 @@ class AgenticPipeline:
         return bool(save_steps and step % save_steps == 0) or step == max_steps
 
     def _ahead_steps(self, step: int, scheduler_of: Callable[[int], int]) -> list[int]:
-        """The steps whose episodes this step may start in its idle lanes (rollout.lookahead):
-        up to that many next steps, played by this step's scheduler (``scheduler_of``: a
-        step's scheduler index; swapped roles change it), none past a checkpoint (a resumed run must
-        be the run that was not interrupted: nothing is parked when one is written)."""
+        """The steps whose episodes step ``step`` may start in its idle lanes
+        (rollout.lookahead): up to that many next steps, played by its scheduler
+        (``scheduler_of``: a step's scheduler index; swapped roles change it), none past a
+        checkpoint (a resumed run must be the run that was not interrupted: nothing is parked
+        when one is written)."""
         steps: list[int] = []
         for later in range(step + 1, step + self.cfg.rollout.lookahead + 1):
             if self._saves_after(later - 1) or scheduler_of(later) != scheduler_of(step):

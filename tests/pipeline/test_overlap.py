@@ -76,6 +76,13 @@ def test_which_steps_start_the_next_rollout(tmp_path):
     pipeline.step = 3
     assert pipeline._ahead_steps(3, lambda step: 0) == [4]
     assert pipeline._ahead_steps(4, lambda step: 0) == []
+    # env.swap_roles_every=2: steps 1-2 seated one way, 3-4 swapped; the next step's rollout
+    # starts with its own scheduler, and looks ahead only within its block
+    swapped = lambda step: (step - 1) // 2 % 2  # noqa: E731
+    pipeline.step = 2
+    assert pipeline._overlapped_next(["plain", "swapped"], swapped) == ("swapped", [4])
+    pipeline.step = 1
+    assert pipeline._overlapped_next(["plain", "swapped"], swapped) == ("plain", [])
 
 
 @pytest.mark.parametrize("extra, key, reason", [
