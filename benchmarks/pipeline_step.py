@@ -92,6 +92,25 @@ def engine_only(pipeline, lanes: int, prompt_len: int, max_new: int) -> dict:
             "seconds": round(seconds, 3), "tokens_per_s": round(lanes * max_new / seconds)}
 
 
+def gpu_busy_summary(sampler, timeline: dict[str, list[tuple[float, float]]]) -> dict:
+    """Each GPU's mean utilization per phase over the steps after the first (whose compiles
+    would dominate), and per step (``--gpu_busy``)."""
+    from gpu_busy import busy_by_phase
+
+    steps = timeline["step"]
+    later = {phase: [(start, end) for start, end in intervals if start >= steps[0][1]]
+             for phase, intervals in timeline.items()} if steps else {}
+    return {
+        "available": sampler.available, "period_ms": sampler.period_ms,
+        "samples": len(sampler.samples),
+        "by_phase_after_first": busy_by_phase(sampler.samples, later),
+        "by_step": busy_by_phase(sampler.samples, {str(i + 1): [interval]
+                                                   for i, interval in enumerate(steps)}),
+        "phase_seconds_after_first": {phase: round(sum(end - start for start, end in spans), 3)
+                                      for phase, spans in later.items()},
+    }
+
+
 def run_setting(args, model_path: Path | str, example: str, agents: int,
                 continuous: bool, extra: list[str]) -> dict:
     from roll.pipeline.agentic_pipeline import AgenticPipeline
@@ -124,7 +143,15 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
         profile_dir = Path(os.environ.get("OUT") or out)
         run_hooks.profile_rollout_of_step(pipeline, args.profile_rollout, args.profile_top,
                                           profile_dir)
-    pipeline.run()
+    if args.gpu_busy:
+        import run_hooks
+        from gpu_busy import GpuSampler
+
+        timeline = run_hooks.phase_timeline(pipeline)
+        with GpuSampler() as sampler:
+            pipeline.run()
+    else:
+        pipeline.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = []
     for row in rows:
@@ -178,6 +205,8 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     summary["rollout_tokens_per_s"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) for s in later)
         / max(sum(s.get("rollout/played_s", s.get("time/rollout", 0.0)) for s in later), 1e-9))
+    if args.gpu_busy:
+        summary["gpu_busy"] = gpu_busy_summary(sampler, timeline)
     if torch.cuda.is_available():
         summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     if continuous and not cfg.actor_infer.num_engines:  # engine actors end with the run
@@ -242,6 +271,10 @@ def main() -> None:
                              "setting only)")
     parser.add_argument("--profile_top", type=int, default=25,
                         help="operators listed by --profile_rollout")
+    parser.add_argument("--gpu_busy", action="store_true",
+                        help="sample every GPU's utilization (nvidia-smi, every 100 ms) and "
+                             "report it per phase of the steps after the first and per step "
+                             "(gpu_busy in the JSON; 'available': false without nvidia-smi)")
     parser.add_argument("--groups", type=int, nargs="*", default=[],
                         help="rollout.num_groups values: every setting runs at each, in one "
                              "process (tok/s against episodes per step: 4 x groups for 4 agents "

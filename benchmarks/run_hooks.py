@@ -8,12 +8,15 @@ one of its methods and leaves the run as it was otherwise.
 - ``profile_rollout_of_step``: one step's rollout under torch.profiler, with the serve loop's
   own ranges (``pipeline_step.py --profile_rollout``);
 - ``sync_sites_of_step``: where one training step makes the host wait for the GPU
-  (``--sync_step``).
+  (``--sync_step``);
+- ``phase_timeline``: when each phase of each step ran, in wall-clock seconds (``--gpu_busy``
+  lines them up with the GPUs' utilization).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -181,3 +184,32 @@ def count_sync_sites(run, top: int = 30) -> dict:
 def sync_sites_of_step(pipeline, step: int, top: int, out: Path) -> None:
     """Step ``step`` under ``count_sync_sites`` (its ``top`` sites) -> ``out/sync_sites.json``."""
     _measure_step(pipeline, step, out, "sync_sites", lambda run: count_sync_sites(run, top))
+
+
+def phase_timeline(pipeline) -> dict[str, list[tuple[float, float]]]:
+    """Every interval (``time.time()`` at start and end) of each phase of the run to come:
+    ``step`` (a training step), ``rollout`` (a rollout on the step's own path, with its
+    adapter sync), ``rollout_overlapped`` (a next step's sync and rollout played in the
+    background, rollout.overlap), ``passes`` (the old and reference log-probs), ``update``
+    (the agents' update). Filled in as the run goes."""
+    timeline: dict[str, list[tuple[float, float]]] = {
+        phase: [] for phase in ("step", "rollout", "rollout_overlapped", "passes", "update")}
+
+    def timed(phase: str, call):
+        def wrapped(*args, **kwargs):
+            start = time.time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                timeline[phase].append((start, time.time()))
+        return wrapped
+
+    pipeline.train_step = timed("step", pipeline.train_step)
+    pipeline.synced_rollout = timed("rollout", pipeline.synced_rollout)
+    pipeline.trainer.logprob_passes = timed("passes", pipeline.trainer.logprob_passes)
+    pipeline.trainer.train_step = timed("update", pipeline.trainer.train_step)
+    start = pipeline.next_rollout.start
+    pipeline.next_rollout.start = lambda step, play: start(
+        step, timed("rollout_overlapped", play))
+    return timeline
+

@@ -8,7 +8,8 @@
 # next rollout overlapped"); this one is the next, in its order:
 #   GPUs 2, 3  the 2-GPU colocated layout with rollout.overlap over 8 steps (a steady window of
 #              6, not 2), Kuhn and Hanabi at 64 and 128 episodes, the ranks' recompiles logged;
-#              then the 1-GPU overlapped layout at 128 episodes (all Ray runs in this one
+#              then the 1-GPU overlapped layout at 128 episodes; every GPU's utilization per
+#              phase (--gpu_busy: nvidia-smi every 100 ms) beside each figure (all Ray runs in this one
 #              chain: one local Ray cluster at a time)
 #   GPUs 0, 1  the 82.7 B base under ZeRO-3 with the base's projections saving weights, not
 #              views (zero3_memory.py); then GPU 0: the 1-GPU one-process rows over 8 steps
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 RUNS=${DEVICE_RUNS:-/tmp/runs}
 OUT=${OUT:?OUT: where the JSON goes}
 ts() { date +%H:%M:%S; }
-steps="--modes continuous --steps 8"
+steps="--modes continuous --steps 8 --gpu_busy"
 games="--settings kuhn:4 hanabi:4 $steps --groups 16 32"
 ray="cluster.backend=ray rollout.overlap=true rollout.lookahead=1"
 coloc1="$ray actor_infer.colocate=true actor_train.world_size=1 actor_infer.num_engines=1"

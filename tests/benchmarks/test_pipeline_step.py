@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_sweep_over_groups_runs_each_setting_at_each_and_pools_the_later_steps(tmp_path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "pipeline_step.py"), "--tiny", "--settings",
-         "kuhn:2", "--modes", "continuous", "--steps", "3", "--groups", "1", "2"],
+         "kuhn:2", "--modes", "continuous", "--steps", "3", "--groups", "1", "2", "--gpu_busy"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env=os.environ | {"OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,3 +42,13 @@ def test_a_sweep_over_groups_runs_each_setting_at_each_and_pools_the_later_steps
         assert middle["trained_tokens"] == middle["rollout/generated_tokens"] > 0
         assert abs(result["step_tokens_per_s_steady"]
                    - 2 * middle["trained_tokens"] / middle["time/step"]) <= 1, result
+        # --gpu_busy on a machine without GPUs: said, and the phases still timed (steps 2-3)
+        busy = result["gpu_busy"]
+        assert busy["available"] is False and busy["samples"] == 0
+        assert busy["by_phase_after_first"] == {} and busy["by_step"] == {}
+        seconds = busy["phase_seconds_after_first"]
+        assert seconds["rollout"] > 0 and seconds["passes"] > 0 and seconds["update"] > 0
+        assert seconds["rollout_overlapped"] == 0  # no rollout.overlap here
+        steps = sum(s["time/step"] for s in result["steps"][1:])
+        assert seconds["rollout"] + seconds["passes"] + seconds["update"] <= seconds["step"]
+        assert abs(seconds["step"] - steps) < 0.2 * steps + 0.05
