@@ -30,7 +30,8 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
     rollout before it trains; step 2 saves, so step 3 rolls out itself and starts step 4's.
     With a rate so small that nothing a sample sees moves, every step plays the games it plays
     without overlap; with a real rate, the overlapped steps' rows come from the adapters one
-    update older (their recomputed log-probs moved), the others' from the trainer's own."""
+    update older (their recomputed log-probs moved), the others' from the trainer's own; and
+    a run resumed from the checkpoint is the uninterrupted run."""
     slow_rate = ("max_steps=4", "team.optim.lr=1e-12")
     plain = _run(tmp_path / "plain", *slow_rate)
     overlapped = _run(tmp_path / "overlapped", *slow_rate, "rollout.overlap=true")
@@ -43,7 +44,8 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
     stale = ["rollout/ahead_logprob_gap" in m for m in overlapped]
     assert stale == [False, True, False, True]
 
-    learning = _run(tmp_path / "learning", "max_steps=4", "rollout.overlap=true")
+    whole = tmp_path / "learning"
+    learning = _run(whole, "max_steps=4", "rollout.overlap=true")
     for step in (0, 2):  # rolled out with the trainer's adapters: the engine served them
         assert learning[step]["rollout/engine_logprob_gap"] < 1e-4, step
     for step in (1, 3):  # played while the step before trained: one update behind
@@ -54,19 +56,14 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
         assert learning[step]["rollout/sync_s"] > 0 and "time/sync" not in learning[step]
     assert "rollout/sync_s" not in learning[0] and learning[0]["time/sync"] > 0
 
-
-def test_a_run_resumed_from_its_checkpoint_is_the_overlapped_run_uninterrupted(
-        ray_cluster, tmp_path, one_thread):
-    """No rollout is in flight when a checkpoint is written, so stopping after step 2 and
-    resuming gives the uninterrupted run's adapters bit for bit."""
-    whole = tmp_path / "whole"
-    uninterrupted = _run(whole, "max_steps=4", "rollout.overlap=true")
+    # No rollout is in flight when a checkpoint is written, so stopping after step 2 and
+    # resuming gives the uninterrupted run bit for bit
     resumed = tmp_path / "resumed"
     later = _run(resumed, "max_steps=4", "rollout.overlap=true",
                  f"resume={whole / 'checkpoints' / 'step_00000002'}")
     assert [m["step"] for m in later] == [3, 4]
     gaps = ("rollout/engine_logprob_gap", "rollout/ahead_logprob_gap")
-    for ours, theirs in zip(uninterrupted[2:], later, strict=True):
+    for ours, theirs in zip(learning[2:], later, strict=True):
         # which rows were stale (the engine's own log-probs differ in the 7th digit after a
         # restart; the trainer recomputes them) and what each step learned, exactly
         assert [key in ours for key in gaps] == [key in theirs for key in gaps], ours["step"]
