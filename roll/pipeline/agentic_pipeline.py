@@ -308,6 +308,10 @@ class AgenticPipeline:
             train_schedulers.append(self.scheduler(
                 [Seating(tuple(reversed(s.seats))) for s in self.train_seatings], False))
         eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
+        if cfg.rollout.overlap:  # say when it cannot pay: every step saves or evaluates
+            starting = sum(map(self._starts_next, range(self.step + 1, cfg.max_steps + 1)))
+            log_line(f"rollout.overlap: {starting} of the {cfg.max_steps - self.step} steps to go "
+                     "start the next rollout as they train (none that saves, evaluates, ends)")
         last: dict[str, float] = {}
         first_eval: dict[str, float] = {}
         last_eval: dict[str, float] = {}
@@ -379,22 +383,25 @@ class AgenticPipeline:
         """rollout.overlap: the next step's scheduler and lookahead steps when its rollout may
         start while this step trains (overlap.py: not across a checkpoint, an evaluation or
         the end of the run); None otherwise."""
-        cfg, step = self.cfg, self.step
-        if (not cfg.rollout.overlap or step >= cfg.max_steps or self._saves_after(step)
-                or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
+        if not self._starts_next(self.step):
             return None
-        return schedulers[scheduler_of(step + 1)], self._ahead_steps(step + 1, scheduler_of)
+        return (schedulers[scheduler_of(self.step + 1)],
+                self._ahead_steps(self.step + 1, scheduler_of))
+
+    def _starts_next(self, step: int) -> bool:
+        """rollout.overlap: whether step ``step`` starts the next step's rollout."""
+        cfg = self.cfg
+        return bool(cfg.rollout.overlap and step < cfg.max_steps and not self._saves_after(step)
+                    and not (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0))
 
     def train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
                    ahead_steps: list[int] | None = None,
                    overlapped_next: tuple[RolloutScheduler, list[int]] | None = None,
                    ) -> dict[str, float]:
-        """One step: roll out (``ahead_steps``: those steps' episodes fill idle lanes; with
-        rollout.overlap, take the rollout started in the step before), start the next step's
-        rollout (``overlapped_next``: its scheduler and lookahead steps), score, update the
-        agents (and critics). ``compile/new_graphs``: graphs torch.compile built in this
-        process during the step (a line says so after step 1: each costs seconds to minutes
-        on a GPU and is otherwise silent)"""
+        """One step: roll out (``ahead_steps`` fill idle lanes) or take the rollout the step
+        before started, start the next one (``overlapped_next``: its scheduler and lookahead
+        steps), score, update the agents (and critics). ``compile/new_graphs``: graphs
+        torch.compile built in this process during the step (said in a line after step 1)."""
         with self.compiles.watch("step", f"step {self.step}"):
             metrics = self._train_step(scheduler, tracker, ahead_steps, overlapped_next)
         metrics["compile/new_graphs"] = float(self.compiles.last)

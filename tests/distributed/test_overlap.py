@@ -78,7 +78,7 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
 
 
 def test_an_engine_killed_under_an_overlapped_rollout_stops_with_one_line(
-        ray_cluster, tmp_path, one_thread):
+        ray_cluster, tmp_path, one_thread, capsys):
     """The engine actor dies as step 3's rollout starts in the background (during step 2):
     step 3 raises its error where it takes the rollout, one line naming the engine and the
     last good checkpoint, which stays intact; every role is released; resume=latest trains on."""
@@ -100,6 +100,9 @@ def test_an_engine_killed_under_an_overlapped_rollout_stops_with_one_line(
     with pytest.raises(RoleFailed) as caught:
         pipeline.run()
     assert started == [3]
+    # steps 2-4 to go: 2 starts the next rollout, 3 saves, 4 ends the run
+    printed = capsys.readouterr().out
+    assert "rollout.overlap: 1 of the 3 steps to go start the next rollout" in printed
     message = str(caught.value)
     assert "\n" not in message
     assert "actor_infer engine 0 of 1 failed during" in message and "ActorDiedError" in message

@@ -68,6 +68,8 @@ def test_which_steps_start_the_next_rollout(tmp_path):
         pipeline.step = step
         starts[step] = pipeline._overlapped_next(schedulers, lambda step: 0)
     assert [step for step, later in starts.items() if later is not None] == [1, 2, 5, 7]
+    assert [pipeline._starts_next(step) for step in range(1, 10)] == [
+        later is not None for later in starts.values()]
     # and the next step's own lookahead (rollout.lookahead=1), as that step would compute it
     # itself: none past a checkpoint (step 4's after step 4 ends, so step 5 is not looked at)
     assert starts[1] == ("plays every step", [3])
