@@ -20,11 +20,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("persist", [None, 0])
-def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path, persist):
-    """Also: the default keeps the small tensors whole (actor_train.zero3_persist_elements),
-    ``--persist 0`` none."""
-    extra = [] if persist is None else ["--persist", str(persist)]
+def zero3_tiny_step(tmp_path: Path, *extra: str) -> dict:
+    """``train_data_parallel.py --tiny`` with one ZeRO-3 rank on this CPU (``extra``: more
+    flags); its result entry."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/train_data_parallel.py"), "--tiny",
          "--world_sizes", "1", "--strategy", "deepspeed", "--zero_stage", "3", "--repeats", "1",
@@ -33,7 +31,14 @@ def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path, persist):
         env=os.environ | {"PYTHONPATH": str(ROOT), "OUT": str(tmp_path),
                           "DS_ACCELERATOR": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
-    entry = json.loads((tmp_path / "train_data_parallel.json").read_text())["results"][0]
+    return json.loads((tmp_path / "train_data_parallel.json").read_text())["results"][0]
+
+
+@pytest.mark.parametrize("persist", [None, 0])
+def test_a_zero3_rank_trains_and_keeps_torchs_linear(tmp_path, persist):
+    """Also: the default keeps the small tensors whole (actor_train.zero3_persist_elements),
+    ``--persist 0`` none."""
+    entry = zero3_tiny_step(tmp_path, *([] if persist is None else ["--persist", str(persist)]))
     assert entry["zero_stage"] == 3 and entry["seconds"] > 0
     assert entry["functional_linear_is_torch"] is True
     # DeepSpeed's fetch and release of each decoder layer read the listing made at setup: no
@@ -58,16 +63,8 @@ def test_a_zero3_step_holds_one_decoder_layer_when_the_base_exceeds_the_live_bud
     layers here: an 82.7 B base ran out of an H200's memory), and before that DeepSpeed's
     recorded trace kept every layer gathered. A base within the budget (the default, 1e9
     elements) stays gathered through the step: the fast path."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/train_data_parallel.py"), "--tiny",
-         "--world_sizes", "1", "--strategy", "deepspeed", "--zero_stage", "3", "--repeats", "1",
-         "--layers", "8", "--persist", "0", "--rows", "4", "--micro", "2",
-         *([] if live is None else ["--live", str(live)])],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env=os.environ | {"PYTHONPATH": str(ROOT), "OUT": str(tmp_path),
-                          "DS_ACCELERATOR": "cpu"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    entry = json.loads((tmp_path / "train_data_parallel.json").read_text())["results"][0]
+    entry = zero3_tiny_step(tmp_path, "--layers", "8", "--persist", "0", "--rows", "4",
+                            "--micro", "2", *([] if live is None else ["--live", str(live)]))
     assert entry["layers"] == 8 and entry["rows_per_rank"] == 4
     if live is None:
         assert entry["gathered_peak_layers_rank0"] >= 8, entry
