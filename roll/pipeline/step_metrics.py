@@ -23,7 +23,9 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     """``rollout/tokens_per_s`` over what the phase decoded (with lookahead: the next step's
     turns too) and, when the engine served anything this phase (a step whose episodes were
     all played ahead serves nothing), its lanes, decode steps, prefills, CUDA graph captures
-    so far, ``rollout/shared_tokens`` (prompt tokens a prefill's shared head saved), and
+    so far, ``rollout/shared_tokens`` (prompt tokens a prefill's shared head saved),
+    ``rollout/admit_waited`` (the most decode steps a turn waited to join, rollout.hf.admit_wait),
+    and
     ``rollout/busy_lanes``: rows decoding per decode step on average (each request's first
     token comes from its prefill), where a rollout's tail shows as idle lanes.
     """
@@ -31,7 +33,8 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     out = {"rollout/tokens_per_s": decoded / max(seconds, 1e-9)}
     if not (served and decoded):
         return out
-    for name in ("lanes", "decode_steps", "prefills", "graph_captures", "shared_tokens"):
+    for name in ("lanes", "decode_steps", "prefills", "graph_captures", "shared_tokens",
+                 "admit_waited"):
         if name in served:  # vLLM reports no prefills or graph captures
             out[f"rollout/{name}"] = float(served[name])
     if served.get("decode_steps") and "served" in served:

@@ -101,6 +101,7 @@ BAD = [
     (["rollout.hf.attention_kernel=triton"], ("rollout.hf.attention_kernel='triton'",
                                               "model.device")),
     (["rollout.hf.compile=true"], ("rollout.hf.compile=True", "model.device")),
+    (["rollout.hf.admit_wait=-2"], ("rollout.hf.admit_wait=-2", ">= 0")),
     (["trainer.compile=true", "team.lora.dropout=0.1"],
      ("trainer.compile=True", "dropout 0.1")),
     (["trainer.compile=true", "actor_train.strategy=deepspeed", "cluster.backend=ray"],

@@ -102,6 +102,7 @@ class HFEngine:
         lora_kernels: str = "auto",
         share_prefix: bool = False,
         attention_kernel: str = "sdpa",
+        admit_wait: int = 0,
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
@@ -170,6 +171,11 @@ class HFEngine:
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
         self.cuda_graphs = cuda_graphs
         self.share_prefix = share_prefix
+        if isinstance(admit_wait, bool) or not isinstance(admit_wait, int) or admit_wait < 0:
+            raise ValueError(f"admit_wait={admit_wait!r}: must be an integer >= 0")
+        self.admit_wait = admit_wait
+        """Continuous batching: decode steps a queued request may wait for more lanes to free,
+        so that one prefill admits several (hf/continuous.py; 0: admitted at once)."""
         """Continuous batching: the leading tokens that an admission's prompts share are
         prefilled once per adapter (hf/prefill.py)."""
         self._decoder: ContinuousDecoder | None = None
@@ -299,7 +305,8 @@ class HFEngine:
                            "prefills": decoder.prefills, "decode_steps": decoder.decode_steps,
                            "graph_captures": decoder.captures, "grows": decoder.grows,
                            "graph_failures": decoder.capture_failures,
-                           "shared_tokens": decoder.shared_tokens}
+                           "shared_tokens": decoder.shared_tokens,
+                           "admit_waited": decoder.admit_waited}
         return served
 
     def sleep(self) -> None:
