@@ -3,13 +3,16 @@
 # rollout.hf.admit_wait 0 and 8 (decode steps a turn may wait so that one prefill admits
 # several), with and without rollout.lookahead=2, launched detached by device_runs.sh:
 #   bash scripts/device_runs.sh bench lanes 'bash scripts/one_gpu_runs.sh'
+# Each step also reports where the serve loop's host time went (rollout/serve_*_s).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${DEVICE_RUNS:-/tmp/runs}
 OUT=${OUT:?OUT: where the JSON goes}
 ts() { date +%H:%M:%S; }
-for run in "2 0" "2 8" "0 8" "0 0"; do
+# LANES_RUNS: "LOOKAHEAD WAIT" pairs separated by commas (session 65's first call: all four)
+IFS=, read -ra runs <<< "${LANES_RUNS:-2 0,2 8,0 8,0 0}"
+for run in "${runs[@]}"; do
   set -- $run
   name="lanes_la$1_w$2"
   work="$RUNS/w_$name"

@@ -16,6 +16,7 @@ import torch
 from roll.agentic.rollout.results import Turn
 from roll.algorithms.losses import kl_per_token
 from roll.batch import TrajectoryBatch
+from roll.inference.hf.continuous import HOST_PARTS
 
 
 def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
@@ -25,7 +26,8 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     all played ahead serves nothing), its lanes, decode steps, prefills, CUDA graph captures
     so far, ``rollout/shared_tokens`` (prompt tokens a prefill's shared head saved),
     ``rollout/admit_waited`` (the most decode steps a turn waited to join, rollout.hf.admit_wait),
-    and
+    ``rollout/serve_<part>_s`` (where the serve loop's host time went: hf/continuous.py
+    HOST_PARTS), and
     ``rollout/busy_lanes``: rows decoding per decode step on average (each request's first
     token comes from its prefill), where a rollout's tail shows as idle lanes.
     """
@@ -37,6 +39,9 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
                  "admit_waited"):
         if name in served:  # vLLM reports no prefills or graph captures
             out[f"rollout/{name}"] = float(served[name])
+    for part in HOST_PARTS:  # where the serve loop's host time went (hf engine)
+        if f"{part}_s" in served:
+            out[f"rollout/serve_{part}_s"] = float(served[f"{part}_s"])
     if served.get("decode_steps") and "served" in served:
         out["rollout/busy_lanes"] = (decoded - served["served"]) / served["decode_steps"]
     return out

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import torch
@@ -93,6 +94,12 @@ def decode_lanes(requests: int, max_lanes: int, current: int | None,
     if current is not None and needed <= current and (keep_captured or current < 2 * needed):
         return current
     return min(max_lanes, 1 << (needed - 1).bit_length())
+
+
+HOST_PARTS = ("admit", "launch", "wait", "finish", "follow")
+"""Where a ``serve``'s host time goes: admissions (prefill launched, lanes set up), decode
+steps launched, waiting for a step's tokens, reading them (finish checks, outputs), and the
+caller's ``follow`` (env steps, next prompts). A host-bound loop shows little ``wait``."""
 
 
 class ContinuousDecoder:
@@ -147,6 +154,8 @@ class ContinuousDecoder:
         admits several (HFEngine ``admit_wait``)."""
         self.admit_waited = 0
         """The most decode steps a request waited for its admission in this ``serve``."""
+        self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
+        """Where this ``serve``'s host time went (HOST_PARTS), seconds."""
 
     def reset(self) -> None:
         """Forget every lane (a new ``serve``); buffers and the captured graph are kept."""
@@ -155,6 +164,7 @@ class ContinuousDecoder:
         self.rows_stale = True
         self.decode_steps = self.prefills = self.shared_tokens = self.head_prefills = 0
         self.admit_waited = 0
+        self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
 
     # ------------------------------------------------------------------ the loop
     def serve(self, first: list[GenerationRequest], follow: Follow,
@@ -204,8 +214,10 @@ class ContinuousDecoder:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
                 self.admit_waited = max(self.admit_waited, waited)
                 waited = 0
+                start = perf_counter()
                 with profiled("roll.admit"):
                     pending.append(self._admit(admitted))
+                self.host_s["admit"] += perf_counter() - start
             needed = self._decoding()
             # Constrained lanes sample from their trie node: their tokens must be read first.
             if pending and (not needed or any(lane.trie is not None for lane in needed)):
@@ -213,8 +225,10 @@ class ContinuousDecoder:
                     submit(self._finish(step, follow))
                 pending = []
                 continue
+            start = perf_counter()
             with profiled("roll.decode_step"):
                 launched = [self._decode_step()] if needed else []
+            self.host_s["launch"] += perf_counter() - start
             waited += bool(launched and held)  # a queued request held back for this step
             for step in pending:
                 submit(self._finish(step, follow))
@@ -399,9 +413,13 @@ class ContinuousDecoder:
     def _finish(self, step: Step, follow: Follow) -> list[GenerationRequest]:
         """Read a step's tokens (waiting for it), record them, finish lanes that are done and
         hand their outputs to ``follow``; the requests it returns."""
+        start = perf_counter()
         if step.done is not None:
             with profiled("roll.wait"):  # the host idle until the device is done
                 step.done.synchronize()
+        waited = perf_counter()
+        self.host_s["wait"] += waited - start
+        following = 0.0
         engine = self.engine
         new: list[GenerationRequest] = []
         for lane, state, token, logprob in zip(step.lanes, step.states,
@@ -419,6 +437,10 @@ class ContinuousDecoder:
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True
+            called = perf_counter()
             with profiled("roll.follow"):  # the caller: env step, next prompt
                 new += follow(state.key, state.output(reason, engine))
+            following += perf_counter() - called
+        self.host_s["follow"] += following
+        self.host_s["finish"] += perf_counter() - waited - following
         return new

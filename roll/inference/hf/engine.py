@@ -306,7 +306,9 @@ class HFEngine:
                            "graph_captures": decoder.captures, "grows": decoder.grows,
                            "graph_failures": decoder.capture_failures,
                            "shared_tokens": decoder.shared_tokens,
-                           "admit_waited": decoder.admit_waited}
+                           "admit_waited": decoder.admit_waited,
+                           **{f"{part}_s": round(seconds, 4)
+                              for part, seconds in decoder.host_s.items()}}
         return served
 
     def sleep(self) -> None:
