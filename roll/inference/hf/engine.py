@@ -313,7 +313,9 @@ class HFEngine:
                            "shared_tokens": decoder.shared_tokens,
                            "admit_waited": decoder.admit_waited,
                            **({"prefill_replays": decoder.prefill_graphs.replays,
-                               "prefill_captures": decoder.prefill_graphs.captures}
+                               "prefill_captures": decoder.prefill_graphs.captures,
+                              "prefill_capture_failures":
+                                  decoder.prefill_graphs.capture_failures}
                               if decoder.prefill_graphs else {}),
                            **{f"{part}_s": round(seconds, 4)
                               for part, seconds in decoder.host_s.items()}}

@@ -63,6 +63,7 @@ class PrefillGraphs:
         """Prefills served by a bucket (replayed or, without ``capture``, padded eagerly)."""
         self.captures = 0
         """Graphs captured so far (one per bucket met, again after a new LoRA layout)."""
+        self.capture_failures = 0
 
     def fits(self, prompts: list[list[int]]) -> bool:
         rows, width = bucket(len(prompts), max(len(p) for p in prompts))
@@ -84,8 +85,16 @@ class PrefillGraphs:
             self.layout = fused.layout_key
         graph = self.graphs.get((rows, width))
         if graph is None:  # ~3 eager forwards (two warm-ups and the capture)
-            graph = self.graphs[(rows, width)] = CapturedStep(self._forward, inputs,
-                                                              pool=self.pool)
+            try:
+                graph = CapturedStep(self._forward, inputs, pool=self.pool)
+            except RuntimeError as error:  # said loudly, counted; prefills go on eagerly
+                print(f"hf engine: CUDA graph capture of a prefill failed, prefilling eagerly: "
+                      f"{error}", flush=True)
+                self.capture = False
+                self.capture_failures += 1
+                logits, capture = self._forward(*inputs)
+                return logits[: len(prompts)], capture, width
+            self.graphs[(rows, width)] = graph
             self.captures += 1
         logits, capture = graph.replay(inputs)
         return logits[: len(prompts)], capture, width

@@ -95,3 +95,24 @@ def test_served_requests_equal_lockstep_with_bucketed_prefills(tiny_model_path, 
     for key, want in enumerate(expected):
         assert outputs[key].token_ids == want.token_ids, key
         assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
+
+
+def test_a_failed_capture_is_said_and_prefills_go_on_eagerly(tiny_model_path, team, capsys):
+    """A capture that raises (here: CUDA graphs asked for on a machine without CUDA) prints one
+    line, is counted, and that prefill and the next run the padded forward eagerly with the
+    plain prefill's logits."""
+    engine = hf_engine_for(team, load_tokenizer(tiny_model_path))
+    push_adapters(engine, team, version=1)
+    prompts = chat_prompts(tiny_model_path)[:2]
+    adapters = [team.agent_names[1], team.agent_names[0]]
+    graphs = PrefillGraphs(engine, torch.float32, capture=False)
+    graphs.capture = True  # as on CUDA: the capture is attempted (and fails here)
+    with torch.no_grad(), engine._generation_mode():
+        want = prefill(engine, prompts, adapters, False, torch.float32)[0]
+        first = prefill(engine, prompts, adapters, False, torch.float32, graphs)[0]
+        second = prefill(engine, prompts, adapters, False, torch.float32, graphs)[0]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "capture" in line]
+    assert len(lines) == 1 and "prefilling eagerly" in lines[0]
+    assert (graphs.capture_failures, graphs.captures, graphs.capture) == (1, 0, False)
+    for logits in (first, second):
+        torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)
