@@ -70,6 +70,7 @@ from roll.pipeline.policy_update import SnapshotMagnet, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
 from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
+from roll.pipeline.step_plan import StepPlan
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.recompiles import CompileWatch
 from roll.utils.stages import log_line, stage
@@ -163,6 +164,8 @@ class AgenticPipeline:
         checked against it (with rollout.overlap the trainer is an update ahead of it)."""
         self.next_rollout: NextRollout[tuple[RolloutResult, float]] = NextRollout()
         """rollout.overlap: the next step's rollout, played while this step trains."""
+        self.plan = StepPlan(cfg)
+        """Which step saves, looks ahead, starts the next rollout (step_plan.py)."""
         self.compiles = CompileWatch("pipeline")
         """Graphs torch.compile builds in this process per step (``compile/new_graphs``)."""
         self.run_id: str | None = None
@@ -309,7 +312,7 @@ class AgenticPipeline:
                 [Seating(tuple(reversed(s.seats))) for s in self.train_seatings], False))
         eval_scheduler = self.scheduler(self.eval_seatings, evaluation=True)
         if cfg.rollout.overlap:  # say when it cannot pay: every step saves or evaluates
-            starting = sum(map(self._starts_next, range(self.step + 1, cfg.max_steps + 1)))
+            starting = sum(map(self.plan.starts_next, range(self.step + 1, cfg.max_steps + 1)))
             log_line(f"rollout.overlap: {starting} of the {cfg.max_steps - self.step} steps to go "
                      "start the next rollout as they train (none that saves, evaluates, ends)")
         last: dict[str, float] = {}
@@ -322,28 +325,23 @@ class AgenticPipeline:
                     first_eval = self.evaluate(eval_scheduler, tracker)
                 tracker.log(first_eval, step=0)
             quiet = "console" not in cfg.tracking.backends  # the console prints each step
-
-            def block_of(step: int) -> int:  # swap_roles_every steps per block of seatings
-                return (step - 1) // max(1, cfg.env.swap_roles_every)
-
-            def scheduler_of(step: int) -> int:
-                return block_of(step) % len(train_schedulers)
-
+            plan = self.plan
             while self.step < cfg.max_steps:
                 self.step += 1
-                block = block_of(self.step)
-                scheduler = train_schedulers[scheduler_of(self.step)]
+                scheduler = train_schedulers[plan.scheduler_of(self.step)]
                 if self.step == 1 or quiet:
                     log_line(f"step {self.step}/{cfg.max_steps} ..."
                              + (" (the first compiles what it needs)" if self.step == 1 else ""))
-                metrics = self.train_step(scheduler, tracker,
-                                          self._ahead_steps(self.step, scheduler_of),
-                                          self._overlapped_next(train_schedulers, scheduler_of))
+                following = plan.overlapped_next(self.step)
+                metrics = self.train_step(
+                    scheduler, tracker, plan.ahead_steps(self.step),
+                    None if following is None else (train_schedulers[following[0]],
+                                                    following[1]))
                 if quiet:
                     log_line(f"step {self.step}/{cfg.max_steps}: done in "
                              f"{metrics['time/step']:.1f} s")
                 if cfg.env.swap_roles_every:
-                    metrics["team/roles_swapped"] = float(block % 2)
+                    metrics["team/roles_swapped"] = float(plan.block_of(self.step) % 2)
                 if cfg.eval.eval_steps and (
                     self.step % cfg.eval.eval_steps == 0 or self.step == cfg.max_steps
                 ):
@@ -352,47 +350,12 @@ class AgenticPipeline:
                     metrics.update(last_eval)
                 tracker.log(metrics, step=self.step)
                 last = metrics
-                if self._saves_after(self.step):
+                if plan.saves_after(self.step):
                     self.save()
         self.close_roles()  # Ray: the actors are done; local: nothing to release
         if first_eval and last_eval:
             print(before_after(first_eval, last_eval, self.agent_names, self.step), flush=True)
         return last
-
-    def _saves_after(self, step: int) -> bool:
-        """Whether a checkpoint is written at the end of ``step``."""
-        save_steps, max_steps = self.cfg.save_steps, self.cfg.max_steps
-        return bool(save_steps and step % save_steps == 0) or step == max_steps
-
-    def _ahead_steps(self, step: int, scheduler_of: Callable[[int], int]) -> list[int]:
-        """The steps whose episodes step ``step`` may start in its idle lanes
-        (rollout.lookahead): up to that many next steps, played by its scheduler
-        (``scheduler_of``: a step's scheduler index; swapped roles change it), none past a
-        checkpoint (a resumed run must be the run that was not interrupted: nothing is parked
-        when one is written)."""
-        steps: list[int] = []
-        for later in range(step + 1, step + self.cfg.rollout.lookahead + 1):
-            if self._saves_after(later - 1) or scheduler_of(later) != scheduler_of(step):
-                break
-            steps.append(later)
-        return steps
-
-    def _overlapped_next(self, schedulers: list[RolloutScheduler],
-                         scheduler_of: Callable[[int], int]
-                         ) -> tuple[RolloutScheduler, list[int]] | None:
-        """rollout.overlap: the next step's scheduler and lookahead steps when its rollout may
-        start while this step trains (overlap.py: not across a checkpoint, an evaluation or
-        the end of the run); None otherwise."""
-        if not self._starts_next(self.step):
-            return None
-        return (schedulers[scheduler_of(self.step + 1)],
-                self._ahead_steps(self.step + 1, scheduler_of))
-
-    def _starts_next(self, step: int) -> bool:
-        """rollout.overlap: whether step ``step`` starts the next step's rollout."""
-        cfg = self.cfg
-        return bool(cfg.rollout.overlap and step < cfg.max_steps and not self._saves_after(step)
-                    and not (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0))
 
     def train_step(self, scheduler: RolloutScheduler, tracker: Tracker,
                    ahead_steps: list[int] | None = None,

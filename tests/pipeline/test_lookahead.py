@@ -12,6 +12,7 @@ import torch
 
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import CLIError, load_config
+from roll.pipeline.step_plan import StepPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = [
@@ -129,14 +130,15 @@ def test_which_steps_a_step_may_start_early(tmp_path):
     """Up to rollout.lookahead next steps, none past a checkpoint (written at the end of
     every save_steps-th step and the last), none played by another scheduler (swapped
     roles), by hand."""
-    cfg = load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
-                      BASE + [f"output_dir={tmp_path}", "rollout.lookahead=3", "max_steps=9",
-                              "save_steps=4"])
-    pipeline = AgenticPipeline(cfg)
-    one = lambda step: 0  # noqa: E731  (one scheduler)
+    def plan(*extra: str) -> StepPlan:
+        return StepPlan(load_config(str(ROOT / "examples" / "tictactoe"), "multi_agent_tictactoe",
+                                    BASE + [f"output_dir={tmp_path}", "rollout.lookahead=3",
+                                            "max_steps=9", "save_steps=4", *extra]))
+
+    one = plan()  # one scheduler
     expected = {1: [2, 3, 4], 2: [3, 4], 3: [4], 4: [], 5: [6, 7, 8], 7: [8], 8: [], 9: []}
     for step, steps in expected.items():
-        assert pipeline._ahead_steps(step, one) == steps, step
-    swapped = lambda step: (step - 1) // 2 % 2  # noqa: E731  (env.swap_roles_every=2)
-    assert pipeline._ahead_steps(1, swapped) == [2]
-    assert pipeline._ahead_steps(2, swapped) == []
+        assert one.ahead_steps(step) == steps, step
+    swapped = plan("env.swap_roles_every=2")  # steps 1-2 one way, 3-4 swapped
+    assert swapped.ahead_steps(1) == [2]
+    assert swapped.ahead_steps(2) == []

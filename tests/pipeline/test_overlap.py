@@ -54,37 +54,30 @@ def test_an_error_in_the_background_rollout_is_raised_where_it_is_taken():
 
 def test_which_steps_start_the_next_rollout(tmp_path):
     """Not the last step, not a step that saves (every save_steps-th and the last), not one
-    that evaluates; by hand for 9 steps, save_steps 4, eval_steps 3."""
-    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    that evaluates; by hand for 9 steps, save_steps 4, eval_steps 3 (step_plan.py)."""
+    from roll.pipeline.step_plan import StepPlan
 
-    cfg = load_config(*KUHN, [f"output_dir={tmp_path}", "max_steps=9", "save_steps=4",
-                              "eval.eval_steps=3", "rollout.overlap=true", "rollout.lookahead=1",
-                              "cluster.backend=ray", "actor_infer.num_engines=1"])
-    pipeline = AgenticPipeline.__new__(AgenticPipeline)  # the step arithmetic only: no roles
-    pipeline.cfg = cfg
-    schedulers = ["plays every step"]
-    starts = {}
-    for step in range(1, 10):
-        pipeline.step = step
-        starts[step] = pipeline._overlapped_next(schedulers, lambda step: 0)
+    common = [f"output_dir={tmp_path}", "max_steps=9", "save_steps=4", "eval.eval_steps=3",
+              "rollout.overlap=true", "rollout.lookahead=1", "cluster.backend=ray",
+              "actor_infer.num_engines=1"]
+    plan = StepPlan(load_config(*KUHN, common))
+    starts = {step: plan.overlapped_next(step) for step in range(1, 10)}
     assert [step for step, later in starts.items() if later is not None] == [1, 2, 5, 7]
-    assert [pipeline._starts_next(step) for step in range(1, 10)] == [
+    assert [plan.starts_next(step) for step in range(1, 10)] == [
         later is not None for later in starts.values()]
     # and the next step's own lookahead (rollout.lookahead=1), as that step would compute it
     # itself: none past a checkpoint (step 4's after step 4 ends, so step 5 is not looked at)
-    assert starts[1] == ("plays every step", [3])
-    assert starts[2] == ("plays every step", [4])
-    assert starts[5] == ("plays every step", [7])
-    pipeline.step = 3
-    assert pipeline._ahead_steps(3, lambda step: 0) == [4]
-    assert pipeline._ahead_steps(4, lambda step: 0) == []
-    # env.swap_roles_every=2: steps 1-2 seated one way, 3-4 swapped; the next step's rollout
-    # starts with its own scheduler, and looks ahead only within its block
-    swapped = lambda step: (step - 1) // 2 % 2  # noqa: E731
-    pipeline.step = 2
-    assert pipeline._overlapped_next(["plain", "swapped"], swapped) == ("swapped", [4])
-    pipeline.step = 1
-    assert pipeline._overlapped_next(["plain", "swapped"], swapped) == ("plain", [])
+    assert starts[1] == (0, [3])
+    assert starts[2] == (0, [4])
+    assert starts[5] == (0, [7])
+    assert plan.ahead_steps(3) == [4]
+    assert plan.ahead_steps(4) == []
+    # env.swap_roles_every=2: steps 1-2 seated one way, 3-4 swapped (scheduler 1); the next
+    # step's rollout starts with its own scheduler, and looks ahead only within its block
+    swapped = StepPlan(load_config(*KUHN, common + ["env.swap_roles_every=2"]))
+    assert [swapped.scheduler_of(step) for step in range(1, 7)] == [0, 0, 1, 1, 0, 0]
+    assert swapped.overlapped_next(2) == (1, [4])
+    assert swapped.overlapped_next(1) == (0, [])
 
 
 @pytest.mark.parametrize("extra, key, reason", [
