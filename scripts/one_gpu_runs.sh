@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 33's lanes figure on one GPU (session 65): the Hanabi example's rollout with
-# rollout.hf.admit_wait 0 and 8 (decode steps a turn may wait so that one prefill admits
-# several), with and without rollout.lookahead=2, launched detached by device_runs.sh:
+# Issue 33's lanes figure on one GPU: the Hanabi example's rollout with the admissions'
+# prefills replayed as CUDA graphs (rollout.hf.prefill_graphs, the default on CUDA) and eager,
+# with and without rollout.lookahead=2, launched detached by device_runs.sh:
 #   bash scripts/device_runs.sh bench lanes 'bash scripts/one_gpu_runs.sh'
 # Each step also reports where the serve loop's host time went (rollout/serve_*_s).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME.json as soon as it ends.
@@ -10,16 +10,16 @@ cd "$(dirname "$0")/.."
 RUNS=${DEVICE_RUNS:-/tmp/runs}
 OUT=${OUT:?OUT: where the JSON goes}
 ts() { date +%H:%M:%S; }
-# LANES_RUNS: "LOOKAHEAD WAIT" pairs separated by commas (session 65's first call: all four)
-IFS=, read -ra runs <<< "${LANES_RUNS:-2 0,2 8,0 8,0 0}"
+# LANES_RUNS: "LOOKAHEAD GRAPHS" pairs separated by commas
+IFS=, read -ra runs <<< "${LANES_RUNS:-2 true,2 false,0 true,0 false}"
 for run in "${runs[@]}"; do
   set -- $run
-  name="lanes_la$1_w$2"
+  name="lanes_la$1_graphs_$2"
   work="$RUNS/w_$name"
   mkdir -p "$work"
   echo "[$(ts)] start $name"
   OUT=$work timeout 560 python benchmarks/pipeline_step.py --settings hanabi:2 --modes continuous \
-    --steps 6 --override rollout.lookahead=$1 rollout.hf.admit_wait=$2 > "$RUNS/$name.log" 2>&1
+    --steps 6 --override rollout.lookahead=$1 rollout.hf.prefill_graphs=$2 > "$RUNS/$name.log" 2>&1
   echo "[$(ts)] end $name rc=$?"
   [ -f "$work/pipeline_step.json" ] && cp "$work/pipeline_step.json" "$OUT/$name.json"
 done

@@ -117,7 +117,7 @@ def build_engine(
                        lora_kernels=cfg.rollout.hf.lora_kernels,
                        attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
                        cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg),
-                       admit_wait=hf_admit_wait(cfg), prefill_graphs=hf_prefill_graphs(cfg))
+                       prefill_graphs=hf_prefill_graphs(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
@@ -179,12 +179,6 @@ def hf_share_prefix(cfg: PipelineConfig) -> bool:
 def _off_on_cuda(value: bool | None, cfg: PipelineConfig) -> bool:
     """A shared-prefix option resolved: as set, or (None) on unless the model is on CUDA."""
     return not str(cfg.model.device).startswith("cuda") if value is None else bool(value)
-
-
-def hf_admit_wait(cfg: PipelineConfig) -> int:
-    """``rollout.hf.admit_wait``, its default (None) resolved: 0 (a turn joins as soon as a
-    lane frees) until a GPU measurement says what waiting buys."""
-    return 0 if cfg.rollout.hf.admit_wait is None else int(cfg.rollout.hf.admit_wait)
 
 
 def hf_prefill_graphs(cfg: PipelineConfig) -> bool:

@@ -176,12 +176,6 @@ class HFEngineSchema:
     Hanabi prompts took 53-113 ms of host time on an H200. The same tokens and log-probs up
     to floating-point order. CUDA only; None (the default): on where the model is on CUDA and
     rollout.hf.cuda_graphs is on."""
-    admit_wait: int | None = None
-    """Continuous batching: decode steps a turn may wait for more lanes to free, so that one
-    prefill admits several turns (every admission stops all lanes while its prefill runs);
-    it joins at once when a quarter of the lanes is free or nothing else decodes. A turn's
-    tokens never depend on when it joins. 0: every turn joins as soon as a lane frees. None
-    (the default): pipeline/builders.py ``hf_admit_wait``."""
     attention_kernel: str = "sdpa"
     """The decode steps' attention: 'sdpa' (one fused scaled_dot_product_attention over the
     whole cache, the mask hiding what a row may not see) or 'triton' (a kernel that reads only

@@ -25,7 +25,6 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     turns too) and, when the engine served anything this phase (a step whose episodes were
     all played ahead serves nothing), its lanes, decode steps, prefills, CUDA graph captures
     so far, ``rollout/shared_tokens`` (prompt tokens a prefill's shared head saved),
-    ``rollout/admit_waited`` (the most decode steps a turn waited to join, rollout.hf.admit_wait),
     ``rollout/serve_<part>_s`` (where the serve loop's host time went: hf/continuous.py
     HOST_PARTS), and
     ``rollout/busy_lanes``: rows decoding per decode step on average (each request's first
@@ -35,8 +34,7 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     out = {"rollout/tokens_per_s": decoded / max(seconds, 1e-9)}
     if not (served and decoded):
         return out
-    for name in ("lanes", "decode_steps", "prefills", "graph_captures", "shared_tokens",
-                 "admit_waited"):
+    for name in ("lanes", "decode_steps", "prefills", "graph_captures", "shared_tokens"):
         if name in served:  # vLLM reports no prefills or graph captures
             out[f"rollout/{name}"] = float(served[name])
     for part in HOST_PARTS:  # where the serve loop's host time went (hf engine)

@@ -150,8 +150,6 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
         if getattr(rollout.hf, name) is True and not device.startswith("cuda"):
             raise ConfigError(f"rollout.hf.{name}", True, "needs model.device=cuda")
     require_int("rollout.hf.max_batch_size", rollout.hf.max_batch_size)
-    if rollout.hf.admit_wait is not None:
-        require_int("rollout.hf.admit_wait", rollout.hf.admit_wait, 0)
     kernels = rollout.hf.lora_kernels
     if kernels not in LORA_KERNELS:
         raise ConfigError("rollout.hf.lora_kernels", kernels, f"must be one of {LORA_KERNELS}")

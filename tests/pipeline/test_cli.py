@@ -101,7 +101,6 @@ BAD = [
     (["rollout.hf.attention_kernel=triton"], ("rollout.hf.attention_kernel='triton'",
                                               "model.device")),
     (["rollout.hf.compile=true"], ("rollout.hf.compile=True", "model.device")),
-    (["rollout.hf.admit_wait=-2"], ("rollout.hf.admit_wait=-2", ">= 0")),
     (["rollout.hf.prefill_graphs=true"], ("rollout.hf.prefill_graphs=True", "model.device")),
     (["trainer.compile=true", "team.lora.dropout=0.1"],
      ("trainer.compile=True", "dropout 0.1")),
@@ -217,11 +216,11 @@ def test_rollout_compile_defaults_to_on_where_the_model_is_on_cuda():
                     "rollout.hf.compile=true") is True
 
 
-def test_prefill_graphs_and_admit_wait_defaults():
+def test_prefill_graphs_default_to_on_where_the_decode_step_is_captured():
     """rollout.hf.prefill_graphs: null (the default) replays admissions' prefills as CUDA graphs
     on CUDA where the decode step is captured (continuous batching, cuda_graphs on), eager on
-    the CPU; rollout.hf.admit_wait: null is 0. An explicit value wins."""
-    from roll.pipeline.builders import hf_admit_wait, hf_prefill_graphs
+    the CPU. An explicit value wins."""
+    from roll.pipeline.builders import hf_prefill_graphs
 
     def cfg(*overrides: str):
         return load_config(str(ROOT / "examples" / "hanabi"), "multi_agent_hanabi",
@@ -232,8 +231,6 @@ def test_prefill_graphs_and_admit_wait_defaults():
     assert hf_prefill_graphs(cfg("model.device=cuda", "rollout.hf.cuda_graphs=false")) is False
     assert hf_prefill_graphs(cfg("model.device=cuda", "rollout.continuous=false")) is False
     assert hf_prefill_graphs(cfg("model.device=cuda", "rollout.hf.prefill_graphs=false")) is False
-    assert hf_admit_wait(cfg()) == 0
-    assert hf_admit_wait(cfg("rollout.hf.admit_wait=8")) == 8
 
 
 def test_trainer_compile_defaults_to_on_where_the_model_is_on_cuda_and_can_compile():

@@ -19,13 +19,10 @@ is grouped-query over the ring without copying keys per query head (``ring_decod
 
 Decode shapes never change (lanes × 1 token, lanes × capacity cache), so on CUDA the decode
 forward is captured once as a CUDA graph (``graphs``) and replayed every step; it is captured
-again only when the fused-LoRA layout changes (a new slot that grows the stacks). Prefills run
-eagerly (their shapes vary), and every admission stops all lanes while it runs: on a GPU an
-admission of a few Hanabi prompts costs about ten decode steps of launches, whatever its rows.
-``admit_wait`` (decode steps) lets a queued request wait for more lanes to free so that one
-prefill admits several: it joins once a quarter of the lanes is free, once it has waited that
-many steps, or when nothing else decodes. Each request samples from its own seed by its own
-token index, so when it joins never changes what it gets.
+again only when the fused-LoRA layout changes (a new slot that grows the stacks). An admission's
+prefill stops every lane while it runs; on CUDA it replays the CUDA graph of its (rows, width)
+bucket (prefill_graphs.py: an eager prefill of a few Hanabi prompts cost an H200 ~100 ms of
+launches, the replay 12 ms), elsewhere it runs eagerly.
 
 The host never waits for a step before launching the next: each step's tokens are copied to
 pinned memory without waiting and read after the next step is launched, so the host's work
@@ -154,11 +151,6 @@ class ContinuousDecoder:
         self.prefills = 0
         self.shared_tokens = self.head_prefills = 0
         """Prompt tokens whose prefill a shared head saved, and the heads' forwards (prefill.py)."""
-        self.admit_wait = engine.admit_wait
-        """Decode steps a queued request may wait for more lanes to free, so that one prefill
-        admits several (HFEngine ``admit_wait``)."""
-        self.admit_waited = 0
-        """The most decode steps a request waited for its admission in this ``serve``."""
         self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
         """Where this ``serve``'s host time went (HOST_PARTS), seconds."""
 
@@ -168,7 +160,6 @@ class ContinuousDecoder:
         self.visible.zero_()
         self.rows_stale = True
         self.decode_steps = self.prefills = self.shared_tokens = self.head_prefills = 0
-        self.admit_waited = 0
         self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
 
     # ------------------------------------------------------------------ the loop
@@ -203,7 +194,6 @@ class ContinuousDecoder:
         # (finishing requests, the caller's follow, admitting new ones) overlaps the device's.
         # A lane whose request ended at the step read late runs one more step for nothing.
         pending: list[Step] = []
-        waited = 0  # decode steps run since a queued request could have taken a free lane
         while True:
             busy = bool(queue or pending or any(lane is not None for lane in self.running))
             if later is not None and later.outstanding():
@@ -214,11 +204,8 @@ class ContinuousDecoder:
                     break
                 continue
             free = [i for i, lane in enumerate(self.running) if lane is None]
-            held = bool(queue and free) and not self._admit_now(len(free), waited)
-            if queue and free and not held:
+            if queue and free:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
-                self.admit_waited = max(self.admit_waited, waited)
-                waited = 0
                 start = perf_counter()
                 with profiled("roll.admit"):
                     pending.append(self._admit(admitted))
@@ -234,20 +221,10 @@ class ContinuousDecoder:
             with profiled("roll.decode_step"):
                 launched = [self._decode_step()] if needed else []
             self.host_s["launch"] += perf_counter() - start
-            waited += bool(launched and held)  # a queued request held back for this step
             for step in pending:
                 submit(self._finish(step, follow))
             pending = launched
         return submitted
-
-    def _admit_now(self, free: int, waited: int) -> bool:
-        """Whether the queued requests join now (``free`` lanes idle, the oldest queued request
-        held back ``waited`` decode steps): always when ``admit_wait`` is 0; otherwise once a
-        quarter of the lanes is free (enough rows for one prefill), once a request has waited
-        ``admit_wait`` steps, or when no lane is decoding (nothing to wait for)."""
-        if waited >= self.admit_wait or free >= max(1, self.lanes // 4):
-            return True
-        return not self._decoding()
 
     def _decoding(self) -> list[Lane]:
         """The running lanes that need another decode step (not finished, tokens still to

@@ -102,7 +102,6 @@ class HFEngine:
         lora_kernels: str = "auto",
         share_prefix: bool = False,
         attention_kernel: str = "sdpa",
-        admit_wait: int = 0,
         prefill_graphs: bool = False,
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
@@ -172,15 +171,10 @@ class HFEngine:
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
         self.cuda_graphs = cuda_graphs
         self.share_prefix = share_prefix
-        if isinstance(admit_wait, bool) or not isinstance(admit_wait, int) or admit_wait < 0:
-            raise ValueError(f"admit_wait={admit_wait!r}: must be an integer >= 0")
-        self.admit_wait = admit_wait
         self.prefill_graphs = prefill_graphs
         """Continuous batching: admissions' prefills padded to (rows, width) buckets and, where
         the decode step replays a CUDA graph, replayed as one graph per bucket
         (hf/prefill_graphs.py)."""
-        """Continuous batching: decode steps a queued request may wait for more lanes to free,
-        so that one prefill admits several (hf/continuous.py; 0: admitted at once)."""
         """Continuous batching: the leading tokens that an admission's prompts share are
         prefilled once per adapter (hf/prefill.py)."""
         self._decoder: ContinuousDecoder | None = None
@@ -311,7 +305,6 @@ class HFEngine:
                            "graph_captures": decoder.captures, "grows": decoder.grows,
                            "graph_failures": decoder.capture_failures,
                            "shared_tokens": decoder.shared_tokens,
-                           "admit_waited": decoder.admit_waited,
                            **({"prefill_replays": decoder.prefill_graphs.replays,
                                "prefill_captures": decoder.prefill_graphs.captures,
                               "prefill_capture_failures":

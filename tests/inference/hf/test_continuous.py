@@ -306,48 +306,27 @@ def test_a_serve_with_fewer_first_requests_reuses_the_decoder(tiny_model_path, t
     assert [outputs[i].token_ids for i in range(3)] == [e.token_ids for e in expected[:3]]
 
 
-@pytest.mark.parametrize("gap, wait, prefills, waited", [
-    (1, 0, 9, 0),   # every freed lane admitted at once: one prefill per follow-up
-    (1, 4, 5, 1),   # a second lane frees one step later: a quarter of 8 free, two per prefill
-    (6, 4, 9, 4),   # lanes free 6 steps apart: each follow-up waits its 4 steps, then alone
-    (6, 0, 9, 0),
-])
-def test_admit_wait_joins_queued_turns_into_one_prefill(tiny_model_path, team, gap, wait,
-                                                        prefills, waited):
-    """8 lanes; first request i ends after 3 + gap * i tokens (greedy, EOS ignored), and
-    each of the 8 follow-ups it leads to runs past the others' end. Worked out by hand: a
-    follow-up queues in the loop pass that reads its lane's last token; with ``admit_wait``
-    0 it joins in the next pass (8 prefills + the first); with 4 it waits until a quarter of
-    the lanes (2) is free or it has waited 4 decode steps. The tokens are the lock-step
-    path's whatever the admissions."""
-    engine = hf_engine_for(team, load_tokenizer(tiny_model_path), max_batch_size=8,
-                           admit_wait=wait)
-    push_adapters(engine, team, version=1)
-    prompts = chat_prompts(tiny_model_path)
-    agents = team.agent_names
 
-    def request(i: int, max_new: int) -> GenerationRequest:
-        return GenerationRequest(prompts[i % len(prompts)], agents[i % len(agents)],
-                                 SamplingParams(temperature=0.0, max_new_tokens=max_new,
-                                                ignore_eos=True))
+def test_the_serve_loops_host_time_is_split_by_part(tiny_model_path, team, engine):
+    """``last_serve`` says where the loop's host time went: the caller's follow (here it
+    sleeps 20 ms a call, 12 calls: at least 0.24 s), admissions, decode launches, waits and
+    reads; the parts add up to no more than the serve's wall time."""
+    import time
 
-    first = [request(i, 3 + gap * i) for i in range(8)]
-    follow_ups = [request(i + 3, 12 + 7 * gap) for i in range(8)]
-    outputs = {}
+    tokenizer = load_tokenizer(tiny_model_path)
+    requests = _requests(team, chat_prompts(tiny_model_path), tokenizer)[:12]
+    first, chained, _ = _chain(requests, 3)
 
     def follow(key, output):
-        outputs[key] = output
-        return [follow_ups[key]] if key < 8 else []
+        time.sleep(0.02)
+        return chained(key, output)
 
-    assert engine.serve(first, follow) == 16
-    assert engine.last_serve["prefills"] == prefills
-    assert engine.last_serve["admit_waited"] == waited
-    expected = engine.generate(first + follow_ups)
-    for key, want in enumerate(expected):
-        assert outputs[key].token_ids == want.token_ids, key
-        assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
-
-
-def test_admit_wait_is_refused_below_zero(tiny_model_path, team):
-    with pytest.raises(ValueError, match="admit_wait=-1"):
-        hf_engine_for(team, load_tokenizer(tiny_model_path), admit_wait=-1)
+    start = time.perf_counter()
+    engine.serve(first, follow)
+    wall = time.perf_counter() - start
+    parts = {part: engine.last_serve[f"{part}_s"]
+             for part in ("admit", "launch", "wait", "finish", "follow")}
+    assert all(seconds >= 0 for seconds in parts.values()), parts
+    assert parts["follow"] >= 12 * 0.02
+    assert parts["admit"] > 0 and parts["launch"] > 0
+    assert sum(parts.values()) <= wall
