@@ -161,7 +161,8 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                     "rollout/decoded_tokens", "rollout/busy_lanes", "rollout/ahead_turns",
                     "rollout/decode_steps", "rollout/graph_captures", "rollout/llm_turns",
                     "rollout/episodes", "rollout/prompt_tokens", "rollout/prefills",
-                    "rollout/shared_tokens", "rollout/played_s")
+                    "rollout/shared_tokens", "rollout/played_s",
+                    "rollout/engine_logprob_gap")
                 or key.startswith("rollout/serve_")}
         step["step"] = row["step"]
         # Whole-step throughput: tokens generated plus response tokens trained (each agent's
