@@ -171,12 +171,12 @@ class HFEngine:
         """Model forwards run so far (prefill + decode steps), for tests and metrics."""
         self.cuda_graphs = cuda_graphs
         self.share_prefix = share_prefix
+        """Continuous batching: the leading tokens that an admission's prompts share are
+        prefilled once per adapter (hf/prefill.py)."""
         self.prefill_graphs = prefill_graphs
         """Continuous batching: admissions' prefills padded to (rows, width) buckets and, where
         the decode step replays a CUDA graph, replayed as one graph per bucket
         (hf/prefill_graphs.py)."""
-        """Continuous batching: the leading tokens that an admission's prompts share are
-        prefilled once per adapter (hf/prefill.py)."""
         self._decoder: ContinuousDecoder | None = None
         """The continuous decoder of the last ``serve`` (kept: its ring and graph are reused
         while lanes and capacity stay the same)."""

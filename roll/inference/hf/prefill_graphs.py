@@ -74,30 +74,32 @@ class PrefillGraphs:
         bucket's width (``prefill``'s W)."""
         rows, width = bucket(len(prompts), max(len(p) for p in prompts))
         inputs = tail_inputs(self.engine, prompts, rows, width, 0, self.dtype)
-        fused = self.engine.fused
-        fused.set_rows(list(adapters) + [None] * (rows - len(prompts)))  # pad rows: the base
+        # pad rows: the base model
+        self.engine.fused.set_rows(list(adapters) + [None] * (rows - len(prompts)))
         self.replays += 1
-        if not self.capture:
-            logits, capture = self._forward(*inputs)
-            return logits[: len(prompts)], capture, width
-        if self.layout != fused.layout_key:  # new stacks: every graph read the old ones
+        graph = self._graph(rows, width, inputs) if self.capture else None
+        logits, capture = graph.replay(inputs) if graph is not None else self._forward(*inputs)
+        return logits[: len(prompts)], capture, width
+
+    def _graph(self, rows: int, width: int, inputs: tuple[Tensor, ...]) -> CapturedStep | None:
+        """The bucket's graph, captured the first time it is met (~3 eager forwards: two
+        warm-ups and the capture); None when the capture fails (said loudly, counted, and
+        prefills go on eagerly from then on)."""
+        layout = self.engine.fused.layout_key
+        if self.layout != layout:  # new stacks: every graph read the old ones
             self.graphs.clear()
-            self.layout = fused.layout_key
-        graph = self.graphs.get((rows, width))
-        if graph is None:  # ~3 eager forwards (two warm-ups and the capture)
+            self.layout = layout
+        if (rows, width) not in self.graphs:
             try:
-                graph = CapturedStep(self._forward, inputs, pool=self.pool)
-            except RuntimeError as error:  # said loudly, counted; prefills go on eagerly
+                self.graphs[(rows, width)] = CapturedStep(self._forward, inputs, pool=self.pool)
+            except RuntimeError as error:
                 print(f"hf engine: CUDA graph capture of a prefill failed, prefilling eagerly: "
                       f"{error}", flush=True)
                 self.capture = False
                 self.capture_failures += 1
-                logits, capture = self._forward(*inputs)
-                return logits[: len(prompts)], capture, width
-            self.graphs[(rows, width)] = graph
+                return None
             self.captures += 1
-        logits, capture = graph.replay(inputs)
-        return logits[: len(prompts)], capture, width
+        return self.graphs[(rows, width)]
 
     def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor
                  ) -> tuple[Tensor, CaptureCache]:
