@@ -20,7 +20,8 @@ requests of the run's prompt length and token budget with nothing else to do, an
 ``busy_lanes`` requests (the rows decoding per decode step on average, ``rollout/busy_lanes``,
 when fewer than the lanes); ``in_pipeline_vs_engine`` is the rollout's tok/s over the
 engine-only figure at the run's lanes (issue 33: >= 0.6 on Hanabi), pooled over the later
-steps and step by step (``in_pipeline_vs_engine_by_step``). With
+steps, over the steady ones (``_steady``: neither the first nor the last, which plays nothing
+ahead) and step by step (``in_pipeline_vs_engine_by_step``). With
 ``--override rollout.lookahead=1`` the next step's episodes fill the lanes a rollout's tail
 leaves idle; the rollout's tok/s and the step's count the tokens decoded in the phase
 (``rollout/decoded_tokens``), whichever step they belong to.
@@ -227,6 +228,13 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
             # the rollout phase against the engine alone on all the lanes (issue 33's 60%)
             summary["in_pipeline_vs_engine"] = round(
                 summary["rollout_tokens_per_s"] / summary["engine_only"]["tokens_per_s"], 3)
+            # the same over the steady steps (between the first, which compiles, and the last,
+            # which has no next step to play ahead: with rollout.lookahead its lanes empty)
+            summary["in_pipeline_vs_engine_steady"] = round(
+                sum(s.get("rollout/decoded_tokens", 0.0) for s in steady)
+                / max(sum(s.get("rollout/played_s", s.get("time/rollout", 0.0))
+                          for s in steady), 1e-9)
+                / summary["engine_only"]["tokens_per_s"], 3)
             # Step by step as well: a later step that compiles a new decode shape (lanes or
             # ring capacity) carries that compile in its rollout time and so in the pooled
             # figure (a lookahead step on an H200 did: 0.091 pooled, 0.56 for the clean step).

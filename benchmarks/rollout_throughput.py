@@ -19,6 +19,9 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
                   ``serve``: one lane per request, its compiled decode step one captured CUDA
                   graph) and ours_eager_serve (the uncompiled engine's: the eager step
                   captured as a CUDA graph)
+  with --fused-projections: ours_compiled_fused (the compiled engine with q/k/v and gate/up as
+                  one GEMM each: ``fuse_projections``, the pipeline's default on CUDA) and
+                  ``fused_over_unfused`` per round
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter), started beside ours in
@@ -258,7 +261,26 @@ def profile(engine: HFEngine, requests, serve: bool = False) -> dict:
     steps = requests[0].sampling.max_new_tokens
     counts = {e.key: e.count for e in events if e.key in RUNTIME_CALLS}
     return {"runtime_calls_per_step": {k: round(v / steps, 2) for k, v in counts.items()},
-            "steps": steps}
+            "steps": steps, **kernel_census(events, steps)}
+
+
+def kernel_census(events, steps: int, top: int = 25) -> dict:
+    """The device kernels of a profiled call (those a CUDA graph replays included), per decode
+    step: how many, their summed GPU time, and the ``top`` kernels by GPU time (count and
+    microseconds a step). ``events``: the profile's ``key_averages()``. A decode step of a
+    small batch is bound by how many kernels it runs (each has a floor of a few
+    microseconds), a large one by what they read."""
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")
+               and not e.key.startswith(("Memcpy", "Memset"))]
+
+    def gpu_us(event) -> float:
+        return float(getattr(event, "self_device_time_total", 0.0))
+
+    ranked = sorted(kernels, key=gpu_us, reverse=True)[:top]
+    return {"kernels_per_step": round(sum(e.count for e in kernels) / steps, 1),
+            "kernel_us_per_step": round(sum(gpu_us(e) for e in kernels) / steps, 1),
+            "top_kernels": [{"name": e.key[:120], "per_step": round(e.count / steps, 2),
+                             "us_per_step": round(gpu_us(e) / steps, 1)} for e in ranked]}
 
 
 def logprob_check(team: MultiAgentLoRAModel, requests, outputs, rows: int = 8) -> dict:
@@ -330,6 +352,10 @@ def main() -> None:
     parser.add_argument("--torch-kernels", action="store_true",
                         help="also: the compiled engine with lora_kernels='torch' (the stacked "
                              "products) beside the default (triton on CUDA), one more warm-up")
+    parser.add_argument("--fused-projections", action="store_true",
+                        help="also: the compiled engine with q/k/v and gate/up as one GEMM "
+                             "each (fuse_projections, the pipeline's default on CUDA), mixed "
+                             "adapters, one more warm-up")
     parser.add_argument("--serve", action="store_true",
                         help="also: the compiled engine's continuous batching (serve, one lane "
                              "per request, its decode step a captured CUDA graph)")
@@ -346,8 +372,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature of every request (0: greedy)")
     parser.add_argument("--profile", action="store_true",
-                        help="profile one compiled-engine call (with --serve, one serve call "
-                             "too): top kernels, top host ops, CUDA runtime calls per step")
+                        help="profile one compiled-engine call per batch size (with --serve, one "
+                             "serve call too): top kernels, top host ops, CUDA runtime calls "
+                             "and device kernels (count, GPU time) per step")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -390,7 +417,7 @@ def main() -> None:
     if vllm_folder is not None:
         vllm_engine, started = start_vllm(vllm_folder, team, rank, batches, dtype, args.tiny)
         result["vllm"] = {"version": __import__("vllm").__version__, "engine_start_s": started}
-    compiled = no_lora = torch_kernels = triton_attention = None
+    compiled = no_lora = torch_kernels = triton_attention = fused = None
     if compile_ours:
         compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
         push_adapters(compiled, team, version=1)
@@ -400,6 +427,11 @@ def main() -> None:
             triton_attention = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
                                              compile=True, attention_kernel="triton")
             push_adapters(triton_attention, team, version=1)
+        if args.fused_projections:  # the base's weights move into one buffer per family;
+            # the other engines read the same values through the layers' views
+            fused = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
+                                  fuse_projections=True)
+            push_adapters(fused, team, version=1)
         if args.torch_kernels:
             torch_kernels = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
                                           compile=True, lora_kernels="torch")
@@ -425,6 +457,8 @@ def main() -> None:
             variants["ours_compiled"] = (compiled, requests)
         if torch_kernels is not None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
+        if fused is not None:
+            variants["ours_compiled_fused"] = (fused, requests)
         if triton_attention is not None:
             variants["ours_compiled_triton_attention"] = (triton_attention, requests)
             if args.serve:
@@ -451,6 +485,8 @@ def main() -> None:
             for ratio, top, bottom in (
                     ("mixed_over_no_lora", "ours_compiled", "ours_compiled_no_lora"),
                     ("ours_over_vllm_mixed", "ours_compiled", "vllm_mixed"),
+                    ("fused_over_unfused", "ours_compiled_fused", "ours_compiled"),
+                    ("ours_fused_over_vllm_mixed", "ours_compiled_fused", "vllm_mixed"),
                     ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
                     ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):
                 if top in figures and bottom in figures:  # round by round, then the median
@@ -463,8 +499,10 @@ def main() -> None:
                 same = [a.token_ids == b.token_ids for a, b in
                         zip(timed_outputs["ours_compiled"], eager_outputs, strict=True)]
                 figures["ours_compiled"]["rows_identical_to_eager"] = sum(same) / len(same)
-            if args.profile and batch == batches[0] and compiled is not None:
+            if args.profile and compiled is not None:
                 figures["profile"] = {"ours_compiled": profile(compiled, requests)}
+                if fused is not None:
+                    figures["profile"]["ours_compiled_fused"] = profile(fused, requests)
                 if args.serve:
                     figures["profile"]["ours_compiled_serve"] = profile(compiled, requests,
                                                                         serve=True)

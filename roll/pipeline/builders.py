@@ -117,7 +117,8 @@ def build_engine(
                        lora_kernels=cfg.rollout.hf.lora_kernels,
                        attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
                        cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg),
-                       prefill_graphs=hf_prefill_graphs(cfg))
+                       prefill_graphs=hf_prefill_graphs(cfg),
+                       fuse_projections=hf_fuse_projections(cfg))
     if cfg.actor_infer.num_engines:
         from roll.distributed.ray_infer import EngineSpec, RayInferGroup, forwarded_env
 
@@ -188,6 +189,15 @@ def hf_prefill_graphs(cfg: PipelineConfig) -> bool:
         return (str(cfg.model.device).startswith("cuda") and bool(cfg.rollout.hf.cuda_graphs)
                 and bool(cfg.rollout.continuous))
     return bool(cfg.rollout.hf.prefill_graphs)
+
+
+def hf_fuse_projections(cfg: PipelineConfig) -> bool:
+    """``rollout.hf.fuse_projections``, its default (None) resolved: on where the model is on
+    CUDA (a decode step of a few rows is bound by how many kernels it launches), off on the
+    CPU."""
+    if cfg.rollout.hf.fuse_projections is None:
+        return str(cfg.model.device).startswith("cuda")
+    return bool(cfg.rollout.hf.fuse_projections)
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

@@ -176,6 +176,13 @@ class HFEngineSchema:
     Hanabi prompts took 53-113 ms of host time on an H200. The same tokens and log-probs up
     to floating-point order. CUDA only; None (the default): on where the model is on CUDA and
     rollout.hf.cuda_graphs is on."""
+    fuse_projections: bool | None = None
+    """q/k/v and gate/up of each layer as one GEMM each (roll/inference/hf/fused_projections.py;
+    Qwen3, Qwen2, Llama, Mistral): 4 base GEMMs a layer instead of 7 in every forward the
+    engine runs. The base stays one copy: its weights are moved into one buffer per family and
+    every layer reads its rows (the trainer sees the same values). The same tokens and
+    log-probs up to floating-point order. None (the default): on where the model is on CUDA
+    (a small decode step is bound by its kernel count), off on the CPU."""
     attention_kernel: str = "sdpa"
     """The decode steps' attention: 'sdpa' (one fused scaled_dot_product_attention over the
     whole cache, the mask hiding what a row may not see) or 'triton' (a kernel that reads only

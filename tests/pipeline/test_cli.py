@@ -233,6 +233,22 @@ def test_prefill_graphs_default_to_on_where_the_decode_step_is_captured():
     assert hf_prefill_graphs(cfg("model.device=cuda", "rollout.hf.prefill_graphs=false")) is False
 
 
+def test_fuse_projections_default_to_on_where_the_model_is_on_cuda():
+    """rollout.hf.fuse_projections: null (the default) fuses q/k/v and gate/up on CUDA, not on
+    the CPU; an explicit value wins either way."""
+    from roll.pipeline.builders import hf_fuse_projections
+
+    def cfg(*overrides: str):
+        return load_config(str(ROOT / "examples" / "hanabi"), "multi_agent_hanabi",
+                           list(overrides), check_paths=False)
+
+    assert hf_fuse_projections(cfg()) is False  # the example runs on CPU
+    assert hf_fuse_projections(cfg("model.device=cuda")) is True
+    off = ("model.device=cuda", "rollout.hf.fuse_projections=false")
+    assert hf_fuse_projections(cfg(*off)) is False
+    assert hf_fuse_projections(cfg("rollout.hf.fuse_projections=true")) is True
+
+
 def test_trainer_compile_defaults_to_on_where_the_model_is_on_cuda_and_can_compile():
     """trainer.compile: null (the default) compiles the trainer's forwards on CUDA with the
     torch strategy and LoRA dropout 0; eager on CPU, under DeepSpeed or with dropout; an

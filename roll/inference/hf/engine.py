@@ -42,6 +42,7 @@ from roll.inference.hf.continuous import ContinuousDecoder, decode_lanes
 from roll.inference.hf.cuda_graph import CapturedStep, cache_counters, compile_step
 from roll.inference.hf.finish import REASONS, HostChecks, RowFinish
 from roll.inference.hf.fused_lora import KERNELS, FusedLoRA, resolve_kernels
+from roll.inference.hf.fused_projections import FusedProjections
 from roll.inference.hf.ring import ATTENTION_KERNELS, additive_mask, decode_attention
 from roll.inference.hf.sampling import BatchSampler, Picker, compiled_picker, pick_tokens
 from roll.utils.stages import stage
@@ -80,6 +81,8 @@ class HFEngine:
         lora_kernels: how the fused LoRA deltas run (``FusedLoRA``): ``"torch"`` (stacked
             products), ``"triton"`` (tiled kernels, CUDA), or ``"auto"``: triton on CUDA when
             it is importable, torch otherwise.
+        fuse_projections: q/k/v and gate/up as one product each (fused_projections.py: the
+            base's weights moved into one buffer per family, never copied).
     """
 
     continuous = True
@@ -103,6 +106,7 @@ class HFEngine:
         share_prefix: bool = False,
         attention_kernel: str = "sdpa",
         prefill_graphs: bool = False,
+        fuse_projections: bool = False,
     ) -> None:
         if lora_kernels not in LORA_KERNELS:
             raise ValueError(f"lora_kernels={lora_kernels!r}: must be one of {list(LORA_KERNELS)}")
@@ -158,6 +162,7 @@ class HFEngine:
             static_addresses=compile,
             kernels=resolve_kernels(lora_kernels, self.device),
         )
+        self.projections = FusedProjections(self.model if fuse_projections else None)
         self._takes_cache_position = "cache_position" in inspect.signature(
             self.model.forward
         ).parameters
@@ -174,9 +179,8 @@ class HFEngine:
         """Continuous batching: the leading tokens that an admission's prompts share are
         prefilled once per adapter (hf/prefill.py)."""
         self.prefill_graphs = prefill_graphs
-        """Continuous batching: admissions' prefills padded to (rows, width) buckets and, where
-        the decode step replays a CUDA graph, replayed as one graph per bucket
-        (hf/prefill_graphs.py)."""
+        """Continuous batching: admissions' prefills padded to (rows, width) buckets, replayed
+        as one CUDA graph per bucket where the decode step is one (hf/prefill_graphs.py)."""
         self._decoder: ContinuousDecoder | None = None
         """The continuous decoder of the last ``serve`` (kept: its ring and graph are reused
         while lanes and capacity stay the same)."""
@@ -184,7 +188,7 @@ class HFEngine:
         """CUDA graph captures of the continuous decoder so far (constant after warm-up)."""
         self.last_serve: dict[str, int] = {}
         """Figures of the last ``serve`` call: lanes, capacity, served, prefills, decode_steps,
-        graph captures, ring growths, shared_tokens (prompt tokens a shared head saved)."""
+        captures, ring growths, shared_tokens (prompt tokens a shared head saved) and more."""
 
     # ------------------------------------------------------------------ adapter slots
     def load_adapter(
@@ -386,7 +390,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), self._adapters_off(), self.fused.active():
+            with (torch.no_grad(), self._adapters_off(), self.fused.active(),
+                  self.projections.active()):
                 yield
         finally:
             self.model.train(was_training)
