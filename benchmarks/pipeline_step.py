@@ -164,7 +164,7 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
                     "rollout/episodes", "rollout/prompt_tokens", "rollout/prefills",
                     "rollout/shared_tokens", "rollout/played_s",
                     "rollout/engine_logprob_gap")
-                or key.startswith("rollout/serve_")}
+                or key.startswith(("rollout/serve_", "rollout/prefill_"))}
         step["step"] = row["step"]
         # Whole-step throughput: tokens generated plus response tokens trained (each agent's
         # num_tokens: the tokens its loss covers), over the step's time (rollout, passes,

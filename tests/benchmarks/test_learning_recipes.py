@@ -124,8 +124,10 @@ def test_compile_cache_is_saved_after_step_1_and_loads_in_a_fresh_process(tmp_pa
     import os
     import subprocess
 
+    # (TORCHINDUCTOR_VEC_ISA_OK=0: scalar C++ kernels, no compiled probe of the CPU's vector
+    # instructions in each fresh process; what is cached and loaded is the same)
     env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1",
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_VEC_ISA_OK="0")
     folder = str(Path(learning.__file__).parent)
 
     def run(script: str) -> list[dict]:

@@ -19,8 +19,10 @@ RAY = ("cluster.backend=ray", "actor_infer.num_engines=1", "actor_infer.cpus_per
        "actor_train.cpus_per_rank=0.5", "save_steps=2", "keep_last=5")
 
 
-def _run(out: Path, *extra: str) -> list[dict]:
-    AgenticPipeline(kuhn_config(out, *RAY, *extra)).run()
+def _run(out: Path, *extra: str, ray: bool = True) -> list[dict]:
+    """A Kuhn run on the Ray cluster (``ray``) or in this process (the same numbers; no
+    actors to start)."""
+    AgenticPipeline(kuhn_config(out, *(RAY if ray else ()), *extra)).run()
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -33,7 +35,7 @@ def test_overlap_plays_each_steps_episodes_with_the_adapters_one_update_older(
     update older (their recomputed log-probs moved), the others' from the trainer's own; and
     a run resumed from the checkpoint is the uninterrupted run."""
     slow_rate = ("max_steps=4", "team.optim.lr=1e-12")
-    plain = _run(tmp_path / "plain", *slow_rate)
+    plain = _run(tmp_path / "plain", *slow_rate, ray=False)
     overlapped = _run(tmp_path / "overlapped", *slow_rate, "rollout.overlap=true")
     assert [m["step"] for m in overlapped] == [1, 2, 3, 4]
     for before, after in zip(plain, overlapped, strict=True):
@@ -85,7 +87,7 @@ def test_an_engine_killed_under_an_overlapped_rollout_stops_with_one_line(
     from roll.errors import RoleFailed
 
     out = tmp_path / "run"
-    _run(out, "max_steps=1")
+    _run(out, "max_steps=1", "save_steps=2", ray=False)  # a checkpoint of step 1 to resume
     before = checkpoint_adapters(latest_checkpoint(out))
     pipeline = AgenticPipeline(kuhn_config(out, *RAY, "max_steps=4", "save_steps=3",
                                            "rollout.overlap=true", "resume=latest"))

@@ -11,12 +11,14 @@ from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
 
 
 def test_rollout_phase_metrics_by_hand():
-    served = {"lanes": 8, "decode_steps": 20, "served": 10, "prefills": 3, "shared_tokens": 40}
+    served = {"lanes": 8, "decode_steps": 20, "served": 10, "prefills": 3, "shared_tokens": 40,
+              "prefill_replays": 3, "prefill_captures": 2, "prefill_capture_s": 0.25}
     out = rollout_phase_metrics({"rollout/decoded_tokens": 100.0}, served, 2.0)
     # 100 tokens in 2 s; 10 of them came from prefills, 90 from 20 decode steps: 4.5 rows each
     assert out == {"rollout/tokens_per_s": 50.0, "rollout/lanes": 8.0,
                    "rollout/decode_steps": 20.0, "rollout/prefills": 3.0,
-                   "rollout/shared_tokens": 40.0, "rollout/busy_lanes": 4.5}
+                   "rollout/shared_tokens": 40.0, "rollout/prefill_captures": 2.0,
+                   "rollout/prefill_capture_s": 0.25, "rollout/busy_lanes": 4.5}
     # a phase that decoded nothing (its episodes all played ahead) reports no stale serve
     assert rollout_phase_metrics({"rollout/decoded_tokens": 0.0}, served, 0.5) == {
         "rollout/tokens_per_s": 0.0}
@@ -61,7 +63,7 @@ def test_each_step_counts_the_graphs_it_compiled_and_a_later_compile_is_said(tmp
     out = tmp_path / "run"
     cfg = load_config(KUHN, "quickstart_cpu", BASE + [
         f"output_dir={out}", "max_steps=2", "trainer.compile=true",
-        "trainer.compile_backend=aot_eager"])
+        "trainer.compile_backend=aot_eager", "trainer.share_prefix=false"])  # fewer graphs
     torch._dynamo.reset()
     pipeline = AgenticPipeline(cfg)
     pipeline.run()

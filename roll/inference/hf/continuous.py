@@ -155,12 +155,29 @@ class ContinuousDecoder:
         """Where this ``serve``'s host time went (HOST_PARTS), seconds."""
 
     def reset(self) -> None:
-        """Forget every lane (a new ``serve``); buffers and the captured graph are kept."""
+        """Forget every lane (a new ``serve``); buffers and the captured graphs are kept."""
         self.running = [None] * self.lanes
         self.visible.zero_()
         self.rows_stale = True
         self.decode_steps = self.prefills = self.shared_tokens = self.head_prefills = 0
         self.host_s = dict.fromkeys(HOST_PARTS, 0.0)
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.new_serve()
+
+    def figures(self) -> dict[str, float]:
+        """The last ``serve``'s figures (the engine's ``last_serve``): ring capacity, prefills,
+        decode steps, decode graph captures so far, ring growths, shared_tokens (prompt tokens
+        a shared head saved), the serve's prefill replays and captures and the seconds those
+        captures took (part of ``admit_s``), and where its host time went (HOST_PARTS)."""
+        graphs = self.prefill_graphs
+        return {"capacity": self.capacity, "prefills": self.prefills,
+                "decode_steps": self.decode_steps, "graph_captures": self.captures,
+                "grows": self.grows, "graph_failures": self.capture_failures,
+                "shared_tokens": self.shared_tokens,
+                **({"prefill_replays": graphs.replays, "prefill_captures": graphs.captures,
+                    "prefill_capture_failures": graphs.capture_failures,
+                    "prefill_capture_s": round(graphs.capture_s, 4)} if graphs else {}),
+                **{f"{part}_s": round(seconds, 4) for part, seconds in self.host_s.items()}}
 
     # ------------------------------------------------------------------ the loop
     def serve(self, first: list[GenerationRequest], follow: Follow,

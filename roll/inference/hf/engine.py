@@ -304,18 +304,7 @@ class HFEngine:
             served = decoder.serve(first, follow, limit=context_len, later=later)
         self.forward_calls += decoder.prefills + decoder.head_prefills + decoder.decode_steps
         self.graph_captures = decoder.captures
-        self.last_serve = {"lanes": lanes, "capacity": decoder.capacity, "served": served,
-                           "prefills": decoder.prefills, "decode_steps": decoder.decode_steps,
-                           "graph_captures": decoder.captures, "grows": decoder.grows,
-                           "graph_failures": decoder.capture_failures,
-                           "shared_tokens": decoder.shared_tokens,
-                           **({"prefill_replays": decoder.prefill_graphs.replays,
-                               "prefill_captures": decoder.prefill_graphs.captures,
-                              "prefill_capture_failures":
-                                  decoder.prefill_graphs.capture_failures}
-                              if decoder.prefill_graphs else {}),
-                           **{f"{part}_s": round(seconds, 4)
-                              for part, seconds in decoder.host_s.items()}}
+        self.last_serve = {"lanes": lanes, "served": served, **decoder.figures()}
         return served
 
     def sleep(self) -> None:

@@ -25,6 +25,7 @@ Without ``capture`` (the CPU) the same buckets and padding run eagerly: what tes
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -59,11 +60,17 @@ class PrefillGraphs:
         self.graphs: dict[tuple[int, int], CapturedStep] = {}
         self.layout: int | None = None
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.capture_failures = 0
+        self.new_serve()
+
+    def new_serve(self) -> None:
+        """Count the next ``serve``'s replays and captures from zero (the graphs are kept)."""
         self.replays = 0
         """Prefills served by a bucket (replayed or, without ``capture``, padded eagerly)."""
         self.captures = 0
-        """Graphs captured so far (one per bucket met, again after a new LoRA layout)."""
-        self.capture_failures = 0
+        """Graphs captured (one per bucket met, again after a new LoRA layout)."""
+        self.capture_s = 0.0
+        """Seconds those captures took (each ~3 forwards: two warm-ups and the capture)."""
 
     def fits(self, prompts: list[list[int]]) -> bool:
         rows, width = bucket(len(prompts), max(len(p) for p in prompts))
@@ -90,6 +97,7 @@ class PrefillGraphs:
             self.graphs.clear()
             self.layout = layout
         if (rows, width) not in self.graphs:
+            start = time.perf_counter()
             try:
                 self.graphs[(rows, width)] = CapturedStep(self._forward, inputs, pool=self.pool)
             except RuntimeError as error:
@@ -99,6 +107,7 @@ class PrefillGraphs:
                 self.capture_failures += 1
                 return None
             self.captures += 1
+            self.capture_s += time.perf_counter() - start
         return self.graphs[(rows, width)]
 
     def _forward(self, input_ids: Tensor, mask: Tensor, positions: Tensor

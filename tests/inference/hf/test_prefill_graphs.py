@@ -91,10 +91,16 @@ def test_served_requests_equal_lockstep_with_bucketed_prefills(tiny_model_path, 
     assert engine.serve(requests[:4], follow) == len(requests)
     stats = engine.last_serve
     assert stats["prefill_replays"] == stats["prefills"] > 4
-    assert stats["prefill_captures"] == 0  # nothing is captured on the CPU
+    # nothing is captured on the CPU
+    assert stats["prefill_captures"] == 0 and stats["prefill_capture_s"] == 0.0
     for key, want in enumerate(expected):
         assert outputs[key].token_ids == want.token_ids, key
         assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
+    # the next serve (the same decoder, its graphs kept) counts its own prefills from zero
+    decoder = engine._decoder
+    engine.serve(requests[:3], lambda key, output: [])
+    assert engine._decoder is decoder
+    assert engine.last_serve["prefill_replays"] == engine.last_serve["prefills"] == 1
 
 
 def test_a_failed_capture_is_said_and_prefills_go_on_eagerly(tiny_model_path, team, capsys):
