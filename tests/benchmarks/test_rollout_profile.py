@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,7 @@ from roll.pipeline.cli import load_config  # noqa: E402
 from roll.utils.stages import profiled  # noqa: E402
 
 
+@pytest.mark.slow  # a profiled rollout (~4 s): the quick subset stays under 3 minutes
 def test_ranges_count_the_serve_loops_admissions_decode_steps_and_finished_requests(tmp_path):
     out = tmp_path / "run"
     cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [

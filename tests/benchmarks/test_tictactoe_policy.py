@@ -142,6 +142,7 @@ def _best_return(board: str, me: str) -> float:
     return max(returns) if mover == me else sum(returns) / len(returns)
 
 
+@pytest.mark.slow  # a game-tree search (~5 s): the quick subset stays under 3 minutes
 def test_the_best_player_and_where_a_policy_falls_short_of_it():
     """V*(root) by an independent recursion; an optimal table loses nothing; one that plays an
     edge (cell 1) where X opened in a corner (reached with probability exactly 1/9, X's random

@@ -345,6 +345,7 @@ def test_vllm_rollout_served_continuously_plays_the_same_episodes_as_rounds(
     assert [e.returns for e in served.episodes] == [e.returns for e in played.episodes]
 
 
+@pytest.mark.slow  # two vLLM rollouts (~4 s): the quick subset stays under 3 minutes
 def test_vllm_rollout_with_lookahead_plays_the_same_episodes(tiny_model_path, team, engine):
     """rollout.lookahead through VLLMEngine.serve: the next rollout's episodes join vLLM's
     running batch as this one's games end, are parked when it ends and go on in the next

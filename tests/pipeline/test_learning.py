@@ -83,6 +83,7 @@ def _p_left(pipeline: AgenticPipeline, agent: str) -> float:
     return float(torch.softmax(total, -1)[0])
 
 
+@pytest.mark.slow  # a learning run (~5 s): the quick subset stays under 3 minutes
 def test_each_agent_learns_its_own_behaviour(tmp_path):
     cfg = PipelineConfig(
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=8, alpha=16),

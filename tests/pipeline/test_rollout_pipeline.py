@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -111,6 +112,7 @@ def test_greedy_too_evaluates_the_greedy_policy_on_the_same_games(tmp_path, caps
     assert "  greedy" in printed and "agent_0" in printed
 
 
+@pytest.mark.slow  # a pipeline run (~4 s): the quick subset stays under 3 minutes
 def test_an_engine_that_sleeps_between_phases_reports_its_wake_and_sleep_apart(tmp_path):
     """rollout.vllm.sleep_between_phases: waking and putting the engine back to sleep are
     their own phases (time/wake, time/sleep), not part of time/rollout; the embedded engine's

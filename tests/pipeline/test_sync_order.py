@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from roll.pipeline.agentic_pipeline import AgenticPipeline
 from roll.pipeline.cli import load_config
 
@@ -90,6 +92,7 @@ def test_every_rollout_is_served_the_trainers_adapters_synced_while_awake(tmp_pa
     assert versions == {0, 1, 2, 3}  # the final evaluation saw the last update
 
 
+@pytest.mark.slow  # two runs with WandB offline (~4 s): the quick subset stays under 3 minutes
 def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
