@@ -27,6 +27,9 @@ from torch import Tensor, nn
 
 from roll.inference.hf.lora_groups import SHARED_INPUT_FAMILIES, shares_inputs
 
+FAMILY = "_roll_fused_family"
+"""Attribute naming, on each member layer, the family whose buffer holds its weight."""
+
 
 class Family:
     """One family's buffer (members' weights stacked row-wise, biases likewise) and the product
@@ -102,8 +105,16 @@ class FusedProjections:
                 if any(child is None for child in children):
                     continue
                 linears = [getattr(child, "base_layer", child) for child in children]
-                if _fusable(linears):
-                    self.families.append(Family(linears))
+                # a second engine on the same model takes the family the first one made:
+                # moving the weights again would leave the first one's captured graphs
+                # reading freed memory
+                family = getattr(linears[0], FAMILY, None)
+                if family is None and _fusable(linears):
+                    family = Family(linears)
+                    for linear in linears:
+                        setattr(linear, FAMILY, family)
+                if family is not None:
+                    self.families.append(family)
 
     @property
     def gemms_saved(self) -> int:

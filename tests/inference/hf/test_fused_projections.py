@@ -64,6 +64,11 @@ def test_one_base_copy_that_the_trainer_reads_unchanged(tiny_model_path):
     after = storages(base)
     assert sum(after.values()) == sum(before.values())  # the same bytes, fewer storages
     assert len(after) == len(before) - 3 * layers
+    # a second engine on the same model takes the same families: nothing moves again (the
+    # first engine's captured graphs keep reading the weights where they are)
+    again = hf_engine_for(team, load_tokenizer(tiny_model_path), fuse_projections=True)
+    assert again.projections.families == engine.projections.families
+    assert storages(base) == after
     with torch.no_grad():
         got = team.logprobs(ids, torch.ones_like(ids), agent)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
