@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def _pytest(folder: Path, allow: bool) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, cwd=folder)
 
 
+@pytest.mark.slow  # a pytest run in a subprocess (~4 s): the quick subset stays under 3 minutes
 def test_a_skip_fails_the_run_and_an_xfail_does_not(tmp_path):
     result = _pytest(tmp_path, allow=False)
     assert result.returncode == 1, result.stdout

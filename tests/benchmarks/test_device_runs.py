@@ -11,6 +11,8 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device_runs.sh"
 MiB = 1 << 20
@@ -100,6 +102,7 @@ def test_watch_returns_small_and_leaves_the_compile_cache_to_collect(tmp_path):
         "compile_cache_h200.bin_aa", "compile_cache_h200.bin_ab", "progress.tgz"]
 
 
+@pytest.mark.slow  # a timed watch (~2 s): the quick subset stays under 3 minutes
 def test_watch_never_sleeps_past_its_seconds(tmp_path):
     """`watch 560` with a 60-s period slept to 600 s, the call's limit, and brought nothing back
     (session 61): the last sleep is cut to what is left, then the progress is packed."""
@@ -173,6 +176,7 @@ def test_each_launched_run_gets_its_share_of_the_cores(tmp_path):
     assert threads_of("B", OMP_NUM_THREADS="3") == "3"
 
 
+@pytest.mark.slow  # a detached chain (~2 s): the quick subset stays under 3 minutes
 def test_a_benchmark_runs_detached_and_comes_back_with_the_runs(tmp_path):
     """`bench NAME COMMAND` (a benchmark chain on a second GPU beside a learning run): it
     outlives the call, writes under its own $OUT, and `watch` shows its last line and brings

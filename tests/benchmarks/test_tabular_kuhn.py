@@ -108,6 +108,7 @@ def test_a_magnet_refreshed_every_step_changes_nothing_before_the_first_step():
     assert pulled == tabular_kuhn.train(**kwargs)
 
 
+@pytest.mark.slow  # a tabular learning run (~2 s): the quick subset stays under 3 minutes
 def test_four_steps_per_rollout_beat_one_on_shared_features():
     # benchmarks/README.md ("kuhn_nash, four steps per rollout"): at share 0.94 and lr 0.7, one
     # step per rollout is at ~0.17 at step 250; four mini-batches at the same compute ~0.10.

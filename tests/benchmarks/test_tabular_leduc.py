@@ -51,6 +51,7 @@ def test_decision_gradient_by_hand():
     assert g == pytest.approx(np.zeros((1, 3)))
 
 
+@pytest.mark.slow  # a tabular learning run (~2 s): the quick subset stays under 3 minutes
 def test_the_recipe_rule_learns_below_the_uniform_policy(leduc):
     # 80 steps of 128 games from near-uniform tables: both agents well under uniform's 2.37
     # (1.54 / 1.67 with this seed).

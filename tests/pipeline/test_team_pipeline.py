@@ -25,6 +25,7 @@ def config(example: str, tmp_path: Path, *overrides: str):
                        [*SMALL, f"output_dir={tmp_path}", *overrides])
 
 
+@pytest.mark.slow  # five example runs (~9 s): the quick subset stays under 3 minutes
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_team_examples_train_evaluate_and_checkpoint(tmp_path, example, capsys):
     pipeline = AgenticPipeline(config(example, tmp_path, "max_steps=2", "eval.eval_steps=2",

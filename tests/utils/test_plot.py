@@ -38,6 +38,7 @@ def _write_metrics(run_dir: Path) -> None:
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 6, "alic')
 
 
+@pytest.mark.slow  # a plotting subprocess (~3 s): the quick subset stays under 3 minutes
 def test_plot_command_writes_valid_pngs(tmp_path):
     run_dir = tmp_path / "run"
     out = tmp_path / "plots"

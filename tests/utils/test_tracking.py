@@ -50,6 +50,7 @@ def wandb_env(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
 
 
+@pytest.mark.slow  # every tracking backend (~3 s): the quick subset stays under 3 minutes
 def test_all_backends_write_the_same_values(tmp_path, wandb_env, capsys):
     run_dir = tmp_path / "run"
     config = TrackingConfig(

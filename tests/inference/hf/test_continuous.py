@@ -88,6 +88,7 @@ def test_follow_ups_that_arrive_later_are_served_and_equal_lockstep(tiny_model_p
         assert output.token_ids == expected[index].token_ids, index
 
 
+@pytest.mark.slow  # many requests both ways (~3 s): the quick subset stays under 3 minutes
 def test_continuous_equals_lockstep_request_by_request(tiny_model_path, team, engine):
     """3 lanes for 112 requests: rows join as others finish and the ring wraps around
     times. Tokens, log-probs, text and finish reasons must equal the lock-step path's (the
