@@ -37,20 +37,18 @@ class Family:
 
     def __init__(self, linears: list[nn.Linear]) -> None:
         self.linears = linears
+        self.ends = [0]  # member j's rows of the buffer: [ends[j], ends[j + 1])
+        for linear in linears:
+            self.ends.append(self.ends[-1] + linear.out_features)
         with torch.no_grad():
             self.weight = torch.cat([linear.weight for linear in linears])
             self.bias = (torch.cat([linear.bias for linear in linears])
                          if linears[0].bias is not None else None)
-            start = 0
-            for linear in linears:  # each member's parameter now reads its rows of the buffer
-                end = start + linear.out_features
-                linear.weight.data = self.weight[start:end]
+            for j, linear in enumerate(linears):  # each member now reads its rows of the buffer
+                rows = slice(self.ends[j], self.ends[j + 1])
+                linear.weight.data = self.weight[rows]
                 if self.bias is not None:
-                    linear.bias.data = self.bias[start:end]
-                start = end
-        self.ends = [0]
-        for linear in linears:
-            self.ends.append(self.ends[-1] + linear.out_features)
+                    linear.bias.data = self.bias[rows]
         self.product: Tensor | None = None
         # one forward per member, made once (a compiled step sees the same function each time)
         self.forwards = [self._first] + [self._later(position)
