@@ -22,6 +22,9 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   with --fused-projections: ours_compiled_fused (the compiled engine with q/k/v and gate/up as
                   one GEMM each: ``fuse_projections``, the pipeline's default on CUDA) and
                   ``fused_over_unfused`` per round
+  with --triton-attention: ours_compiled_triton_attention (the compiled engine with the Triton
+                  decode attention, fused projections too when --fused-projections) and
+                  ``triton_attention_over_sdpa`` (against the same engine with SDPA) per round
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter), started beside ours in
@@ -425,7 +428,8 @@ def main() -> None:
         no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
         if args.triton_attention:
             triton_attention = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
-                                             compile=True, attention_kernel="triton")
+                                             compile=True, attention_kernel="triton",
+                                             fuse_projections=args.fused_projections)
             push_adapters(triton_attention, team, version=1)
         if args.fused_projections:  # the base's weights move into one buffer per family;
             # the other engines read the same values through the layers' views
@@ -487,6 +491,10 @@ def main() -> None:
                     ("ours_over_vllm_mixed", "ours_compiled", "vllm_mixed"),
                     ("fused_over_unfused", "ours_compiled_fused", "ours_compiled"),
                     ("ours_fused_over_vllm_mixed", "ours_compiled_fused", "vllm_mixed"),
+                    ("triton_attention_over_sdpa", "ours_compiled_triton_attention",
+                     "ours_compiled_fused" if fused is not None else "ours_compiled"),
+                    ("ours_triton_attention_over_vllm_mixed", "ours_compiled_triton_attention",
+                     "vllm_mixed"),
                     ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
                     ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):
                 if top in figures and bottom in figures:  # round by round, then the median

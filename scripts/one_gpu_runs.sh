@@ -12,18 +12,21 @@ cd "$(dirname "$0")/.."
 RUNS=${DEVICE_RUNS:-/tmp/runs}
 OUT=${OUT:?OUT: where the JSON goes}
 ts() { date +%H:%M:%S; }
-# LANES_RUNS: "LOOKAHEAD GRAPHS FUSE" triples separated by commas (FUSE may be left out: true)
+# LANES_RUNS: "LOOKAHEAD GRAPHS FUSE ATTENTION" separated by commas (FUSE may be left out: true;
+# ATTENTION: rollout.hf.attention_kernel, left out: the default)
 IFS=, read -ra runs <<< "${LANES_RUNS:-2 true true,2 true false,0 true true,0 true false}"
 for run in "${runs[@]}"; do
   set -- $run
   fuse=${3:-true}
-  name="lanes_la$1_graphs_$2_fuse_$fuse"
+  attention=${4:-default}
+  name="lanes_la$1_graphs_$2_fuse_${fuse}_attention_$attention"
   work="$RUNS/w_$name"
   mkdir -p "$work"
   echo "[$(ts)] start $name"
   OUT=$work timeout 560 python benchmarks/pipeline_step.py --settings hanabi:2 --modes continuous \
     --steps 6 --override rollout.lookahead=$1 rollout.hf.prefill_graphs=$2 \
-    rollout.hf.fuse_projections=$fuse > "$RUNS/$name.log" 2>&1
+    rollout.hf.fuse_projections=$fuse \
+    ${4:+rollout.hf.attention_kernel=$4} > "$RUNS/$name.log" 2>&1
   echo "[$(ts)] end $name rc=$?"
   [ -f "$work/pipeline_step.json" ] && cp "$work/pipeline_step.json" "$OUT/$name.json"
 done

@@ -115,7 +115,7 @@ def build_engine(
         # graphs where the config resolves them on).
         options = dict(max_batch_size=cfg.rollout.hf.max_batch_size,
                        lora_kernels=cfg.rollout.hf.lora_kernels,
-                       attention_kernel=cfg.rollout.hf.attention_kernel, compile=hf_compile(cfg),
+                       attention_kernel=hf_attention_kernel(cfg), compile=hf_compile(cfg),
                        cuda_graphs=cfg.rollout.hf.cuda_graphs, share_prefix=hf_share_prefix(cfg),
                        prefill_graphs=hf_prefill_graphs(cfg),
                        fuse_projections=hf_fuse_projections(cfg))
@@ -198,6 +198,15 @@ def hf_fuse_projections(cfg: PipelineConfig) -> bool:
     if cfg.rollout.hf.fuse_projections is None:
         return str(cfg.model.device).startswith("cuda")
     return bool(cfg.rollout.hf.fuse_projections)
+
+
+def hf_attention_kernel(cfg: PipelineConfig) -> str:
+    """``rollout.hf.attention_kernel``, its default (None) resolved: 'triton' where the model
+    is on CUDA (it reads only the cache columns a row sees; on an H200 1.7-2.5x faster than
+    'sdpa' per layer at 32-256 rows), 'sdpa' on the CPU (the Triton kernel needs CUDA)."""
+    if cfg.rollout.hf.attention_kernel is None:
+        return "triton" if str(cfg.model.device).startswith("cuda") else "sdpa"
+    return cfg.rollout.hf.attention_kernel
 
 
 def hf_compile(cfg: PipelineConfig) -> bool:

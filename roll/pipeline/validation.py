@@ -156,7 +156,7 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     if kernels == "triton" and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.lora_kernels", kernels, "needs model.device=cuda")
     attention = rollout.hf.attention_kernel
-    if attention not in ATTENTION_KERNELS:
+    if attention is not None and attention not in ATTENTION_KERNELS:
         raise ConfigError("rollout.hf.attention_kernel", attention,
                           f"must be one of {list(ATTENTION_KERNELS)}")
     if attention == "triton" and not device.startswith("cuda"):

@@ -120,13 +120,24 @@ def engine_gaps(path: str) -> dict:
     return result
 
 
+TILINGS = {
+    "one_chunk_skip": {"block_n": 32, "skip": True},
+    "chunks_of_32": {"block_n": 32, "chunk": 32},  # 3 chunks, the third one short
+    "chunks_of_16_skip": {"block_n": 16, "chunk": 16, "skip": True},
+    "chunks_of_48": {"block_n": 16, "chunk": 48},  # 2 chunks
+}
+"""Tile settings of ``attention_kernel.launch`` besides the op's defaults (one chunk of
+128-column blocks): split chunks combined by the second kernel, hidden blocks skipped."""
+
+
 def attention_gaps(path: str) -> dict:
     """The Triton ring attention against ``ring_decode_attention`` (SDPA): lanes whose visible
     columns are a prefix, a ring wrapped around, one column, and none; query heads per kv head
     2 and 3 (padded to 4), head dims 32 and 24 (padded); hidden columns filled with NaN (a
-    kernel that read them would return NaN). Then the tiny model's engine, lock-step and
+    kernel that read them would return NaN), with the op's tiles and each of ``TILINGS``.
+    Then the tiny model's engine, lock-step and
     continuous, with each attention kernel."""
-    from roll.inference.hf.attention_kernel import ring_attention
+    from roll.inference.hf.attention_kernel import launch, ring_attention
     from roll.inference.hf.ring import additive_mask, ring_decode_attention
 
     gen = torch.Generator().manual_seed(0)
@@ -148,13 +159,17 @@ def attention_gaps(path: str) -> dict:
         poisoned_k, poisoned_v = k.clone(), v.clone()
         hidden = ~visible[:, None, :, None].expand_as(k)
         poisoned_k[hidden], poisoned_v[hidden] = float("nan"), float("nan")
-        got = ring_attention(q[:, :, 0], poisoned_k, poisoned_v, mask[:, 0, 0], 0.3)
+        outs = {"op": ring_attention(q[:, :, 0], poisoned_k, poisoned_v, mask[:, 0, 0], 0.3)}
+        for name, settings in TILINGS.items():
+            outs[name] = launch(q[:, :, 0], poisoned_k, poisoned_v, mask[:, 0, 0], 0.3,
+                                **settings)
         result["cases"].append({
             "shape": [query_heads, kv_heads, head_dim],
-            "gap": float((got[:4] - expected[:4]).abs().max()),
+            "gap": {name: float((got[:4] - expected[:4]).abs().max())
+                    for name, got in outs.items()},
             "size": float(expected[:4].abs().max()),
-            "blind_lane_zero": bool((got[4] == 0).all()),
-            "finite": bool(torch.isfinite(got).all())})
+            "blind_lane_zero": {name: bool((got[4] == 0).all()) for name, got in outs.items()},
+            "finite": {name: bool(torch.isfinite(got).all()) for name, got in outs.items()}})
 
     from roll.inference.hf import attention_kernel
 

@@ -249,6 +249,21 @@ def test_fuse_projections_default_to_on_where_the_model_is_on_cuda():
     assert hf_fuse_projections(cfg("rollout.hf.fuse_projections=true")) is True
 
 
+def test_attention_kernel_defaults_to_triton_where_the_model_is_on_cuda():
+    """rollout.hf.attention_kernel: null (the default) is the Triton decode attention on CUDA,
+    SDPA on the CPU; an explicit value wins either way."""
+    from roll.pipeline.builders import hf_attention_kernel
+
+    def cfg(*overrides: str):
+        return load_config(str(ROOT / "examples" / "hanabi"), "multi_agent_hanabi",
+                           list(overrides), check_paths=False)
+
+    assert hf_attention_kernel(cfg()) == "sdpa"  # the example runs on CPU
+    assert hf_attention_kernel(cfg("model.device=cuda")) == "triton"
+    chosen = ("model.device=cuda", "rollout.hf.attention_kernel=sdpa")
+    assert hf_attention_kernel(cfg(*chosen)) == "sdpa"
+
+
 def test_trainer_compile_defaults_to_on_where_the_model_is_on_cuda_and_can_compile():
     """trainer.compile: null (the default) compiles the trainer's forwards on CUDA with the
     torch strategy and LoRA dropout 0; eager on CPU, under DeepSpeed or with dropout; an

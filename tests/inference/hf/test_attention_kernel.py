@@ -31,13 +31,17 @@ def child(tiny_model_path) -> dict:
 def test_kernel_equals_sdpa_and_never_reads_a_hidden_column(child):
     """Lanes seeing a prefix, a wrapped ring, one column: the kernel's output equals the
     fused SDPA path's with NaN in every hidden column (SDPA itself would return NaN there),
-    for 2 and 3 query heads per kv head and a head dim that is not a power of two; a lane that
-    sees nothing gets zeros."""
+    for 2 and 3 query heads per kv head and a head dim that is not a power of two, in one
+    chunk per lane and in chunks combined by the second kernel (one of them seeing nothing),
+    hidden blocks skipped or only masked; a lane that sees nothing gets zeros."""
     assert [case["shape"] for case in child["cases"]] == [[4, 2, 32], [6, 2, 24]]
+    tilings = ["op", "one_chunk_skip", "chunks_of_32", "chunks_of_16_skip", "chunks_of_48"]
     for case in child["cases"]:
         assert case["size"] > 0.5  # outputs far from zero: the gap can fail
-        assert case["gap"] < 1e-5
-        assert case["finite"] and case["blind_lane_zero"]
+        assert list(case["gap"]) == tilings  # one chunk and split chunks, skipping or not
+        for tiling in tilings:
+            assert case["gap"][tiling] < 1e-5, tiling
+            assert case["finite"][tiling] and case["blind_lane_zero"][tiling], tiling
 
 
 @pytest.mark.slow
@@ -55,3 +59,21 @@ def test_attention_kernel_choice_is_checked(tiny_model_path):
     base, tokenizer = load_model(tiny_model_path), load_tokenizer(tiny_model_path)
     with pytest.raises(ValueError, match="attention_kernel='flash'"):
         HFEngine(base, tokenizer, attention_kernel="flash")
+
+
+def test_block_columns_fit_the_devices_shared_memory(monkeypatch):
+    """128 columns a block where two pipelined stages of a block's keys and values (bf16, head
+    dim 128: 2 x 128 x 128 x 2 B x 2 = 128 KiB) take at most 3/4 of shared memory (an H200's
+    227 KiB: 170 KiB); 64 on an A100 (163 KiB: 122 KiB) or at head dim 256; 32 with 48 KiB
+    (36 KiB: 32 KiB fits, 64 KiB does not); 128 without CUDA (the interpreter)."""
+    import torch
+
+    from roll.inference.hf import attention_kernel as ak
+
+    cuda = torch.device("cuda", 0)
+    for shared, head_dim, itemsize, block in ((232448, 128, 2, 128), (166912, 128, 2, 64),
+                                              (232448, 256, 2, 64), (232448, 64, 4, 128),
+                                              (101376, 128, 2, 64), (49152, 128, 2, 32)):
+        monkeypatch.setitem(ak._SHARED_MEMORY, 0, shared)
+        assert ak.block_columns(cuda, head_dim, itemsize) == block, (shared, head_dim)
+    assert ak.block_columns(torch.device("cpu"), 128, 2) == ak.BLOCK_N == 128
