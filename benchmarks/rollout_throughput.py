@@ -37,7 +37,9 @@ tok/s counts generated tokens only. Compiled engines (and serve rows): one warm-
 figure, and ``mixed_over_no_lora`` per round and its median. Eager rows: one timed call.
 Per batch size, ``roofline``: the bytes a decode step must read (weights, adapters, KV cache at
 the mean context) and the tok/s the card's peak bandwidth allows; each timed row gets its
-achieved ``hbm_gb_s`` and ``of_roofline`` beside its tok/s (issue 33's 40% goal).
+achieved ``hbm_gb_s`` and ``of_roofline`` beside its tok/s (issue 33's 40% goal); the same for
+the decode steps alone (``decode_tok_s``, ``decode_hbm_gb_s``, ``decode_of_roofline``: each
+round also times a call with one new token, the prefill and first token, and takes it off).
 Prints one JSON object and writes it to $OUT/rollout_throughput.json when OUT is set. Also
 checks our engines' log-probs against a teacher-forced forward of the trainer model.
 """
@@ -186,9 +188,14 @@ def served(engine: HFEngine, requests: list[GenerationRequest]) -> list:
 def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
     """name → (engine, requests): one warm-up each, then ``rounds`` rounds that time every
     variant once, in turn (a drift of the machine's speed then hits all of them alike).
-    Variants named ``*_serve`` run ``engine.serve``, the others ``engine.generate``.
+    Variants named ``*_serve`` run ``engine.serve``, the others ``engine.generate``, each round
+    also with one new token only (the prefill and the first token), so that
+    ``decode_tok_s`` = rows x (new tokens - 1) / (median full call - median one-token call)
+    counts the decode steps alone.
     Returns figures (median tok/s, and every round's) and each variant's warm-up outputs."""
-    figures, outputs, times = {}, {}, {name: [] for name in variants}
+    figures, outputs = {}, {}
+    times = {name: [] for name in variants}
+    first = {name: [] for name in variants if not name.endswith("_serve")}
 
     def call(name, engine, requests):
         if name.endswith("_eager_sampler"):  # the same engine, its sampler uncompiled
@@ -199,20 +206,33 @@ def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
                 engine.pick = picker
         return served(engine, requests) if name.endswith("_serve") else engine.generate(requests)
 
+    def one_token(requests):
+        return [replace(r, sampling=replace(r.sampling, max_new_tokens=1)) for r in requests]
+
     for name, (engine, requests) in variants.items():
         warmup, outputs[name] = timed(lambda n=name, e=engine, r=requests: call(n, e, r), device)
         assert all(len(o.token_ids) == r.sampling.max_new_tokens
                    for o, r in zip(outputs[name], requests, strict=True))
         figures[name] = {"warmup_s": warmup}
+        if name in first:
+            call(name, engine, one_token(requests))
     for _ in range(rounds):
         for name, (engine, requests) in variants.items():
             times[name].append(timed(lambda n=name, e=engine, r=requests: call(n, e, r),
                                      device)[0])
-    for name, (engine, _) in variants.items():
+            if name in first:
+                short = one_token(requests)
+                first[name].append(timed(lambda n=name, e=engine, r=short: call(n, e, r),
+                                         device)[0])
+    for name, (engine, requests) in variants.items():
         tokens = sum(len(o.token_ids) for o in outputs[name])
         figures[name] |= {"tok_s": tokens / statistics.median(times[name]),
                           "seconds": statistics.median(times[name]),
                           "tok_s_rounds": [round(tokens / t) for t in times[name]]}
+        if name in first and statistics.median(times[name]) > statistics.median(first[name]):
+            decode_s = statistics.median(times[name]) - statistics.median(first[name])
+            figures[name] |= {"first_token_s": statistics.median(first[name]),
+                              "decode_tok_s": (tokens - len(requests)) / decode_s}
         if hasattr(engine, "decode_captures"):  # ours (vLLM captures its own graphs)
             figures[name]["decode_captures"] = engine.decode_captures
         if name.endswith("_serve"):
@@ -334,6 +354,11 @@ def with_bandwidth(figures: dict, line: dict, batch: int) -> None:
             row["hbm_gb_s"] = round(row["tok_s"] / batch * line["step_gb"], 1)
             if "roofline_tok_s" in line:
                 row["of_roofline"] = round(row["tok_s"] / line["roofline_tok_s"], 3)
+            if row.get("decode_tok_s"):  # the decode steps alone (run_interleaved)
+                row["decode_hbm_gb_s"] = round(row["decode_tok_s"] / batch * line["step_gb"], 1)
+                if "roofline_tok_s" in line:
+                    row["decode_of_roofline"] = round(row["decode_tok_s"]
+                                                      / line["roofline_tok_s"], 3)
 
 
 def main() -> None:
@@ -369,6 +394,10 @@ def main() -> None:
     parser.add_argument("--triton-attention", action="store_true",
                         help="also: the compiled engine with attention_kernel='triton' (reads "
                              "only the cache blocks a row sees), one more warm-up")
+    parser.add_argument("--pipeline-defaults", action="store_true",
+                        help="ours_compiled with what the pipeline resolves on CUDA: fused "
+                             "projections and the Triton decode attention (else the engine's "
+                             "own defaults: unfused, SDPA)")
     parser.add_argument("--eager-sampler", action="store_true",
                         help="also: the compiled engine with its token picker uncompiled "
                              "(sampling.pick_tokens eager, as before it was compiled)")
@@ -395,6 +424,7 @@ def main() -> None:
         "dtype": str(dtype).removeprefix("torch."),
         "agents": agents, "lora_rank": rank, "lora_targets": ALL_LINEAR,
         "prompt_tokens": prompt_len, "new_tokens": new_tokens,
+        "pipeline_defaults": args.pipeline_defaults,
         "decoding": ("greedy" if args.temperature == 0 else
                      f"sampled at temperature {args.temperature}") + ", EOS ignored",
         "results": {},
@@ -422,7 +452,10 @@ def main() -> None:
         result["vllm"] = {"version": __import__("vllm").__version__, "engine_start_s": started}
     compiled = no_lora = torch_kernels = triton_attention = fused = None
     if compile_ours:
-        compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
+        defaults = ({"fuse_projections": True, "attention_kernel": "triton"}
+                    if args.pipeline_defaults else {})
+        compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
+                                 **defaults)
         push_adapters(compiled, team, version=1)
         result["lora_kernels"] = compiled.fused.kernels
         no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)

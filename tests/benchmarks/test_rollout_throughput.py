@@ -1,6 +1,7 @@
 """benchmarks/rollout_throughput.py --vllm on the tiny model (real vLLM, CPU build): vLLM's rows
 are timed in the same rounds as ours (issue 33's side-by-side: interleaved, medians and every
-round), their log-probs equal the trainer's, and the per-round ratio is each round's own."""
+round), their log-probs equal the trainer's, the per-round ratio is each round's own, and the
+decode steps are timed apart from the prefill."""
 
 from __future__ import annotations
 
@@ -36,3 +37,10 @@ def test_vllm_rows_are_timed_in_the_same_rounds_as_ours(tmp_path):
                                       row["vllm_no_lora"]["tok_s_rounds"], strict=True)]
     assert ratio["rounds"] == pytest.approx(expected, abs=2e-3)
     assert ratio["median_of_rounds"] == pytest.approx(sorted(expected)[1], abs=2e-3)
+    # the decode steps alone: each round also timed a one-token call (prefill + first token)
+    for name in ("vllm_mixed", "vllm_no_lora"):  # (ours is timed in rounds on CUDA only)
+        figures = row[name]
+        decoded = 4 * (result["new_tokens"] - 1)  # 4 rows, the first token of each excluded
+        assert 0 < figures["first_token_s"] < figures["seconds"]
+        assert figures["decode_tok_s"] == pytest.approx(
+            decoded / (figures["seconds"] - figures["first_token_s"]), rel=1e-9)

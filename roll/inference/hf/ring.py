@@ -106,7 +106,7 @@ def ring_decode_attention_triton(module, query: Tensor, key: Tensor, value: Tens
                                  attention_mask: Tensor, dropout: float = 0.0,
                                  scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """``ring_decode_attention``'s contract through the Triton kernel of attention_kernel.py,
-    which reads only the key/value blocks a lane's mask lets it see. One token per lane."""
+    which loads only the key/value columns a lane's mask lets it see. One token per lane."""
     from roll.inference.hf.attention_kernel import ring_attention
 
     batch, query_heads, length, head_dim = query.shape
@@ -119,8 +119,8 @@ def ring_decode_attention_triton(module, query: Tensor, key: Tensor, value: Tens
 
 ATTENTION_KERNELS = {"sdpa": RING_ATTENTION, "triton": RING_ATTENTION + "_triton"}
 """The decode attention's implementations (``HFEngine(attention_kernel=...)``): one fused
-``scaled_dot_product_attention`` over the whole cache, or the Triton kernel that skips the
-blocks a lane cannot see (attention_kernel.py)."""
+``scaled_dot_product_attention`` over the whole cache, or the Triton kernel that never loads
+the columns a lane cannot see (attention_kernel.py; the pipeline's default on CUDA)."""
 
 
 def register_ring_attention() -> None:
