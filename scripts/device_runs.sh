@@ -201,6 +201,7 @@ launch)
   [ "$threads" -ge 1 ] || threads=1
   OUT="$RUNS/out_$name" OMP_NUM_THREADS=$threads setsid nohup python benchmarks/learning.py \
     --run_dir "$RUNS" "$@" > "$RUNS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUNS/$name.pid"  # `watch` returns once every run and benchmark has ended
   echo "[$(ts)] launched $name (pid $!, $threads host threads)" ;;
 bench)
   # bench NAME 'COMMAND': a benchmark (or a chain of them) detached beside the learning runs,
@@ -209,6 +210,7 @@ bench)
   name=${1:?NAME}; command=${2:?COMMAND}
   mkdir -p "$RUNS/out_$name"
   OUT="$RUNS/out_$name" setsid nohup bash -c "$command" > "$RUNS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUNS/$name.pid"
   echo "[$(ts)] benchmark $name (pid $!): $command" ;;
 watch)
   # A fresh machine (the last one went back, runs and all) has no logs: say so at once, not
@@ -222,13 +224,23 @@ watch)
   every=${DEVICE_WATCH_EVERY:-30}  # (a test's shorter period)
   # never past SECONDS: session 61's `watch 560` every 60 s slept to 600 s, hit the call's
   # limit and brought nothing back (its progress is packed after the loop)
+  # ...and once every run and benchmark launched here has ended, at once, not at SECONDS
+  # (session 67 watched two finished runs for 3.5 of its 30 device minutes)
+  all_ended() {
+    ls "$RUNS"/*.pid > /dev/null 2>&1 || return 1  # (none recorded: watch SECONDS)
+    for pid_file in "$RUNS"/*.pid; do
+      ! kill -0 "$(cat "$pid_file")" 2> /dev/null || return 1
+    done
+  }
   while left=$(( end - $(date +%s) )); [ "$left" -gt 0 ]; do
-    sleep $(( left < every ? left : every ))
+    ended=""
+    if all_ended; then ended=1; else sleep $(( left < every ? left : every )); fi
     for f in "$RUNS"/*.log; do  # a learning run's last step, or a benchmark's last line
       last=$(grep -a 'step' "$f" | tail -1 || true)
       echo "[$(ts)] $(basename "$f"): $(echo "${last:-$(grep -a . "$f" | tail -1)}" | cut -c1-150)"
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null || true
+    if [ -n "$ended" ]; then echo "[$(ts)] every run and benchmark here has ended"; break; fi
   done
   copy_metrics ;;
 bring)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tarfile
 import time
@@ -116,6 +117,30 @@ def test_watch_never_sleeps_past_its_seconds(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "A.log: step 3/80" in done.stdout
     assert (out / "progress.tgz").exists()
+
+
+@pytest.mark.slow  # a detached benchmark (~2 s): the quick subset stays under 3 minutes
+def test_watch_returns_once_every_launched_benchmark_has_ended(tmp_path):
+    """`watch 600` beside a benchmark that ends after a second returns with its last line
+    (session 67's watched two finished runs until its SECONDS were spent); while one still
+    runs, it watches on."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    env = {"DEVICE_RUNS": str(runs), "OUT": str(out), "DEVICE_WATCH_EVERY": "1"}
+    assert _run("bench", "short", 'sleep 1; echo "[12:00:01] short done"', env=env).returncode == 0
+    done = subprocess.run(["bash", str(SCRIPT), "watch", "600"], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)  # 600 s without the fix
+    assert done.returncode == 0, done.stderr
+    assert "short.log: [12:00:01] short done" in done.stdout
+    assert "every run and benchmark here has ended" in done.stdout
+    assert (out / "progress.tgz").exists()
+    # a benchmark still running: `watch 2` watches its full 2 s and says nothing has ended
+    assert _run("bench", "long", "sleep 30", env=env).returncode == 0
+    done = subprocess.run(["bash", str(SCRIPT), "watch", "2"], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "has ended" not in done.stdout
+    os.kill(int((runs / "long.pid").read_text()), signal.SIGTERM)
 
 
 def test_watch_stops_at_once_on_a_machine_without_runs(tmp_path):
