@@ -89,7 +89,7 @@ def measure(lanes: int, columns: int, pattern: str, gen: torch.Generator, bench)
                                  - exact).abs().max())}
     tried = {}
     for block_n, chunk, warps, stages, skip in itertools.product(
-            (32, 64, 128), (None, 64, 128, columns), (4, 8), (None, 2, 3), (True, False)):
+            (32, 64, 128), (None, 64, 128), (4, 8), (None, 2, 3), (True, False)):
         if chunk is not None and chunk % block_n:
             continue
         settings = {"block_n": block_n, "chunk": chunk, "num_warps": warps,

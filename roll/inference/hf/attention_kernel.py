@@ -37,9 +37,6 @@ STAGES = 2
 """Software-pipelined stages of the inner loop's loads."""
 VISIBLE = -1e30
 """An additive mask value above this is a visible column (hidden ones are the dtype's min)."""
-TARGET_PROGRAMS = 1024
-"""``chunk=None``: chunks are chosen so that lanes x kv heads x chunks reaches about this many
-programs (slower than one chunk on an H200 at 32-256 lanes; kept for long caches)."""
 _SHARED_MEMORY: dict[int, int] = {}
 
 
@@ -143,14 +140,6 @@ def _combine_kernel(part_ptr, stat_ptr, out_ptr, parts, groups, head_dim, stride
              mask=(g < groups)[:, None] & (d < head_dim)[None, :])
 
 
-def default_chunk(lanes: int, kv_heads: int, columns: int, block_n: int = BLOCK_N) -> int:
-    """Columns per program: the whole cache when lanes x kv heads already give
-    ``TARGET_PROGRAMS`` programs, else split so that they do (a multiple of ``block_n``)."""
-    splits = max(1, min(-(-TARGET_PROGRAMS // (lanes * kv_heads)), -(-columns // block_n)))
-    per_split = -(-columns // splits)
-    return -(-per_split // block_n) * block_n
-
-
 def block_columns(device: torch.device, head_dim: int, itemsize: int) -> int:
     """``BLOCK_N``, halved until a block's keys and values in every pipelined stage take at
     most 3/4 of the device's shared memory (an H100/H200 at head dim 128: 128 columns; an A100
@@ -170,12 +159,12 @@ def block_columns(device: torch.device, head_dim: int, itemsize: int) -> int:
 
 
 def launch(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float, *,
-           block_n: int | None = None, chunk: int | None = 0, num_warps: int = 4,
+           block_n: int | None = None, chunk: int | None = None, num_warps: int = 4,
            num_stages: int | None = STAGES, skip: bool = False) -> Tensor:
     """``ring_attention`` with its tiles chosen by the caller: ``block_n`` columns per inner
-    step (None: ``block_columns``), ``chunk`` columns per program (0: the whole cache, one
-    chunk; None: ``default_chunk``), ``skip`` a block whose every column is hidden without
-    entering it (its loads are masked off either way)."""
+    step (None: ``block_columns``), ``chunk`` columns per program (None: the whole cache, one
+    chunk per lane; fewer split it, flash decoding's split-K), ``skip`` a block whose every
+    column is hidden without entering it (its loads are masked off either way)."""
     block_n = block_n or block_columns(key.device, key.shape[-1], key.element_size())
     batch, query_heads, head_dim = query.shape
     kv_heads, columns = key.shape[1], key.shape[2]
@@ -185,7 +174,7 @@ def launch(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float
     query = query if query.stride(-1) == 1 else query.contiguous()
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
     groups = query_heads // kv_heads
-    chunk = columns if chunk == 0 else chunk or default_chunk(batch, kv_heads, columns, block_n)
+    chunk = chunk or columns
     parts = -(-columns // chunk)
     block_g = max(16, triton.next_power_of_2(groups))  # a tensor-core product has >= 16 rows
     block_d = max(16, triton.next_power_of_2(head_dim))
