@@ -13,8 +13,9 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   ours_eager      HFEngine, dynamic cache, no compile
   stock_peft      PEFT mixed batch: HF ``generate(adapter_names=...)`` (a loop per adapter)
   hf_base         HF ``generate`` of the base model (adapters off), dynamic cache
-  with --extra:   ours_compiled_no_lora (our compiled loop, no adapter: the cost of the
-                  fused LoRA) and hf_base_compiled (HF generate, static cache + auto-compile)
+  with --extra:   ours_compiled_no_lora (our compiled loop built as ours_compiled, with
+                  --pipeline-defaults too, no adapter: the cost of the fused LoRA) and
+                  hf_base_compiled (HF generate, static cache + auto-compile)
   with --serve:   ours_compiled_serve (the same compiled engine's continuous batching,
                   ``serve``: one lane per request, its compiled decode step one captured CUDA
                   graph) and ours_eager_serve (the uncompiled engine's: the eager step
@@ -458,7 +459,8 @@ def main() -> None:
                                  **defaults)
         push_adapters(compiled, team, version=1)
         result["lora_kernels"] = compiled.fused.kernels
-        no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True)
+        no_lora = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
+                                **defaults)  # (the same engine as ours_compiled, no adapter)
         if args.triton_attention:
             triton_attention = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
                                              compile=True, attention_kernel="triton",

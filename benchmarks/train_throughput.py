@@ -92,8 +92,7 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
-    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile,
-                           compile_mode=args.compile_mode).validate()
+    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile)
     if args.compile:
         torch._dynamo.reset()  # each team compiles afresh: its warm-up and graphs are its own
     trainer = MultiAgentTrainer(model, agents, config)
@@ -110,33 +109,15 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     with stage(f"{team}: old-log-prob pass (first call compiles when on)"):
         filled = batch.with_fields(old_logprobs=old_logprob())
     result = {"agents": num_agents, "fused": fused}
-    # Figures to compare across modes and paths (same seeds, same rows): the first pass's
-    # summed log-probs, and the first train step's per-agent loss and gradient norm.
-    scored = batch.response_mask.bool()
-    result["old_logprob_sum"] = round(float(filled.old_logprobs[scored].double().sum()), 4)
     with stage(f"{team}: old-log-prob pass timed"):
         result["old_logprob"] = measure(old_logprob, batch.input_ids.device, args.repeats)
-    first: list[dict] = []
-
-    def step():
-        metrics = trainer.train_step(filled)
-        if not first:
-            first.append({agent: {key: round(float(values[key]), 6)
-                                  for key in ("loss", "grad_norm")}
-                          for agent, values in metrics.items()})
-
     with stage(f"{team}: train step timed (its warm-up compiles when on)"):
-        result["train_step"] = measure(step, batch.input_ids.device, args.repeats)
-    result["first_step"] = first[0]
+        result["train_step"] = measure(lambda: trainer.train_step(filled),
+                                       batch.input_ids.device, args.repeats)
     if args.compile:
-        from torch._dynamo.utils import counters
-
         from roll.utils.recompiles import compile_count
 
         result["compiled_graphs"] = compile_count()  # after warm-ups AND timed calls
-        # CUDA graphs (compile_mode=reduce-overhead): recorded, or skipped and why
-        result["cudagraph_counters"] = {key: value for key, value in counters["inductor"].items()
-                                        if "cudagraph" in key}
     if args.profile:
         result["profile"] = profile_step(lambda: trainer.train_step(filled), args.profile)
     # Remove this team's hooks and adapters from the shared base before the next team is built.
@@ -160,9 +141,6 @@ def main() -> None:
                         help="also profile one train step per point; report the TOP operators")
     parser.add_argument("--compile", action="store_true",
                         help="trainer.compile=true: compiled decoder layers, gated LoRA rows")
-    parser.add_argument("--compile_mode", default="default",
-                        help="trainer.compile_mode with --compile: default, reduce-overhead "
-                             "(each layer's forward and backward replayed as CUDA graphs)")
     parser.add_argument("--paths", nargs="+", default=["fused", "sequential"],
                         choices=["fused", "sequential"])
     args = parser.parse_args()
@@ -201,8 +179,7 @@ def main() -> None:
                 entry[phase]["seconds"] / one[phase]["seconds"], 3)
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
                "rows": rows, "tokens": tokens, "prompt": args.prompt,
-               "micro_batch_size": args.micro, "compile": args.compile,
-               "compile_mode": args.compile_mode, "results": results}
+               "micro_batch_size": args.micro, "compile": args.compile, "results": results}
     emit(summary, "train_throughput.json")
 
 

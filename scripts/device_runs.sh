@@ -84,6 +84,10 @@
 # paused > 30 s between `watch` calls to read results (the runs still going were lost): read
 # what a call brought back AFTER issuing the next `watch`, never before.
 # A `pkill -f PATTERN` whose own command line holds PATTERN kills its own call: use `stop`.
+# Seen again (2026-11-29, session 68): both. A `pkill -f` ended its own call, and a pause of a
+# minute to edit code here lost an x2 machine mid-run (vLLM at batch 256, the 82.7 B stage not
+# yet started), and no x2 was lent again that session: while runs are going, every call is a
+# `watch` issued at once; edit between machines, not between calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ts() { date +%H:%M:%S; }

@@ -46,11 +46,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_map
 
 from roll.multi_agent.prefix import LayerKV, layer_kv
 from roll.multi_agent.routing import RowRouting, base_layers_only
@@ -76,24 +74,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 class CompiledLayers:
     """The compiled decoder layers of one model, switched in only inside ``active``."""
 
-    def __init__(self, base_model: nn.Module, backend: str = "inductor",
-                 mode: str = "default") -> None:
+    def __init__(self, base_model: nn.Module, backend: str = "inductor") -> None:
         self.layers = decoder_layers(base_model)
         self.embeddings = base_model.get_input_embeddings()
         # One compiled callable per layer; they share one code object, so dynamo's cache (and
         # its compiled graphs) is shared by every layer. Rows and tokens vary from one forward
         # to the next: dynamic from the start, not one static graph and then a dynamic one.
         compile_in_process()  # roll/utils/compile_workers.py says why
-        options = {} if mode == "default" else {"mode": mode}
-        self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True,
-                                        **options) for layer in self.layers]
-        if mode == "reduce-overhead":
-            # Replayed as CUDA graphs, one compiled function fed its own output (layer k+1
-            # reads layer k's) fails: the next replay overwrites the output it is reading
-            # (PyTorch issue 152887, fixed after torch 2.11; seen on an H200 in session 63).
-            # Each layer's output is copied out of the graphs' memory first, as PyTorch's
-            # message advises (a (rows, tokens, hidden) copy per layer).
-            self._compiled = [partial(_copied_out, compiled) for compiled in self._compiled]
+        # (torch.compile's mode 'reduce-overhead', the layers replayed as CUDA graphs, failed
+        # on an H200: a layer's replay overwrote the output the next layer was reading
+        # (session 63); with each layer's output cloned it ran 40x slower than this mode, every
+        # replay re-recorded behind the earlier layers' pending backwards (session 68;
+        # benchmarks/README.md)
+        self._compiled = [torch.compile(layer._call_impl, backend=backend, dynamic=True)
+                          for layer in self.layers]
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -116,22 +110,16 @@ class CompiledLayers:
                 layer._compiled_call_impl = None
 
 
-def _copied_out(compiled, *args, **kwargs):
-    """A compiled layer's outputs, each tensor copied out of the CUDA graphs' memory."""
-    return tree_map(lambda value: value.clone() if isinstance(value, Tensor) else value,
-                    compiled(*args, **kwargs))
-
-
 class CompiledForward:
     """Logits of a PEFT model through the compiled layers, PEFT's own LoRA off (no active
     adapter) and each row's own agent's delta added by the row routing."""
 
     def __init__(self, peft_model: nn.Module, lora_layers: Sequence[nn.Module],
                  agent_names: Sequence[str], backend: str = "inductor",
-                 critic_names: Sequence[str] = (), mode: str = "default") -> None:
+                 critic_names: Sequence[str] = ()) -> None:
         self.peft_model = peft_model
         self.lora_layers = list(lora_layers)
-        self.layers = CompiledLayers(peft_model.get_base_model(), backend, mode)
+        self.layers = CompiledLayers(peft_model.get_base_model(), backend)
         self.decoder = peft_model.get_base_model().get_decoder() if critic_names else None
         """The decoder stack without the LM head (the critics read its final hidden states)."""
         self.routing = RowRouting(self.lora_layers, agent_names, critic_names)

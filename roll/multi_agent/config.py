@@ -221,10 +221,6 @@ def _peft_cannot_hold(name: str) -> bool:
     return hasattr(nn.ModuleDict(), name) or hasattr(nn.ParameterDict(), name)
 
 
-COMPILE_MODES = ("default", "reduce-overhead")
-"""``trainer.compile_mode`` values."""
-
-
 @dataclass
 class TrainerConfig:
     """How each agent's adapter is updated from its own rows (see trainer.py)."""
@@ -259,12 +255,6 @@ class TrainerConfig:
     compile_backend: str = "inductor"
     """The torch.compile backend of ``compile`` ('aot_eager' traces the same graphs without
     generating kernels: a quick check when a compiled run misbehaves)."""
-    compile_mode: str = "default"
-    """torch.compile's ``mode`` for the compiled decoder layers (inductor backend): 'default',
-    or 'reduce-overhead': each layer's forward and backward replayed as CUDA graphs, each
-    layer's output copied out of the graphs' memory before the next layer reads it
-    (compiled.py says why), one recording per input shape; no effect on a CPU. Not with
-    ``share_prefix`` (the tail's forward reads keys and values the head's replays wrote)."""
     ppo_mini_batch_size: int | None = None
     """At most this many rows of one agent per optimizer step: each pass shuffles the agent's
     rows (its own generator) and cuts them into ceil(rows / this) mini-batches of nearly equal
@@ -318,9 +308,6 @@ class TrainerConfig:
     'seq-mean-token-mean' (mean per row, then over rows)."""
 
     def validate(self) -> TrainerConfig:
-        if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError("trainer.compile_mode", self.compile_mode,
-                              f"must be one of {', '.join(COMPILE_MODES)}")
         if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
             raise ConfigError("trainer.micro_batch_size", self.micro_batch_size, "must be >= 1")
         if not isinstance(self.ppo_epochs, int) or self.ppo_epochs < 1:

@@ -321,7 +321,7 @@ class MultiAgentLoRAModel(nn.Module):
                 return self.peft_model(input_ids=input_ids, attention_mask=attention_mask,
                                        **kwargs).logits
 
-    def enable_compile(self, backend: str = "inductor", mode: str = "default") -> None:
+    def enable_compile(self, backend: str = "inductor") -> None:
         """Route every forward of this model through compiled decoder layers, each row's
         own agent's LoRA picked per row (compiled.py; ``trainer.compile``). Refused with LoRA
         dropout on."""
@@ -333,7 +333,7 @@ class MultiAgentLoRAModel(nn.Module):
         # Critics are compiled too, unless one has LoRA dropout (then all stay eager).
         critics = [] if any(dropout.get(n, 0) > 0 for n in self.critic_names) else self.critic_names
         self._compiled = CompiledForward(self.peft_model, [layer for _, layer in self.lora_layers],
-                                         self.agent_names, backend, critics, mode)
+                                         self.agent_names, backend, critics)
 
     def disable_compile(self) -> None:
         """Undo ``enable_compile``: eager forwards, no hooks left on the base model's layers

@@ -127,7 +127,7 @@ class MultiAgentTrainer:
         self.model = model
         self.config = config.validate()
         if self.config.compile:
-            model.enable_compile(self.config.compile_backend, self.config.compile_mode)
+            model.enable_compile(self.config.compile_backend)
         model.share_prefix = bool(self.config.share_prefix)
         self.temperature = float(temperature)
         self.agent_names = model.agent_names
