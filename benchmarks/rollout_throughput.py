@@ -362,6 +362,18 @@ def with_bandwidth(figures: dict, line: dict, batch: int) -> None:
                                                       / line["roofline_tok_s"], 3)
 
 
+def pipeline_engine_options(device: torch.device) -> dict:
+    """The hf engine options this benchmark varies, as the pipeline resolves them for a model
+    on ``device`` when the config leaves them at their defaults (pipeline/builders.py)."""
+    from roll.pipeline import builders
+    from roll.pipeline.config import PipelineConfig
+
+    cfg = PipelineConfig()
+    cfg.model.device = str(device)
+    return {"fuse_projections": builders.hf_fuse_projections(cfg),
+            "attention_kernel": builders.hf_attention_kernel(cfg)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke check)")
@@ -396,9 +408,10 @@ def main() -> None:
                         help="also: the compiled engine with attention_kernel='triton' (reads "
                              "only the cache blocks a row sees), one more warm-up")
     parser.add_argument("--pipeline-defaults", action="store_true",
-                        help="ours_compiled with what the pipeline resolves on CUDA: fused "
-                             "projections and the Triton decode attention (else the engine's "
-                             "own defaults: unfused, SDPA)")
+                        help="ours_compiled with what the pipeline resolves on this device "
+                             "(pipeline_engine_options; on CUDA: fused projections and the "
+                             "Triton decode attention; else the engine's own defaults: "
+                             "unfused, SDPA)")
     parser.add_argument("--eager-sampler", action="store_true",
                         help="also: the compiled engine with its token picker uncompiled "
                              "(sampling.pick_tokens eager, as before it was compiled)")
@@ -453,8 +466,7 @@ def main() -> None:
         result["vllm"] = {"version": __import__("vllm").__version__, "engine_start_s": started}
     compiled = no_lora = torch_kernels = triton_attention = fused = None
     if compile_ours:
-        defaults = ({"fuse_projections": True, "attention_kernel": "triton"}
-                    if args.pipeline_defaults else {})
+        defaults = pipeline_engine_options(device) if args.pipeline_defaults else {}
         compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
                                  **defaults)
         push_adapters(compiled, team, version=1)
