@@ -26,9 +26,7 @@ Prints one JSON object; writes $OUT/train_capture.json when OUT is set.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,25 +34,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batches import synthetic_batch  # noqa: E402
-from logprob_memory import QWEN3_06B, TINY  # noqa: E402
+from logprob_memory import measure  # noqa: E402
 from report import emit  # noqa: E402
-from train_throughput import PEAK_FLOPS  # noqa: E402
+from train_throughput import PEAK_FLOPS, frozen_base  # noqa: E402
 
 
 def build(args, device: torch.device):
     """The base (random weights), the team (``--agents`` adapters r 32 on 7 projections, B
     perturbed so every factor gets a gradient) with its compiled forward, and the batch."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from roll.multi_agent.config import AgentConfig, LoRAConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
 
-    torch.manual_seed(0)
-    with device:
-        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if args.tiny else QWEN3_06B)))
-    base = base.to(torch.float32 if args.tiny else torch.bfloat16).eval()
-    for param in base.parameters():
-        param.requires_grad_(False)
+    base = frozen_base(args.tiny, device)
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=args.rank, alpha=args.rank))
               for i in range(args.agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
@@ -131,21 +122,6 @@ class Step:
                 self.loss(*self.static)
 
 
-def timed(step, grads: torch.Tensor, repeats: int, cuda: bool) -> tuple[list[float], torch.Tensor]:
-    """Seconds of ``repeats`` steps (each from zeroed gradients), and one step's gradients."""
-    times = []
-    for _ in range(repeats):
-        grads.zero_()
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times, grads.clone()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on the CPU (a check)")
@@ -173,32 +149,33 @@ def main() -> None:
     if factors is None:
         raise SystemExit("train_capture: the team has no shared buffer of factors")
     step = Step(model, batch, args.micro)
+    grads = factors.grads
+
+    def from_zero(run):  # a step's gradients alone, accumulated in the team's buffer
+        return lambda: (grads.zero_(), run())
+
     result: dict = {}
     with model.training_forward(dict.fromkeys(model.agent_names, 0)):
-        with stage("eager: warm-up step (compiles the training forward)"):
-            timed(step.eager, factors.grads, 1, cuda)
-        with stage(f"eager: {args.repeats} steps"):
-            eager_times, eager_grads = timed(step.eager, factors.grads, args.repeats, cuda)
+        with stage(f"eager: a warm-up step (compiles the training forward), {args.repeats} "
+                   "timed"):
+            result["eager"] = measure(from_zero(step.eager), device, args.repeats)
+        eager_grads = grads.clone()
         with stage("captured: warm-up on a side stream, then one micro-batch recorded"):
             step.capture()
-        with stage(f"captured: {args.repeats} steps"):
-            timed(step.replayed, factors.grads, 1, cuda)
-            captured_times, captured_grads = timed(step.replayed, factors.grads,
-                                                   args.repeats, cuda)
+        with stage(f"captured: a warm-up step, {args.repeats} timed"):
+            result["captured"] = measure(from_zero(step.replayed), device, args.repeats)
+        captured_grads = grads.clone()
     params = sum(p.numel() for p in base.parameters())
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     tokens = args.rows * args.tokens
-    for mode, times in (("eager", eager_times), ("captured", captured_times)):
-        seconds = statistics.median(times)
-        result[mode] = {"seconds": round(seconds, 4),
-                        "range": [round(min(times), 4), round(max(times), 4)],
-                        "train_tokens_per_s": round(tokens / seconds)}
+    for mode in ("eager", "captured"):
+        seconds = result[mode]["seconds"]
+        result[mode]["train_tokens_per_s"] = round(tokens / seconds)
         if peak:
             result[mode]["mfu"] = round(6 * params * tokens / seconds / peak, 4)
-    scale = float(eager_grads.abs().max())
     result["grad_gap"] = float((captured_grads - eager_grads).abs().max())
-    result["grad_scale"] = scale
+    result["grad_scale"] = float(eager_grads.abs().max())
     result["captured_over_eager"] = round(result["captured"]["seconds"]
                                           / result["eager"]["seconds"], 3)
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
@@ -206,8 +183,6 @@ def main() -> None:
                "agents": args.agents, "lora_rank": args.rank, "backend": args.backend,
                "captured_graph": step.graph is not None, "window_first": step.first,
                **result}
-    if cuda:
-        summary["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     emit(summary, "train_capture.json")
 
 

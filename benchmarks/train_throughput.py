@@ -84,6 +84,20 @@ def profile_step(step, top: int) -> dict:
     return result
 
 
+def frozen_base(tiny: bool, device: torch.device):
+    """A Qwen3 base of random weights (seed 0), frozen: the 0.6B shape in bf16, or (``tiny``)
+    the tiny shape in fp32."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    with device:
+        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if tiny else QWEN3_06B)))
+    base = base.to(torch.float32 if tiny else torch.bfloat16).eval()
+    for param in base.parameters():
+        param.requires_grad_(False)
+    return base
+
+
 def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
@@ -146,15 +160,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         args.rows, args.tokens, args.prompt = 16, 64, 32
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    torch.manual_seed(0)
-    with device:
-        base = Qwen3ForCausalLM(Qwen3Config(**(TINY if args.tiny else QWEN3_06B)))
-    base = base.to(torch.float32 if args.tiny else torch.bfloat16).eval()
-    for param in base.parameters():
-        param.requires_grad_(False)
+    base = frozen_base(args.tiny, device)
     params = sum(p.numel() for p in base.parameters())
     rows, tokens = args.rows, args.tokens
     batch = synthetic_batch(rows, tokens, args.prompt, base.config.vocab_size,

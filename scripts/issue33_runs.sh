@@ -8,29 +8,19 @@
 # 2. our engine (the pipeline's CUDA defaults: compiled, fused projections, Triton attention)
 #    and vLLM 0.26 in one call, interleaved rounds, no-adapter and mixed rows, batch 64 and 256.
 # I33_RUNS picks some of: train, capture, capture8, vllm (default: all, in that order).
-# Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME.json as soon as it ends.
+# Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${DEVICE_RUNS:-/tmp/runs}
-OUT=${OUT:?OUT: where the JSON goes}
-ts() { date +%H:%M:%S; }
-one() {  # one NAME COMMAND...: run it (stdout to its log), copy its JSON out
-  local name=$1 work="$RUNS/w_$1"; shift
-  mkdir -p "$work"
-  echo "[$(ts)] start $name: $*"
-  OUT=$work timeout 560 "$@" > "$RUNS/$name.log" 2>&1
-  echo "[$(ts)] end $name rc=$?"
-  for file in "$work"/*.json; do [ -f "$file" ] && cp "$file" "$OUT/$name.json"; done
-}
-train=(python benchmarks/train_throughput.py --agents 1 8 --repeats 3 --paths fused --compile
-       --micro 8)
+. scripts/chain.sh  # RUNS, OUT, ts, one NAME GPUS THREADS SCRIPT ARGS...
+gpu=${CUDA_VISIBLE_DEVICES:-0} threads=${OMP_NUM_THREADS:-16}
+train=(benchmarks/train_throughput.py --agents 1 8 --repeats 3 --paths fused --compile --micro 8)
 for run in ${I33_RUNS:-train capture capture8 vllm}; do
   case $run in
-    train) one train "${train[@]}" ;;
-    capture) one capture python benchmarks/train_capture.py ;;
-    capture8) one capture8 python benchmarks/train_capture.py --agents 8 ;;
+    train) one train "$gpu" "$threads" "${train[@]}" ;;
+    capture) one capture "$gpu" "$threads" benchmarks/train_capture.py ;;
+    capture8) one capture8 "$gpu" "$threads" benchmarks/train_capture.py --agents 8 ;;
     vllm) VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-      one vllm python benchmarks/rollout_throughput.py --vllm --pipeline-defaults \
+      one vllm "$gpu" "$threads" benchmarks/rollout_throughput.py --vllm --pipeline-defaults \
         --compiled-only --skip-stock --extra --skip-hf-compiled --batches 64 256 --rounds 5 ;;
     *) echo "unknown run $run" >&2 ;;
   esac

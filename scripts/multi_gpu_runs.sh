@@ -16,26 +16,12 @@
 #   GPU 1      ZeRO-3 / ZeRO-2 on the 0.6B shape (the base stays gathered again), twice
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${DEVICE_RUNS:-/tmp/runs}
-OUT=${OUT:?OUT: where the JSON goes}
-ts() { date +%H:%M:%S; }
+. scripts/chain.sh  # RUNS, OUT, ts, one NAME GPUS THREADS SCRIPT ARGS...
 steps="--modes continuous --steps 8 --gpu_busy"
 games="--settings kuhn:4 hanabi:4 $steps --groups 16 32"
 ray="cluster.backend=ray rollout.overlap=true rollout.lookahead=1"
 coloc1="$ray actor_infer.colocate=true actor_train.world_size=1 actor_infer.num_engines=1"
 coloc2="$ray actor_infer.colocate=true actor_train.world_size=2 actor_infer.num_engines=2"
-
-one() {  # one NAME GPUS THREADS SCRIPT ARGS...: a benchmark in its own $OUT, its JSON copied as NAME_*
-  local name=$1 gpus=$2 threads=$3; shift 3
-  local work="$RUNS/w_$name"
-  mkdir -p "$work"
-  echo "[$(ts)] start $name on GPUs $gpus: $*"
-  CUDA_VISIBLE_DEVICES=$gpus OMP_NUM_THREADS=$threads OUT=$work timeout "${RUN_LIMIT:-600}" \
-    python "$@" > "$RUNS/$name.log" 2>&1
-  local rc=$?
-  for f in "$work"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/${name}_$(basename "$f")"; done
-  echo "[$(ts)] end $name rc=$rc"
-}
 
 (TORCH_LOGS=recompiles RUN_LIMIT=900 one coloc2_overlap 2,3 32 benchmarks/pipeline_step.py \
    $games --override $coloc2

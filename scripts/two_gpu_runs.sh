@@ -14,20 +14,7 @@
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${DEVICE_RUNS:-/tmp/runs}
-OUT=${OUT:?OUT: where the JSON goes}
-ts() { date +%H:%M:%S; }
-one() {  # one NAME GPUS THREADS SCRIPT ARGS...: a benchmark in its own $OUT, its JSON copied as NAME_*
-  local name=$1 gpus=$2 threads=$3; shift 3
-  local work="$RUNS/w_$name"
-  mkdir -p "$work"
-  echo "[$(ts)] start $name on GPUs $gpus: $*"
-  CUDA_VISIBLE_DEVICES=$gpus OMP_NUM_THREADS=$threads OUT=$work timeout "${RUN_LIMIT:-600}" \
-    python "$@" > "$RUNS/$name.log" 2>&1
-  local rc=$?
-  for f in "$work"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/${name}_$(basename "$f")"; done
-  echo "[$(ts)] end $name rc=$rc"
-}
+. scripts/chain.sh  # RUNS, OUT, ts, one NAME GPUS THREADS SCRIPT ARGS...
 large="benchmarks/train_data_parallel.py --world_sizes 2 --strategy deepspeed --zero_stage 3
   --shape large --layers 96 --agents 2 --rows 2 --tokens 256 --prompt 128 --micro 1 --repeats 2"
 games="--settings kuhn:4 hanabi:4 --modes continuous --steps 8 --gpu_busy --groups 16"

@@ -274,3 +274,29 @@ def test_ray_alone_is_packed_under_its_own_prefix(tmp_path):
     assert sorted(piece.name for piece in keep.iterdir()) == ["eng_aa", "ray_aa", "ray_ab"]
     assert (keep / "eng_aa").read_bytes() == b"the vLLM pack"
     assert (keep / "ray_aa").read_bytes() + (keep / "ray_ab").read_bytes() == whole
+
+
+def test_a_chain_step_logs_its_run_and_copies_its_json_under_its_name(tmp_path):
+    """scripts/chain.sh's ``one`` (every GPU chain's step): the script runs on the GPUs and
+    threads given, in an $OUT of its own; its stdout goes to NAME.log, each JSON it wrote to
+    the chain's $OUT as NAME_<file>, and its exit status is said; a run that fails keeps
+    what it wrote."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "env = os.environ\n"
+        "print('gpus', env['CUDA_VISIBLE_DEVICES'], 'threads', env['OMP_NUM_THREADS'])\n"
+        "open(os.path.join(os.environ['OUT'], 'bench.json'), 'w').write(json.dumps(sys.argv[1:]))\n"
+        "sys.exit(int(sys.argv[1]))\n")
+    done = subprocess.run(
+        ["bash", "-c", f". scripts/chain.sh; one good 0,1 8 {script} 0 x; one bad 1 4 {script} 3"],
+        cwd=ROOT, env={**os.environ, "OUT": str(out), "DEVICE_RUNS": str(runs)},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "end good rc=0" in done.stdout and "end bad rc=3" in done.stdout
+    assert (runs / "good.log").read_text().strip() == "gpus 0,1 threads 8"
+    assert (runs / "bad.log").read_text().strip() == "gpus 1 threads 4"
+    assert json.loads((out / "good_bench.json").read_text()) == ["0", "x"]
+    assert json.loads((out / "bad_bench.json").read_text()) == ["3"]
