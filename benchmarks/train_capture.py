@@ -40,7 +40,7 @@ from train_throughput import PEAK_FLOPS, frozen_base  # noqa: E402
 
 
 def build(args, device: torch.device):
-    """The base (random weights), the team (``--agents`` adapters r 32 on 7 projections, B
+    """The team on a base of random weights (``--agents`` adapters r 32 on 7 projections, B
     perturbed so every factor gets a gradient) with its compiled forward, and the batch."""
     from roll.multi_agent.config import AgentConfig, LoRAConfig
     from roll.multi_agent.model import MultiAgentLoRAModel
@@ -48,6 +48,7 @@ def build(args, device: torch.device):
     base = frozen_base(args.tiny, device)
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=args.rank, alpha=args.rank))
               for i in range(args.agents)]
+    params = sum(p.numel() for p in base.parameters())  # the base's alone (for MFU)
     model = MultiAgentLoRAModel(base, agents, seed=0)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -57,7 +58,7 @@ def build(args, device: torch.device):
     model.enable_compile(args.backend)
     batch = synthetic_batch(args.rows, args.tokens, args.prompt, base.config.vocab_size,
                             torch.arange(args.rows) % args.agents).to(device)
-    return base, model, batch
+    return model, batch, params
 
 
 class Step:
@@ -102,12 +103,19 @@ class Step:
         self.static = [tensor.clone() for tensor in self.parts[0]]
         if not self.static[0].is_cuda:
             return
+        # While a stream captures, transformers always builds the 4-D attention mask (its
+        # is_tracing() is true); outside, a padding mask of ones gives no mask at all (a host
+        # read decides). The warm-up must compile the layers' variant the capture will run
+        # (a compile while capturing fails: session 69), so it sees one padded position.
+        mask = self.static[1]
+        mask[0, 0] = 0
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmups):
                 self.loss(*self.static)
         torch.cuda.current_stream().wait_stream(stream)
+        mask.copy_(self.parts[0][1])
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.loss(*self.static)
@@ -144,7 +152,7 @@ def main() -> None:
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda" if cuda else "cpu")
     with stage("building the team and its compiled forward"):
-        base, model, batch = build(args, device)
+        model, batch, params = build(args, device)
     factors = model._compiled.factors
     if factors is None:
         raise SystemExit("train_capture: the team has no shared buffer of factors")
@@ -165,7 +173,6 @@ def main() -> None:
         with stage(f"captured: a warm-up step, {args.repeats} timed"):
             result["captured"] = measure(from_zero(step.replayed), device, args.repeats)
         captured_grads = grads.clone()
-    params = sum(p.numel() for p in base.parameters())
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     tokens = args.rows * args.tokens

@@ -13,8 +13,11 @@ Reported: seconds, tokens/s (all tokens of all rows), MFU = 6 * P * tokens / s /
 parameters; the usual dense-training estimate, LoRA's own FLOPs ignored) for the train step,
 peak memory, and each time relative to the 1-agent team on the same path.
 ``--compile`` runs the trainer with ``trainer.compile=true`` (roll/multi_agent/compiled.py) and
-reports each team's warm-up seconds and compiled graphs. ``--profile TOP`` adds one profiled
-train step per point (kernel launches, GPU busy fraction, the TOP operators by GPU time).
+reports each team's warm-up seconds and compiled graphs; on CUDA its micro-batches are then
+replayed from captured graphs (``trainer.capture``'s default; ``--capture off`` for the
+launches without, ``on`` runs the captured path's padded step on a CPU too). ``--profile TOP``
+adds one profiled train step per point (kernel launches, GPU busy fraction, the TOP
+operators by GPU time).
 Prints one JSON object; writes $OUT/train_throughput.json when OUT is set.
 """
 
@@ -106,7 +109,10 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
     agents = [AgentConfig(f"agent_{i}", lora=LoRAConfig(rank=32, alpha=32),
                           optim=OptimConfig(lr=1e-5)) for i in range(num_agents)]
     model = MultiAgentLoRAModel(base, agents, seed=0)
-    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile)
+    if base.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    config = TrainerConfig(micro_batch_size=args.micro, fused=fused, compile=args.compile,
+                           capture={"auto": None, "on": True, "off": False}[args.capture])
     if args.compile:
         torch._dynamo.reset()  # each team compiles afresh: its warm-up and graphs are its own
     trainer = MultiAgentTrainer(model, agents, config)
@@ -132,6 +138,14 @@ def run(args, num_agents: int, fused: bool, base, batch) -> dict:
         from roll.utils.recompiles import compile_count
 
         result["compiled_graphs"] = compile_count()  # after warm-ups AND timed calls
+    captured = trainer.captured
+    result["captured"] = captured is not None
+    if captured is not None:  # trainer.capture: graphs recorded, their seconds, runs without
+        result.update(graphs=captured.captures, capture_s=round(captured.capture_s, 2),
+                      uncaptured_micro_batches=captured.uncaptured)
+    if base.device.type == "cuda":  # the train step's peak_gb counts from after its warm-up,
+        # which holds a captured graph's memory: the whole team's peak is this one
+        result["max_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 1e9, 2)
     if args.profile:
         result["profile"] = profile_step(lambda: trainer.train_step(filled), args.profile)
     # Remove this team's hooks and adapters from the shared base before the next team is built.
@@ -155,6 +169,9 @@ def main() -> None:
                         help="also profile one train step per point; report the TOP operators")
     parser.add_argument("--compile", action="store_true",
                         help="trainer.compile=true: compiled decoder layers, gated LoRA rows")
+    parser.add_argument("--capture", choices=["auto", "on", "off"], default="auto",
+                        help="trainer.capture: auto (the default: on with --compile on CUDA), "
+                             "on, off")
     parser.add_argument("--paths", nargs="+", default=["fused", "sequential"],
                         choices=["fused", "sequential"])
     args = parser.parse_args()
@@ -186,7 +203,8 @@ def main() -> None:
                 entry[phase]["seconds"] / one[phase]["seconds"], 3)
     summary = {"device": name, "torch": torch.__version__, "base_params": params,
                "rows": rows, "tokens": tokens, "prompt": args.prompt,
-               "micro_batch_size": args.micro, "compile": args.compile, "results": results}
+               "micro_batch_size": args.micro, "compile": args.compile,
+               "capture": args.capture, "results": results}
     emit(summary, "train_throughput.json")
 
 

@@ -2,12 +2,19 @@
 # Issue 33's open figures on one GPU, one after another, launched detached by device_runs.sh
 # (vLLM's pieces stashed first: the header of device_runs.sh says how):
 #   bash scripts/device_runs.sh bench i33 'bash scripts/issue33_runs.sh'
-# 1. the default micro-batch's compiled train step, 1 and 8 agents (train_throughput.py);
+# 1. the default micro-batch's compiled train step, 1 and 8 agents (train_throughput.py; its
+#    micro-batches replayed from captured graphs, trainer.capture's default on CUDA); train32:
+#    the same at micro 32; nocapture: micro 8 with --capture off (the launches without graphs);
 #    capture, capture8: the same step's micro-batches replayed from one captured CUDA graph
 #    beside the eager launches (train_capture.py), 1 and 8 agents;
 # 2. our engine (the pipeline's CUDA defaults: compiled, fused projections, Triton attention)
 #    and vLLM 0.26 in one call, interleaved rounds, no-adapter and mixed rows, batch 64 and 256.
-# I33_RUNS picks some of: train, capture, capture8, vllm (default: all, in that order).
+# 3. profiles: trainprof (the train step at micro 8, 1 and 8 agents, 20 operators each) and
+#    decodeprof (the batch-256 decode step with the pipeline's defaults);
+# 4. lanes: the Hanabi example (2 agents, 6 steps) with rollout.lookahead=2, busy lanes and the
+#    in-pipeline / 32-lane engine figure.
+# I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
+# decodeprof, lanes (default: train, capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +29,13 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
     vllm) VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
       one vllm "$gpu" "$threads" benchmarks/rollout_throughput.py --vllm --pipeline-defaults \
         --compiled-only --skip-stock --extra --skip-hf-compiled --batches 64 256 --rounds 5 ;;
+    train32) one train32 "$gpu" "$threads" "${train[@]:0:9}" --micro 32 ;;
+    nocapture) one nocapture "$gpu" "$threads" "${train[@]}" --capture off ;;
+    trainprof) one trainprof "$gpu" "$threads" "${train[@]}" --profile 20 ;;
+    decodeprof) one decodeprof "$gpu" "$threads" benchmarks/rollout_throughput.py --pipeline-defaults \
+      --compiled-only --skip-stock --skip-hf-compiled --extra --batches 256 --rounds 2 --profile ;;
+    lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
+      --modes continuous --steps 6 --override rollout.lookahead=2 ;;
     *) echo "unknown run $run" >&2 ;;
   esac
 done

@@ -70,6 +70,42 @@ def aggregate(
     return row_total.sum() / denominator
 
 
+def ppo_token_terms(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token terms of ``ppo_policy_loss`` (B, T), before aggregation: the clipped
+    surrogate loss, whether the clipped term was the larger one, whether the dual clip capped
+    it, and log(ratio); all 0 / False outside ``mask``. (The captured trainer sums them per
+    row: roll/multi_agent/captured.py.)"""
+    if not 0.0 < clip_low < 1.0:
+        raise ValueError(f"clip_low must be in (0, 1), got {clip_low!r}")
+    if not clip_high > 0.0:
+        raise ValueError(f"clip_high must be > 0, got {clip_high!r}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
+    keep = mask.bool()
+    advantages = _masked(advantages.detach(), keep)
+    log_ratio = _masked(logprobs - old_logprobs.detach(), keep)  # (B, T), 0 off the response
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    is_clipped = clipped > unclipped
+    per_token = torch.where(is_clipped, clipped, unclipped)  # (B, T)
+    is_dual_clipped = torch.zeros_like(keep)
+    if dual_clip is not None:
+        cap = -dual_clip * advantages
+        is_dual_clipped = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(is_dual_clipped, cap, per_token)
+    return per_token, is_clipped & keep, is_dual_clipped, log_ratio
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -101,25 +137,11 @@ def ppo_policy_loss(
         ``approx_kl`` (k3 estimate of KL(old || new): mean of (ratio - 1) - log ratio),
         ``ratio_mean``.
     """
-    if not 0.0 < clip_low < 1.0:
-        raise ValueError(f"clip_low must be in (0, 1), got {clip_low!r}")
-    if not clip_high > 0.0:
-        raise ValueError(f"clip_high must be > 0, got {clip_high!r}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
+    per_token, is_clipped, is_dual_clipped, log_ratio = ppo_token_terms(
+        logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+        dual_clip=dual_clip)
     keep = mask.bool()
-    advantages = _masked(advantages.detach(), keep)
-    log_ratio = _masked(logprobs - old_logprobs.detach(), keep)  # (B, T), 0 off the response
     ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    is_clipped = clipped > unclipped
-    per_token = torch.where(is_clipped, clipped, unclipped)  # (B, T)
-    is_dual_clipped = torch.zeros_like(keep)
-    if dual_clip is not None:
-        cap = -dual_clip * advantages
-        is_dual_clipped = (advantages < 0) & (per_token > cap)
-        per_token = torch.where(is_dual_clipped, cap, per_token)
     loss = aggregate(per_token, keep, agg, normalizer)
     with torch.no_grad():
         metrics = {

@@ -244,6 +244,14 @@ class TrainerConfig:
     dropout 0 and the torch strategy. None (the default): the pipeline turns it on where the
     model is on CUDA and the run can compile (pipeline/builders.py ``trainer_compile``), else
     off; a trainer built directly reads None as off."""
+    capture: bool | None = None
+    """Replay each training micro-batch's forward, loss and backward from a captured CUDA graph
+    (roll/multi_agent/captured.py): one graph per (rows, width, window start) bucket, the host's
+    ~4,000 kernel launches a micro-batch gone. Needs ``compile`` and the token-level loss with
+    ``loss_agg_mode='token-mean'`` (no legal-move terms), the torch strategy on one rank and no
+    shared prefix. None (the default): on where the compiled trainer runs on CUDA and those
+    hold, else off (a batch with legal-move choices then runs uncaptured). true: refused where
+    they cannot hold; on the CPU it runs the same padded per-row step without a graph."""
     share_prefix: bool | None = None
     """Run the leading tokens that every row of a forward shares (a game's rules open every
     prompt) once per agent, each row attending to them (prefix.py): the same log-probs and
@@ -324,6 +332,14 @@ class TrainerConfig:
             raise ConfigError(
                 "trainer.ppo_mini_batch_size", mini, "must be an integer >= 1 or null"
             )
+        if self.capture not in (None, True, False):
+            raise ConfigError("trainer.capture", self.capture, "must be true, false or null")
+        if self.capture:
+            if self.compile is False:
+                raise ConfigError("trainer.capture", True, "needs trainer.compile (it is false)")
+            reason = self.capture_refusal()
+            if reason:
+                raise ConfigError("trainer.capture", True, f"cannot capture with {reason}")
         for name in ("clip_low", "clip_high"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0 and not (name == "clip_high" and value >= 1.0):
@@ -371,6 +387,17 @@ class TrainerConfig:
                 "must be 'token-mean' or 'seq-mean-token-mean'",
             )
         return self
+
+    def capture_refusal(self) -> str | None:
+        """Why this loss cannot be captured per row (``capture``; None: it can)."""
+        if self.loss_agg_mode != "token-mean":
+            return f"trainer.loss_agg_mode={self.loss_agg_mode!r} (only 'token-mean' is per row)"
+        if self.policy_over != "tokens":
+            return f"trainer.policy_over={self.policy_over!r} (legal moves are not captured)"
+        for name in ("action_entropy_coef", "magnet_coef"):
+            if getattr(self, name):
+                return f"trainer.{name}={getattr(self, name)} (legal moves are not captured)"
+        return None
 
     @property
     def forward_rows(self) -> int:

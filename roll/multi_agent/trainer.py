@@ -53,7 +53,8 @@ from roll.algorithms.choices import (
 )
 from roll.algorithms.losses import aggregate, kl_loss, ppo_policy_loss
 from roll.batch import TrajectoryBatch
-from roll.errors import NonFiniteLossError
+from roll.errors import ConfigError, NonFiniteLossError
+from roll.multi_agent.captured import CapturedSteps, capture_refusal
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.model import MultiAgentLoRAModel
 from roll.multi_agent.plan import micro_groups, mini_batches
@@ -137,6 +138,8 @@ class MultiAgentTrainer:
         self.global_step = 0
         self._held: tuple[object, int] | None = None
         self.bonus_scale: dict[str, float] = {}  # each agent's, in its last train step
+        self.captured = self._captured_steps()
+        """The micro-batches' captured graphs (captured.py), None when ``capture`` is off."""
         self.rows_forwarded = 0  # rows this process ran forward/backward on in its last step
 
     @property
@@ -234,6 +237,22 @@ class MultiAgentTrainer:
         self.global_step = state["global_step"]
         self.strategy.load_state_dict(state)
 
+    def _captured_steps(self) -> CapturedSteps | None:
+        """``trainer.capture``: None resolves to on where the compiled trainer runs on CUDA
+        and the setup allows; true where it cannot is refused with the reason."""
+        wanted = self.config.capture
+        if wanted is False:
+            return None
+        device = self.model.tensor_device
+        reason = capture_refusal(self.config, self.model, self.strategy)
+        if reason is not None:
+            if wanted:
+                raise ConfigError("trainer.capture", True, f"cannot capture: {reason}")
+            return None
+        if wanted is None and device.type != "cuda":
+            return None
+        return CapturedSteps(self.model, self.config, self.temperature, device)
+
     # ------------------------------------------------------------------ plan
     def _mini_batches(self, name: str, num_rows: int) -> list[Tensor]:
         """``plan.mini_batches`` of agent ``name``: shuffled by a seed of (run seed, agent
@@ -279,32 +298,42 @@ class MultiAgentTrainer:
         groups = (micro_groups(mine, self.config.micro_batch_size, self.config.fused)
                   if mine else [])
         padding = self.strategy.padding_passes(len(groups))
+        captured = self.captured if batch.choice_tokens is None else None
         with self.model.training_forward(steps, stream):
-            for group in groups:
-                micro = batch.select(torch.cat([rows for _, rows in group]))
-                self.rows_forwarded += len(micro)
-                logprobs, entropy, *choices = self.model(
-                    micro.input_ids, micro.attention_mask, micro.agent_id,
-                    positions=micro.response_mask.bool(), temperature=self.temperature,
-                    # always measured (<agent>/entropy); it adds to the gradient only
-                    # through the loss, when entropy_coef > 0
-                    with_entropy=True, choices=micro.choice_tokens,
-                )
-                total = torch.zeros((), device=mask.device)
-                start = 0
-                for name, rows in group:
-                    part = slice(start, start + len(rows))
-                    start += len(rows)
-                    parts = self._loss(micro.select(part), logprobs[part], entropy[part],
-                                       normalisers[name],
-                                       choices[0][part] if choices else None,
-                                       decisions.get(name), self.bonus_scale[name])
-                    total = total + parts["loss"]
-                    for key, value in parts.items():
-                        parts_of[name][key] = parts_of[name][key] + value.detach()
-                self.strategy.backward(total, [name for name, _ in group])
+            if captured is not None:  # each micro-batch replayed from its graph: captured.py
+                self.rows_forwarded += captured.run_round(
+                    batch, groups, normalisers,
+                    {name: cfg.entropy_coef * self.bonus_scale[name] for name in minis})
+            else:
+                for group in groups:
+                    micro = batch.select(torch.cat([rows for _, rows in group]))
+                    self.rows_forwarded += len(micro)
+                    logprobs, entropy, *choices = self.model(
+                        micro.input_ids, micro.attention_mask, micro.agent_id,
+                        positions=micro.response_mask.bool(), temperature=self.temperature,
+                        # always measured (<agent>/entropy); it adds to the gradient only
+                        # through the loss, when entropy_coef > 0
+                        with_entropy=True, choices=micro.choice_tokens,
+                    )
+                    total = torch.zeros((), device=mask.device)
+                    start = 0
+                    for name, rows in group:
+                        part = slice(start, start + len(rows))
+                        start += len(rows)
+                        parts = self._loss(micro.select(part), logprobs[part], entropy[part],
+                                           normalisers[name],
+                                           choices[0][part] if choices else None,
+                                           decisions.get(name), self.bonus_scale[name])
+                        total = total + parts["loss"]
+                        for key, value in parts.items():
+                            parts_of[name][key] = parts_of[name][key] + value.detach()
+                    self.strategy.backward(total, [name for name, _ in group])
             for _ in range(padding):
                 self._padding_pass(batch)
+        if captured is not None:
+            for name, parts in captured.sums().items():
+                if name in parts_of:
+                    parts_of[name].update(parts)
         if sync is not None and sync.world_size > 1:
             self._sum_over_ranks(list(minis), parts_of, mask.device)
         checks = {}

@@ -1,0 +1,119 @@
+"""trainer.capture (roll/multi_agent/captured.py): the padded, per-row step a CUDA graph records
+gives the compiled trainer's updates and metrics; what it cannot capture is refused or left
+uncaptured. On this CPU there is no graph: the same static-shape step runs eagerly."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from roll.batch import TrajectoryBatch
+from roll.errors import ConfigError
+from roll.multi_agent.captured import BUCKET
+from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.trainer import MultiAgentTrainer
+
+from .helpers import make_rows, make_team
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_to_finalise():
+    """No object of an earlier test is finalised inside a compile trace (conftest.py says why)."""
+    gc.collect()
+
+
+AGENTS = [AgentConfig("alice"), AgentConfig("bob"), AgentConfig("carol")]
+
+
+def _trainer(path, capture: bool | None, **options):
+    model, resolved = make_team(path, AGENTS, optim=OptimConfig(lr=1e-2))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # adapters that differ (B starts at zero: all would be the base)
+        for name in model.agent_names:
+            for _, tensor in model.named_agent_tensors(name):
+                tensor.add_(0.1 * torch.randn(tensor.shape, generator=generator))
+    config = TrainerConfig(micro_batch_size=4, compile=True, compile_backend="aot_eager",
+                           capture=capture, **options).validate()
+    return model, MultiAgentTrainer(model, resolved, config)
+
+
+def _long_prompts(agent_id: list[int], seed: int, length: int = 150) -> TrajectoryBatch:
+    """Rows whose responses start after column 70: the window starts past the first bucket."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_rows(agent_id, seed=seed, length=length)
+    response_mask = torch.zeros_like(batch.response_mask)
+    attention_mask = torch.zeros_like(batch.attention_mask)
+    for row in range(len(agent_id)):
+        prompt = int(torch.randint(70, 90, (1,), generator=gen))
+        total = int(torch.randint(prompt + 2, length + 1, (1,), generator=gen))
+        attention_mask[row, :total] = 1
+        response_mask[row, prompt:total] = 1
+    return batch.with_fields(attention_mask=attention_mask, response_mask=response_mask,
+                             advantages=batch.advantages.abs() * response_mask
+                             * torch.where(torch.arange(length) % 3 == 0, -1.0, 1.0))
+
+
+@pytest.mark.slow  # the full CI runs it (~20 s of tiny compiled steps)
+def test_captured_steps_give_the_compiled_trainers_updates_and_metrics(tiny_model_path):
+    torch._dynamo.reset()
+    # kl, an entropy bonus that decays, dual clip, two mini-batches a step (two rounds)
+    options = dict(kl_coef=0.05, entropy_coef=0.01, bonus_decay_steps=4, dual_clip=3.0,
+                   ppo_mini_batch_size=3)
+    plain_model, plain = _trainer(tiny_model_path, False, **options)
+    model, captured = _trainer(tiny_model_path, True, **options)
+    assert plain.captured is None and captured.captured is not None
+    # alice 5 rows, carol 3, bob none (his adapter and optimizer must stay untouched);
+    # micro-batches of fewer rows than 4 (padding rows), then long prompts (a later window)
+    batches = [make_rows([0, 2, 0, 0, 2, 0, 2, 0], seed=3),
+               _long_prompts([2, 0, 2, 2, 0], seed=4),
+               make_rows([0, 0, 2, 2, 2, 0, 0], seed=5, length=11)]
+    bob = {key: value.clone() for key, value in model.export_adapter("bob").items()}
+    for index, batch in enumerate(batches):
+        want = plain.train_step(batch)
+        got = captured.train_step(batch)
+        assert set(got) == set(want) == {"alice", "carol"}, index
+        for name in want:
+            for key, value in want[name].items():
+                assert got[name][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (
+                    index, name, key)
+            assert want[name]["entropy"] > 0 and want[name]["kl_ref"] > 0
+        for name in ("alice", "carol"):
+            for key, value in plain_model.export_adapter(name).items():
+                torch.testing.assert_close(model.export_adapter(name)[key], value,
+                                           rtol=0, atol=2e-6, msg=f"{index} {name} {key}")
+    after = model.export_adapter("bob")
+    assert all(torch.equal(after[key], value) for key, value in bob.items())
+    assert captured.optimizers["bob"].state == {}
+    # buckets: widths and window starts are multiples of BUCKET (a start of 0 is column 1)
+    keys = set(captured.captured.buckets)
+    assert keys == {(BUCKET, 1), (3 * BUCKET, BUCKET)}, keys
+    assert all(bucket.graph is None for bucket in captured.captured.buckets.values())
+
+
+def test_capture_is_refused_where_it_cannot_hold(tiny_model_path):
+    for options, words in (
+            (dict(capture="yes"), "must be true, false or null"),
+            (dict(capture=True, compile=False), "needs trainer.compile"),
+            (dict(capture=True, loss_agg_mode="seq-mean-token-mean"), "loss_agg_mode"),
+            (dict(capture=True, policy_over="moves"), "policy_over"),
+            (dict(capture=True, action_entropy_coef=0.1), "action_entropy_coef")):
+        with pytest.raises(ConfigError, match="trainer.capture") as error:
+            TrainerConfig(**options).validate()
+        assert words in str(error.value), options
+    # what only the model tells: a shared prefix reads the rows on the host
+    model, resolved = make_team(tiny_model_path, AGENTS)
+    config = TrainerConfig(compile=True, compile_backend="aot_eager", capture=True,
+                           share_prefix=True).validate()
+    with pytest.raises(ConfigError, match="trainer.capture.*share_prefix"):
+        MultiAgentTrainer(model, resolved, config)
+    model.disable_compile()
+    # unset: on only where the compiled trainer runs on CUDA (not on this CPU), never eager
+    for compile_on in (True, False):
+        model, resolved = make_team(tiny_model_path, AGENTS)
+        trainer = MultiAgentTrainer(model, resolved, TrainerConfig(
+            compile=compile_on, compile_backend="aot_eager").validate())
+        assert trainer.captured is None
+        if compile_on:
+            model.disable_compile()
