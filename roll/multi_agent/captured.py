@@ -11,19 +11,24 @@ What a graph needs: static shapes and no host reads. So, per micro-batch:
 
 - its rows are padded to ``micro_batch_size`` (copies of its first row, weight 0) and its
   columns to a multiple of ``BUCKET``; the scored window starts at the first response column
-  rounded down to a multiple of ``BUCKET``: one graph per (rows, width, window start) bucket,
+  rounded down to a multiple of ``START_BUCKET``: one graph per (rows, width, window start) bucket,
   at most ``MAX_GRAPHS`` (later buckets run the same step without a graph, counted);
-- every window position is scored (``TokenLogProb`` over all of them; the mask weighs them),
-  so the number of scored tokens is static;
+- every window position is scored (``FusedTokenLogProb``: log-prob and entropy of all of
+  them in one compiled function each way; the mask weighs them), so the number of scored
+  tokens is static;
 - the loss is summed per ROW, each row weighted by its own agent's mini-batch normaliser
   (1 / its agent's response tokens), so one graph serves any mix of agents: the sum over an
   agent's rows is the eager path's per-agent token-mean term (trainer.py ``_loss``), and the
-  per-agent metric sums are an ``index_add`` by agent into a buffer that stays on the device;
+  per-agent metric sums are an ``index_add`` by agent into a buffer that stays on the device
+  (the host reads each micro-batch's window once per round, all together, not per replay);
 - gradients accumulate in place into the team's buffer (team_factors.py), which the graph
   writes like the eager backward does.
 
 Supported: the token-level PPO loss with ``loss_agg_mode='token-mean'``, the KL-to-reference
-and entropy terms, dual clip; the legal-move terms, ``policy_over='moves'``, other
+and entropy terms, dual clip, and where answers are constrained the legal-move entropy and
+magnet terms (each row's sum over its branching points / its agent's decisions; the legal
+tokens padded to a power of two, a third part of the bucket). ``policy_over='moves'`` (its
+clip and KL metrics are means over a micro-batch's points, not sums of rows), other
 aggregations, a shared prefix, DeepSpeed and data-parallel ranks run uncaptured
 (``capture_refusal`` names the reason). On the CPU there is no graph: the same padded per-row
 step runs eagerly (what the tests compare against the eager trainer).
@@ -37,19 +42,28 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from roll.algorithms.choices import choice_entropy, choice_kl, choice_logprobs, choice_reverse_kl
 from roll.algorithms.losses import kl_per_token, ppo_token_terms
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import TrainerConfig
-from roll.multi_agent.logprobs import TokenLogProb, response_window
+from roll.multi_agent.logprobs import FusedTokenLogProb
 from roll.utils.stages import log_line
 from roll.utils.transfer import upload
 
 BUCKET = 64
-"""Widths and window starts are multiples of this many columns (one graph per bucket)."""
+"""Widths are multiples of this many columns (one graph per bucket)."""
+START_BUCKET = 32
+"""Window starts are multiples of this many columns (finer: every column before the first
+response token is scored for nothing, over the whole vocabulary)."""
 MAX_GRAPHS = 16
 """Buckets captured at most; a micro-batch of a later bucket runs without a graph."""
-PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "clip_frac", "approx_kl")
+PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
+         "clip_frac", "approx_kl")
 """The per-agent sums one replay adds to (trainer.py METRIC_PARTS' terms of this loss)."""
+WEIGHTS = ("scale", "bonus", "per_decision", "action_bonus")
+"""Each agent's weights in a round: 1 / its response tokens in the mini-batch, its token
+entropy's weight, 1 / its decisions (rows with a branching point), its legal-move entropy's
+weight; a row reads its own agent's (0 on padding rows)."""
 
 
 def capture_refusal(config: TrainerConfig, model, strategy) -> str | None:
@@ -74,7 +88,8 @@ def capture_refusal(config: TrainerConfig, model, strategy) -> str | None:
 
 @dataclass
 class _Bucket:
-    """One (rows, width, window start) shape: the step's static inputs and its graph."""
+    """One (width, window start, legal-token width) shape: the step's static inputs and its
+    graph."""
 
     first: int
     input_ids: Tensor  # (R, W) long
@@ -84,8 +99,9 @@ class _Bucket:
     advantages: Tensor  # (R, W - first) fp32
     old: Tensor  # (R, W - first) fp32
     ref: Tensor | None  # (R, W - first) fp32, with a KL term
-    scale: Tensor  # (R,) fp32: 1 / the row's agent's mini-batch tokens; 0 on padding rows
-    bonus: Tensor  # (R,) fp32: the row's agent's entropy weight (coef x bonus scale)
+    weights: Tensor  # (R, len(WEIGHTS)) fp32: the row's agent's
+    choices: Tensor | None  # (R, W - first, C) long, -1 padded: legal tokens (constrained)
+    magnet: Tensor | None  # (R, W - first, C) fp32: the magnet's log-probs, with its term
     graph: object = None  # torch.cuda.CUDAGraph once captured
 
 
@@ -104,35 +120,45 @@ class CapturedSteps:
         self.device = device
         agents = len(model.agent_names)
         self.acc = torch.zeros(agents, len(PARTS), device=device)
-        self.scale = torch.zeros(agents, device=device)
-        self.bonus = torch.zeros(agents, device=device)
-        self.buckets: dict[tuple[int, int], _Bucket] = {}
+        self.weights = torch.zeros(agents, len(WEIGHTS), device=device)
+        self.buckets: dict[tuple[int, int, int], _Bucket] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.captures, self.capture_s, self.uncaptured = 0, 0.0, 0
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, batch: TrajectoryBatch, groups: list, normalisers: dict[str, Tensor],
-                  bonus: dict[str, float]) -> int:
+                  decisions: dict[str, Tensor], bonus: dict[str, float]) -> int:
         """One round's micro-batches (``groups`` of (agent, rows), trainer.py's plan), each
-        agent's loss normalised by ``normalisers[agent]`` and its entropy weighed by
-        ``bonus[agent]``; returns the rows run. ``sums`` then holds the round's metrics."""
-        self.open_round(normalisers, bonus)
-        rows = 0
-        for group in groups:
-            micro = batch.select(torch.cat([agent_rows for _, agent_rows in group]))
-            rows += len(micro)
-            self.run(micro)
-        return rows
+        agent's loss normalised by ``normalisers[agent]`` (its legal-move terms by
+        ``decisions[agent]``, when the batch has choices), its entropy bonuses weighed by
+        ``bonus[agent]`` (the bonus decay's scale); returns the rows run. ``sums`` then holds
+        the round's metrics."""
+        self.open_round(normalisers, decisions, bonus)
+        selected = [torch.cat([agent_rows for _, agent_rows in group]) for group in groups]
+        # each micro-batch's first response column, all in one host read (not one a replay)
+        scored = batch.response_mask.bool()
+        columns = torch.arange(scored.shape[1], device=scored.device)
+        starts = torch.where(scored, columns, scored.shape[1]).amin(dim=1)  # (B,), T: none
+        firsts = torch.stack([starts[rows].min() for rows in selected]).tolist() \
+            if selected else []
+        for rows, first in zip(selected, firsts, strict=True):
+            self.run(batch.select(rows), first)
+        return sum(len(rows) for rows in selected)
 
-    def open_round(self, normalisers: dict[str, Tensor], bonus: dict[str, float]) -> None:
-        """This round's per-agent weights; the metric sums start at 0."""
+    def open_round(self, normalisers: dict[str, Tensor], decisions: dict[str, Tensor],
+                   bonus: dict[str, float]) -> None:
+        """This round's per-agent weights (``WEIGHTS``); the metric sums start at 0."""
+        cfg, names = self.config, self.model.agent_names
         self.acc.zero_()
-        self.scale.zero_()
-        names = self.model.agent_names
+        self.weights.zero_()
+        coefs = upload([[0.0, cfg.entropy_coef * bonus.get(name, 0.0), 0.0,
+                         cfg.action_entropy_coef * bonus.get(name, 0.0)] for name in names],
+                       torch.float32, self.device)
+        self.weights.copy_(coefs)
         for name, normaliser in normalisers.items():
-            self.scale[names.index(name)] = 1.0 / normaliser
-        self.bonus.copy_(upload([bonus.get(name, 0.0) for name in names], torch.float32,
-                                self.device))
+            self.weights[names.index(name), 0] = 1.0 / normaliser
+        for name, count in decisions.items():
+            self.weights[names.index(name), 2] = 1.0 / count
 
     def sums(self) -> dict[str, dict[str, Tensor]]:
         """Each agent's sums of this round (device scalars), keyed by PARTS."""
@@ -141,21 +167,27 @@ class CapturedSteps:
                 for index, name in enumerate(self.model.agent_names)}
 
     # ------------------------------------------------------------------ one micro-batch
-    def run(self, micro: TrajectoryBatch) -> None:
-        """Forward, loss and backward of one micro-batch (at most ``micro_batch_size`` rows):
-        copied into its bucket's static inputs, then replayed (or run, without a graph)."""
+    def run(self, micro: TrajectoryBatch, first: int) -> None:
+        """Forward, loss and backward of one micro-batch (at most ``micro_batch_size`` rows)
+        whose first response token is in column ``first`` (its width: none): copied into its
+        bucket's static inputs, then replayed (or run, without a graph)."""
         width = -(-micro.input_ids.shape[1] // BUCKET) * BUCKET
-        first, _ = response_window(micro.response_mask.bool())  # one host read
-        first = max(1, first // BUCKET * BUCKET)
-        bucket = self.buckets.get((width, first))
+        if first == 0:
+            raise ValueError("position 0 has no context; it cannot be a scored token")
+        first = 1 if first >= micro.input_ids.shape[1] else first
+        first = max(1, first // START_BUCKET * START_BUCKET)
+        legal = 0 if micro.choice_tokens is None else micro.choice_tokens.shape[-1]
+        legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
+        key = (width, first, legal)
+        bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = self._bucket(width, first, self.config.kl_coef > 0)
+            bucket = self._bucket(width, first, legal)
             if self.graphs and len(self.buckets) >= MAX_GRAPHS:
                 self._fill(bucket, micro)
                 self.uncaptured += 1
                 self._step(bucket)
                 return
-            self.buckets[(width, first)] = bucket
+            self.buckets[key] = bucket
             self._fill(bucket, micro)
             if self.graphs:
                 self._capture(bucket)
@@ -166,8 +198,8 @@ class CapturedSteps:
         else:
             self._step(bucket)
 
-    def _bucket(self, width: int, first: int, with_ref: bool) -> _Bucket:
-        rows, window, device = self.rows, width - first, self.device
+    def _bucket(self, width: int, first: int, legal: int) -> _Bucket:
+        cfg, rows, window, device = self.config, self.rows, width - first, self.device
 
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(*shape, dtype=dtype, device=device)
@@ -175,11 +207,14 @@ class CapturedSteps:
         return _Bucket(first, zeros(rows, width, dtype=torch.long),
                        zeros(rows, width, dtype=torch.long), zeros(rows, dtype=torch.long),
                        zeros(rows, window), zeros(rows, window), zeros(rows, window),
-                       zeros(rows, window) if with_ref else None, zeros(rows), zeros(rows))
+                       zeros(rows, window) if cfg.kl_coef > 0 else None,
+                       zeros(rows, len(WEIGHTS)),
+                       zeros(rows, window, legal, dtype=torch.long) if legal else None,
+                       zeros(rows, window, legal) if legal and cfg.magnet_coef > 0 else None)
 
     def _fill(self, bucket: _Bucket, micro: TrajectoryBatch) -> None:
         """The micro-batch's rows into the bucket's inputs; padding rows repeat its first row
-        (finite logits) with weight 0, padding columns are masked out."""
+        (finite logits) with weight 0, padding columns and legal tokens are masked out."""
         rows, columns = micro.input_ids.shape
         first = bucket.first
         for static, value in ((bucket.input_ids, micro.input_ids),
@@ -189,16 +224,21 @@ class CapturedSteps:
             static[rows:].copy_(static[:1].expand(len(static) - rows, -1))
         bucket.agent_id[:rows].copy_(micro.agent_id)
         bucket.agent_id[rows:].copy_(micro.agent_id[:1].expand(len(bucket.agent_id) - rows))
-        for static, value in ((bucket.mask, micro.response_mask),
-                              (bucket.advantages, micro.advantages),
-                              (bucket.old, micro.old_logprobs), (bucket.ref, micro.ref_logprobs)):
+        for static, value, pad in (
+                (bucket.mask, micro.response_mask, 0), (bucket.advantages, micro.advantages, 0),
+                (bucket.old, micro.old_logprobs, 0), (bucket.ref, micro.ref_logprobs, 0),
+                (bucket.choices, micro.choice_tokens, -1),
+                (bucket.magnet, micro.magnet_logprobs, 0)):
             if static is None:
                 continue
-            static.zero_()
-            static[:rows, :columns - first].copy_(value[:, first:])
-        bucket.scale.zero_()
-        bucket.scale[:rows].copy_(self.scale[micro.agent_id])
-        bucket.bonus.copy_(self.bonus[bucket.agent_id])
+            static.fill_(pad)
+            part = value[:, first:]
+            target = static[:rows, :columns - first]
+            if part.dim() == 3:  # legal tokens: the batch's own width of them
+                target = target[..., :part.shape[-1]]
+            target.copy_(part)
+        bucket.weights.zero_()
+        bucket.weights[:rows].copy_(self.weights[micro.agent_id])
 
     def _step(self, bucket: _Bucket) -> None:
         """The graph's body: every window token scored, the loss summed per row, backward,
@@ -209,17 +249,16 @@ class CapturedSteps:
         logits = self.model._window_logits(ids, bucket.attention_mask, bucket.agent_id,
                                            (first, width))  # (R, W - first, V)
         window = width - first
-        scored = torch.arange(rows * window, device=ids.device)
-        logprobs, entropy = TokenLogProb.apply(
-            logits.reshape(rows * window, -1), ids[:, first:].reshape(-1), scored,
-            self.temperature, True)
+        logprobs, entropy = FusedTokenLogProb.apply(
+            logits.reshape(rows * window, -1), ids[:, first:].reshape(-1), self.temperature,
+            cfg.compile_backend)
         logprobs, entropy = logprobs.view(rows, window), entropy.view(rows, window)
         mask = bucket.mask
         per_token, is_clipped, _, log_ratio = ppo_token_terms(
             logprobs, bucket.old, bucket.advantages, mask, clip_low=cfg.clip_low,
             clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
         keep = mask.bool()
-        scale = bucket.scale
+        scale, bonus, per_decision, action_bonus = bucket.weights.unbind(-1)  # (R,) each
 
         def per_row(values: Tensor) -> Tensor:  # (R,): each row's share of its agent's mean
             return torch.where(keep, values, torch.zeros((), device=values.device)).sum(-1) \
@@ -227,15 +266,29 @@ class CapturedSteps:
 
         policy = per_row(per_token)
         ent = per_row(entropy)
-        loss = policy - bucket.bonus * ent if cfg.entropy_coef > 0 else policy
-        kl = torch.zeros_like(policy)
+        loss = policy - bonus * ent if cfg.entropy_coef > 0 else policy
+        zero = torch.zeros_like(policy)
+        kl = action_entropy = magnet_kl = zero
         if bucket.ref is not None:
             kl = per_row(kl_per_token(logprobs, bucket.ref.detach(), mask, cfg.kl_estimator))
             loss = loss + cfg.kl_coef * kl
+        if bucket.choices is not None:  # the legal-move terms, per decision (trainer._loss)
+            tokens = bucket.choices  # (R, W - first, C)
+            gathered = logits.gather(-1, tokens.clamp(min=0)).float() / self.temperature
+            moves = choice_logprobs(torch.where(tokens >= 0, gathered, torch.zeros_like(
+                gathered)), tokens)
+            action_entropy = choice_entropy(moves, tokens) * per_decision
+            if cfg.action_entropy_coef > 0:
+                loss = loss - action_bonus * action_entropy
+            if bucket.magnet is not None:
+                pull = choice_kl if cfg.magnet_kl == "forward" else choice_reverse_kl
+                magnet_kl = pull(moves, bucket.magnet, tokens) * per_decision
+                loss = loss + cfg.magnet_coef * magnet_kl
         loss.sum().backward()
         with torch.no_grad():
             ratio = torch.exp(log_ratio)
-            parts = torch.stack([loss, policy, kl, ent, per_row(is_clipped.float()),
+            parts = torch.stack([loss, policy, kl, ent, action_entropy, magnet_kl,
+                                 per_row(is_clipped.float()),
                                  per_row((ratio - 1.0) - log_ratio)], dim=1)  # (R, PARTS)
             self.acc.index_add_(0, bucket.agent_id, parts.detach())
 
@@ -271,4 +324,5 @@ class CapturedSteps:
                  f"width {mask.shape[1]}, window from {bucket.first}) in {seconds:.1f} s")
 
 
-__all__ = ["BUCKET", "MAX_GRAPHS", "PARTS", "CapturedSteps", "capture_refusal"]
+__all__ = ["BUCKET", "MAX_GRAPHS", "PARTS", "START_BUCKET", "WEIGHTS", "CapturedSteps",
+           "capture_refusal"]

@@ -247,11 +247,11 @@ class TrainerConfig:
     capture: bool | None = None
     """Replay each training micro-batch's forward, loss and backward from a captured CUDA graph
     (roll/multi_agent/captured.py): one graph per (rows, width, window start) bucket, the host's
-    ~4,000 kernel launches a micro-batch gone. Needs ``compile`` and the token-level loss with
-    ``loss_agg_mode='token-mean'`` (no legal-move terms), the torch strategy on one rank and no
-    shared prefix. None (the default): on where the compiled trainer runs on CUDA and those
-    hold, else off (a batch with legal-move choices then runs uncaptured). true: refused where
-    they cannot hold; on the CPU it runs the same padded per-row step without a graph."""
+    ~4,000 kernel launches a micro-batch gone. Needs ``compile``, ``policy_over='tokens'`` with
+    ``loss_agg_mode='token-mean'`` (the legal-move entropy and magnet terms are captured), the
+    torch strategy on one rank and no shared prefix. None (the default): on where the compiled
+    trainer runs on CUDA and those hold, else off. true: refused where they cannot hold; on
+    the CPU it runs the same padded per-row step without a graph."""
     share_prefix: bool | None = None
     """Run the leading tokens that every row of a forward shares (a game's rules open every
     prompt) once per agent, each row attending to them (prefix.py): the same log-probs and
@@ -393,10 +393,8 @@ class TrainerConfig:
         if self.loss_agg_mode != "token-mean":
             return f"trainer.loss_agg_mode={self.loss_agg_mode!r} (only 'token-mean' is per row)"
         if self.policy_over != "tokens":
-            return f"trainer.policy_over={self.policy_over!r} (legal moves are not captured)"
-        for name in ("action_entropy_coef", "magnet_coef"):
-            if getattr(self, name):
-                return f"trainer.{name}={getattr(self, name)} (legal moves are not captured)"
+            return (f"trainer.policy_over={self.policy_over!r} (its metrics are per "
+                    "micro-batch, not per row)")
         return None
 
     @property

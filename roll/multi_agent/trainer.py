@@ -298,12 +298,11 @@ class MultiAgentTrainer:
         groups = (micro_groups(mine, self.config.micro_batch_size, self.config.fused)
                   if mine else [])
         padding = self.strategy.padding_passes(len(groups))
-        captured = self.captured if batch.choice_tokens is None else None
+        captured = self.captured
         with self.model.training_forward(steps, stream):
             if captured is not None:  # each micro-batch replayed from its graph: captured.py
-                self.rows_forwarded += captured.run_round(
-                    batch, groups, normalisers,
-                    {name: cfg.entropy_coef * self.bonus_scale[name] for name in minis})
+                self.rows_forwarded += captured.run_round(batch, groups, normalisers,
+                                                          decisions, self.bonus_scale)
             else:
                 for group in groups:
                     micro = batch.select(torch.cat([rows for _, rows in group]))

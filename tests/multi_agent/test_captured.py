@@ -11,7 +11,7 @@ import torch
 
 from roll.batch import TrajectoryBatch
 from roll.errors import ConfigError
-from roll.multi_agent.captured import BUCKET
+from roll.multi_agent.captured import BUCKET, START_BUCKET
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.trainer import MultiAgentTrainer
 
@@ -86,10 +86,60 @@ def test_captured_steps_give_the_compiled_trainers_updates_and_metrics(tiny_mode
     after = model.export_adapter("bob")
     assert all(torch.equal(after[key], value) for key, value in bob.items())
     assert captured.optimizers["bob"].state == {}
-    # buckets: widths and window starts are multiples of BUCKET (a start of 0 is column 1)
+    # buckets: widths multiples of BUCKET, window starts of START_BUCKET (0 is column 1);
+    # the long prompts' responses start at columns 70-89
     keys = set(captured.captured.buckets)
-    assert keys == {(BUCKET, 1), (3 * BUCKET, BUCKET)}, keys
+    assert {legal for _, _, legal in keys} == {0}, keys  # no constrained answers
+    assert {width for width, _, _ in keys} == {BUCKET, 3 * BUCKET}, keys
+    assert {start for width, start, _ in keys if width == BUCKET} == {1}, keys
+    assert {start for width, start, _ in keys if width > BUCKET} <= {
+        70 // START_BUCKET * START_BUCKET, 89 // START_BUCKET * START_BUCKET}, keys
     assert all(bucket.graph is None for bucket in captured.captured.buckets.values())
+
+
+def _with_choices(batch: TrajectoryBatch, seed: int, width: int = 3) -> TrajectoryBatch:
+    """Constrained answers: in each row, two response positions choose among ``width`` legal
+    tokens (the played one among them) and one is forced (a single legal token)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.full((*batch.input_ids.shape, width), -1)
+    leaves = torch.zeros(*batch.input_ids.shape, width)
+    for row in range(len(batch)):
+        columns = batch.response_mask[row].nonzero().squeeze(-1)
+        picks = columns[torch.randperm(len(columns), generator=gen)[:3]].tolist()
+        for index, column in enumerate(picks):
+            played = int(batch.input_ids[row, column])
+            legal = [played] if index == 2 else [played, *torch.randint(
+                10, 500, (width - 1,), generator=gen).tolist()]
+            tokens[row, column, :len(legal)] = torch.tensor(legal)
+            leaves[row, column, :len(legal)] = 1.0
+    return batch.with_fields(choice_tokens=tokens, choice_leaves=leaves)
+
+
+@pytest.mark.slow  # the full CI runs it (~15 s of tiny compiled steps)
+def test_captured_legal_move_terms_equal_the_compiled_trainers(tiny_model_path):
+    torch._dynamo.reset()
+    # the legal-move entropy bonus and the reverse KL toward uniform legal moves (Leduc's
+    # recipe's terms), with a token entropy bonus; three legal tokens pad to four
+    options = dict(action_entropy_coef=0.2, magnet_coef=0.3, magnet_kl="reverse",
+                   entropy_coef=0.01, ppo_mini_batch_size=4)
+    plain_model, plain = _trainer(tiny_model_path, False, **options)
+    model, captured = _trainer(tiny_model_path, True, **options)
+    for index, batch in enumerate([_with_choices(make_rows([0, 1, 0, 1, 1, 0], seed=7), 7),
+                                   _with_choices(make_rows([1, 1, 0, 2], seed=8), 8)]):
+        want = plain.train_step(batch)
+        got = captured.train_step(batch)
+        for name in want:
+            assert want[name]["action_entropy"] > 0 and want[name]["magnet_kl"] > 0
+            for key, value in want[name].items():
+                assert got[name][key] == pytest.approx(value, rel=1e-4, abs=1e-6), (
+                    index, name, key)
+        # (AdamW's first steps divide each gradient by its own size: float order alone moves
+        # a tensor with near-zero gradients by up to ~4e-6 here, 0.04% of the rate's 1e-2)
+        for name in want:
+            for key, value in plain_model.export_adapter(name).items():
+                torch.testing.assert_close(model.export_adapter(name)[key], value,
+                                           rtol=0, atol=1e-5, msg=f"{index} {name} {key}")
+    assert {legal for _, _, legal in captured.captured.buckets} == {4}
 
 
 def test_capture_is_refused_where_it_cannot_hold(tiny_model_path):
@@ -97,8 +147,7 @@ def test_capture_is_refused_where_it_cannot_hold(tiny_model_path):
             (dict(capture="yes"), "must be true, false or null"),
             (dict(capture=True, compile=False), "needs trainer.compile"),
             (dict(capture=True, loss_agg_mode="seq-mean-token-mean"), "loss_agg_mode"),
-            (dict(capture=True, policy_over="moves"), "policy_over"),
-            (dict(capture=True, action_entropy_coef=0.1), "action_entropy_coef")):
+            (dict(capture=True, policy_over="moves"), "policy_over")):
         with pytest.raises(ConfigError, match="trainer.capture") as error:
             TrainerConfig(**options).validate()
         assert words in str(error.value), options

@@ -10,7 +10,12 @@ import torch
 import roll.multi_agent.logprobs as logprobs_module
 from roll.models import load_model
 from roll.multi_agent.config import AgentConfig, LoRAConfig, TrainerConfig
-from roll.multi_agent.logprobs import TokenLogProb, response_window, sequence_logprobs
+from roll.multi_agent.logprobs import (
+    FusedTokenLogProb,
+    TokenLogProb,
+    response_window,
+    sequence_logprobs,
+)
 from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
@@ -29,6 +34,40 @@ def test_token_logprob_and_entropy_by_hand():
     logprob, entropy = TokenLogProb.apply(logits, torch.tensor([1]), torch.tensor([0]), 0.5, True)
     assert logprob.item() == pytest.approx(-0.8109302, abs=1e-6)
     assert entropy.item() == pytest.approx(0.9649630, abs=1e-6)
+
+
+def test_fused_token_logprob_by_hand():
+    # The same two rows as above, every row scored (the captured trainer's form), through one
+    # compiled function each way ('aot_eager' here: the same graph, no kernels generated).
+    # Gradient of log p(token 0) + 0.5 H at T = 1, logits (0, ln 2, ln 2), p = (.2, .4, .4),
+    # log p = (-1.6094379, -0.9162907, -0.9162907), H = 1.0549202:
+    #   d log p(0) / d z = 1[j = 0] - p = (0.8, -0.4, -0.4);
+    #   d H / d z = -p (log p + H) = (-0.2 (-0.5545177), -0.4 (0.1386295), same)
+    #             = (0.1109035, -0.0554518, -0.0554518);
+    #   total (0.8 + 0.0554518, -0.4 - 0.0277259, same) = (0.8554518, -0.4277259, -0.4277259).
+    logits = torch.tensor([[0.0, math.log(2), math.log(2)],
+                           [0.0, math.log(4), math.log(4)]], requires_grad=True)
+    logprob, entropy = FusedTokenLogProb.apply(logits, torch.tensor([0, 1]), 1.0, "aot_eager")
+    assert logprob[0].item() == pytest.approx(-1.6094379, abs=1e-6)
+    assert entropy[0].item() == pytest.approx(1.0549202, abs=1e-6)
+    assert entropy[1].item() == pytest.approx(0.9649630, abs=1e-6)  # (1/9, 4/9, 4/9)
+    (logprob[0] + 0.5 * entropy[0]).backward()
+    torch.testing.assert_close(logits.grad[0], torch.tensor([0.8554518, -0.4277259, -0.4277259]),
+                               rtol=0, atol=1e-6)
+    assert torch.equal(logits.grad[1], torch.zeros(3))  # no weight on row 1: no gradient
+    # at T = 0.5, against the chunked TokenLogProb over every row, values and gradients
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 40, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 40, (5,), generator=gen)
+    weights = torch.randn(2, 5, generator=gen)
+    fused = FusedTokenLogProb.apply(logits, targets, 0.5, "aot_eager")
+    (fused[0] @ weights[0] + fused[1] @ weights[1]).backward()
+    fused_grad, logits.grad = logits.grad.clone(), None
+    chunked = TokenLogProb.apply(logits, targets, torch.arange(5), 0.5, True)
+    (chunked[0] @ weights[0] + chunked[1] @ weights[1]).backward()
+    for ours, theirs in zip(fused, chunked, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fused_grad, logits.grad, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
