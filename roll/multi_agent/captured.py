@@ -10,9 +10,10 @@ loss and backward itself.
 What a graph needs: static shapes and no host reads. So, per micro-batch:
 
 - its rows are padded to ``micro_batch_size`` (copies of its first row, weight 0) and its
-  columns to a multiple of ``BUCKET``; the scored window starts at the first response column
-  rounded down to a multiple of ``START_BUCKET``: one graph per (rows, width, window start) bucket,
-  at most ``MAX_GRAPHS`` (later buckets run the same step without a graph, counted);
+  columns up to the grid of ``BUCKET``; the scored window starts at the first response column
+  rounded down to the grid of ``START_BUCKET`` (``grid``: at most 1/8 padding on long rows):
+  one graph per (width, window start, legal-token width) bucket, at most ``MAX_GRAPHS``
+  (later buckets run the same step without a graph, counted);
 - every window position is scored (``FusedTokenLogProb``: log-prob and entropy of all of
   them in one compiled function each way; the mask weighs them), so the number of scored
   tokens is static;
@@ -51,12 +52,26 @@ from roll.utils.stages import log_line
 from roll.utils.transfer import upload
 
 BUCKET = 64
-"""Widths are multiples of this many columns (one graph per bucket)."""
+"""Widths are multiples of this many columns, or of an eighth of their power of two when that
+is more (one graph per bucket; at most 1/8 of the columns padding)."""
 START_BUCKET = 32
-"""Window starts are multiples of this many columns (finer: every column before the first
-response token is scored for nothing, over the whole vocabulary)."""
-MAX_GRAPHS = 16
-"""Buckets captured at most; a micro-batch of a later bucket runs without a graph."""
+"""Window starts are multiples of this many columns, or of an eighth of their power of two
+when that is more (every column before the first response token is scored for nothing, over
+the whole vocabulary)."""
+MAX_GRAPHS = 32
+"""Buckets captured at most; a micro-batch of a later bucket runs without a graph (counted).
+The graphs share one memory pool (one micro-batch's activations, not one per graph)."""
+
+
+def grid(columns: int, step: int, up: bool) -> int:
+    """``columns`` rounded up (or down) to a multiple of ``step`` or, when more, of an eighth
+    of the power of two at or below it: 1100 -> 1152 up (steps of 128), 600 -> 576 down."""
+    if columns <= 0:
+        return 0
+    step = max(step, (1 << (columns.bit_length() - 1)) // 8)
+    return -(-columns // step) * step if up else columns // step * step
+
+
 PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
          "clip_frac", "approx_kl")
 """The per-agent sums one replay adds to (trainer.py METRIC_PARTS' terms of this loss)."""
@@ -171,11 +186,11 @@ class CapturedSteps:
         """Forward, loss and backward of one micro-batch (at most ``micro_batch_size`` rows)
         whose first response token is in column ``first`` (its width: none): copied into its
         bucket's static inputs, then replayed (or run, without a graph)."""
-        width = -(-micro.input_ids.shape[1] // BUCKET) * BUCKET
+        width = grid(micro.input_ids.shape[1], BUCKET, up=True)
         if first == 0:
             raise ValueError("position 0 has no context; it cannot be a scored token")
         first = 1 if first >= micro.input_ids.shape[1] else first
-        first = max(1, first // START_BUCKET * START_BUCKET)
+        first = max(1, grid(first, START_BUCKET, up=False))
         legal = 0 if micro.choice_tokens is None else micro.choice_tokens.shape[-1]
         legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
         key = (width, first, legal)
@@ -324,5 +339,5 @@ class CapturedSteps:
                  f"width {mask.shape[1]}, window from {bucket.first}) in {seconds:.1f} s")
 
 
-__all__ = ["BUCKET", "MAX_GRAPHS", "PARTS", "START_BUCKET", "WEIGHTS", "CapturedSteps",
+__all__ = ["BUCKET", "MAX_GRAPHS", "PARTS", "grid", "START_BUCKET", "WEIGHTS", "CapturedSteps",
            "capture_refusal"]

@@ -1,4 +1,4 @@
-"""benchmarks/train_capture.py on the CPU (no CUDA graph here: the captured loop runs the same
+"""benchmarks/train_capture.py (and train_host.py) on the CPU (no CUDA graph here: the captured loop runs the same
 function on the static inputs): each micro-batch's rows reach the static inputs, so the
 "captured" step's summed gradients are the eager step's, for a team of two agents."""
 
@@ -40,3 +40,18 @@ def test_rows_must_fill_whole_micro_batches(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and "--rows 16 must be a multiple of --micro 5" in done.stderr
+
+
+def test_train_host_times_the_captured_steps_edges(tmp_path):
+    """benchmarks/train_host.py: each team's step ran its micro-batches through the captured
+    path (the edges are measured around ``CapturedSteps.run``; a step that bypassed it has
+    none and the script fails)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_host.py"), "--layers", "2",
+         "--agents", "1", "2", "--repeats", "1"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "train_host.json").read_text())
+    assert [team["agents"] for team in result["results"]] == [1, 2]
+    assert all(team["before_ms"] > 0 and team["after_ms"] > 0 for team in result["results"])

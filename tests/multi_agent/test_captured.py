@@ -11,7 +11,7 @@ import torch
 
 from roll.batch import TrajectoryBatch
 from roll.errors import ConfigError
-from roll.multi_agent.captured import BUCKET, START_BUCKET
+from roll.multi_agent.captured import BUCKET, START_BUCKET, grid
 from roll.multi_agent.config import AgentConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.trainer import MultiAgentTrainer
 
@@ -140,6 +140,14 @@ def test_captured_legal_move_terms_equal_the_compiled_trainers(tiny_model_path):
                 torch.testing.assert_close(model.export_adapter(name)[key], value,
                                            rtol=0, atol=1e-5, msg=f"{index} {name} {key}")
     assert {legal for _, _, legal in captured.captured.buckets} == {4}
+
+
+def test_bucket_grid_by_hand():
+    # steps of 64 (32 for starts) up to 512 columns, then an eighth of the power of two below
+    assert [grid(c, 64, up=True) for c in (14, 64, 150, 512, 700, 1100, 2049)] == [
+        64, 64, 192, 512, 704, 1152, 2304]
+    assert [grid(c, 32, up=False) for c in (1, 31, 70, 236, 600, 1100)] == [
+        0, 0, 64, 224, 576, 1024]
 
 
 def test_capture_is_refused_where_it_cannot_hold(tiny_model_path):
