@@ -70,6 +70,13 @@ def aggregate(
     return row_total.sum() / denominator
 
 
+def row_means(values: Tensor, mask: Tensor) -> Tensor:
+    """(B,) each row's mean of ``values`` (B, T) over its masked positions; 0 for a row
+    without any."""
+    keep = mask.bool()
+    return _masked(values, keep).sum(-1) / keep.sum(-1).clamp(min=1)
+
+
 def ppo_token_terms(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -25,11 +25,10 @@ What a graph needs: static shapes and no host reads. So, per micro-batch:
 - gradients accumulate in place into the team's buffer (team_factors.py), which the graph
   writes like the eager backward does.
 
-Supported: the token-level PPO loss with ``loss_agg_mode='token-mean'``, the KL-to-reference
-and entropy terms, dual clip, and where answers are constrained the legal-move entropy and
-magnet terms (each row's sum over its branching points / its agent's decisions; the legal
-tokens padded to a power of two, a third part of the bucket). ``policy_over='moves'`` (its
-clip and KL metrics are means over a micro-batch's points, not sums of rows), other
+Supported: the PPO loss with ``loss_agg_mode='token-mean'``, the KL-to-reference and entropy
+terms, dual clip, and where answers are constrained the legal-move entropy and magnet terms
+and ``policy_over='moves'`` (each row's sum over its branching points / its agent's
+decisions; the legal tokens padded to a power of two, a third part of the bucket). Other
 aggregations, a shared prefix, DeepSpeed and data-parallel ranks run uncaptured
 (``capture_refusal`` names the reason). On the CPU there is no graph: the same padded per-row
 step runs eagerly (what the tests compare against the eager trainer).
@@ -43,8 +42,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from roll.algorithms.choices import choice_entropy, choice_kl, choice_logprobs, choice_reverse_kl
-from roll.algorithms.losses import kl_per_token, ppo_token_terms
+from roll.algorithms.choices import (
+    choice_entropy,
+    choice_kl,
+    choice_logprobs,
+    choice_reverse_kl,
+    move_logprobs,
+    points,
+)
+from roll.algorithms.losses import kl_per_token, ppo_token_terms, row_means
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import TrainerConfig
 from roll.multi_agent.logprobs import FusedTokenLogProb
@@ -117,6 +123,7 @@ class _Bucket:
     weights: Tensor  # (R, len(WEIGHTS)) fp32: the row's agent's
     choices: Tensor | None  # (R, W - first, C) long, -1 padded: legal tokens (constrained)
     magnet: Tensor | None  # (R, W - first, C) fp32: the magnet's log-probs, with its term
+    old_moves: Tensor | None  # (R, W - first) fp32: old log-probs of the moves (policy_over)
     graph: object = None  # torch.cuda.CUDAGraph once captured
 
 
@@ -225,7 +232,8 @@ class CapturedSteps:
                        zeros(rows, window) if cfg.kl_coef > 0 else None,
                        zeros(rows, len(WEIGHTS)),
                        zeros(rows, window, legal, dtype=torch.long) if legal else None,
-                       zeros(rows, window, legal) if legal and cfg.magnet_coef > 0 else None)
+                       zeros(rows, window, legal) if legal and cfg.magnet_coef > 0 else None,
+                       zeros(rows, window) if legal and cfg.policy_over == "moves" else None)
 
     def _fill(self, bucket: _Bucket, micro: TrajectoryBatch) -> None:
         """The micro-batch's rows into the bucket's inputs; padding rows repeat its first row
@@ -243,7 +251,8 @@ class CapturedSteps:
                 (bucket.mask, micro.response_mask, 0), (bucket.advantages, micro.advantages, 0),
                 (bucket.old, micro.old_logprobs, 0), (bucket.ref, micro.ref_logprobs, 0),
                 (bucket.choices, micro.choice_tokens, -1),
-                (bucket.magnet, micro.magnet_logprobs, 0)):
+                (bucket.magnet, micro.magnet_logprobs, 0),
+                (bucket.old_moves, micro.old_move_logprobs, 0)):
             if static is None:
                 continue
             static.fill_(pad)
@@ -269,9 +278,6 @@ class CapturedSteps:
             cfg.compile_backend)
         logprobs, entropy = logprobs.view(rows, window), entropy.view(rows, window)
         mask = bucket.mask
-        per_token, is_clipped, _, log_ratio = ppo_token_terms(
-            logprobs, bucket.old, bucket.advantages, mask, clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
         keep = mask.bool()
         scale, bonus, per_decision, action_bonus = bucket.weights.unbind(-1)  # (R,) each
 
@@ -279,19 +285,39 @@ class CapturedSteps:
             return torch.where(keep, values, torch.zeros((), device=values.device)).sum(-1) \
                 * scale
 
-        policy = per_row(per_token)
+        zero = torch.zeros_like(scale)
+        clip_frac = approx_kl = kl = action_entropy = magnet_kl = zero
+        policy = logprobs.sum(-1) * 0.0  # moves without a decision: no term (but a graph)
+        tokens = bucket.choices  # (R, W - first, C) legal tokens, or None
+        if tokens is not None:  # the legal tokens' logits / T, renormalised at each point
+            gathered = logits.gather(-1, tokens.clamp(min=0)).float() / self.temperature
+            choice_logits = torch.where(tokens >= 0, gathered, torch.zeros_like(gathered))
+            moves = choice_logprobs(choice_logits, tokens)
+        if cfg.policy_over == "tokens":
+            per_token, is_clipped, _, log_ratio = ppo_token_terms(
+                logprobs, bucket.old, bucket.advantages, mask, clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+            policy = per_row(per_token)
+            with torch.no_grad():
+                clip_frac = per_row(is_clipped.float())
+                approx_kl = per_row((torch.exp(log_ratio) - 1.0) - log_ratio)
+        elif tokens is not None:  # the moves constrained decoding plays, one weight a decision
+            points_mask = points(tokens).float() * mask
+            new = move_logprobs(logprobs, choice_logits, tokens, ids[:, first:])
+            per_token, is_clipped, _, log_ratio = ppo_token_terms(
+                new, bucket.old_moves, bucket.advantages, points_mask, clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+            policy = torch.where(points_mask.bool(), per_token, 0.0).sum(-1) * per_decision
+            with torch.no_grad():
+                clip_frac = row_means(is_clipped.float(), points_mask) * per_decision
+                approx_kl = row_means((torch.exp(log_ratio) - 1.0) - log_ratio,
+                                      points_mask) * per_decision
         ent = per_row(entropy)
         loss = policy - bonus * ent if cfg.entropy_coef > 0 else policy
-        zero = torch.zeros_like(policy)
-        kl = action_entropy = magnet_kl = zero
         if bucket.ref is not None:
             kl = per_row(kl_per_token(logprobs, bucket.ref.detach(), mask, cfg.kl_estimator))
             loss = loss + cfg.kl_coef * kl
-        if bucket.choices is not None:  # the legal-move terms, per decision (trainer._loss)
-            tokens = bucket.choices  # (R, W - first, C)
-            gathered = logits.gather(-1, tokens.clamp(min=0)).float() / self.temperature
-            moves = choice_logprobs(torch.where(tokens >= 0, gathered, torch.zeros_like(
-                gathered)), tokens)
+        if tokens is not None:  # the legal-move terms, per decision (trainer._loss)
             action_entropy = choice_entropy(moves, tokens) * per_decision
             if cfg.action_entropy_coef > 0:
                 loss = loss - action_bonus * action_entropy
@@ -301,10 +327,8 @@ class CapturedSteps:
                 loss = loss + cfg.magnet_coef * magnet_kl
         loss.sum().backward()
         with torch.no_grad():
-            ratio = torch.exp(log_ratio)
-            parts = torch.stack([loss, policy, kl, ent, action_entropy, magnet_kl,
-                                 per_row(is_clipped.float()),
-                                 per_row((ratio - 1.0) - log_ratio)], dim=1)  # (R, PARTS)
+            parts = torch.stack([loss, policy, kl, ent, action_entropy, magnet_kl, clip_frac,
+                                 approx_kl], dim=1)  # (R, PARTS)
             self.acc.index_add_(0, bucket.agent_id, parts.detach())
 
     def _capture(self, bucket: _Bucket) -> None:

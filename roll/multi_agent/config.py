@@ -247,9 +247,9 @@ class TrainerConfig:
     capture: bool | None = None
     """Replay each training micro-batch's forward, loss and backward from a captured CUDA graph
     (roll/multi_agent/captured.py): one graph per (rows, width, window start) bucket, the host's
-    ~4,000 kernel launches a micro-batch gone. Needs ``compile``, ``policy_over='tokens'`` with
-    ``loss_agg_mode='token-mean'`` (the legal-move entropy and magnet terms are captured), the
-    torch strategy on one rank and no shared prefix. None (the default): on where the compiled
+    ~4,000 kernel launches a micro-batch gone. Needs ``compile``, ``loss_agg_mode='token-mean'``
+    (the legal-move terms and ``policy_over='moves'`` are captured), the torch strategy on one
+    rank and no shared prefix. None (the default): on where the compiled
     trainer runs on CUDA and those hold, else off. true: refused where they cannot hold; on
     the CPU it runs the same padded per-row step without a graph."""
     share_prefix: bool | None = None
@@ -392,9 +392,6 @@ class TrainerConfig:
         """Why this loss cannot be captured per row (``capture``; None: it can)."""
         if self.loss_agg_mode != "token-mean":
             return f"trainer.loss_agg_mode={self.loss_agg_mode!r} (only 'token-mean' is per row)"
-        if self.policy_over != "tokens":
-            return (f"trainer.policy_over={self.policy_over!r} (its metrics are per "
-                    "micro-batch, not per row)")
         return None
 
     @property

@@ -168,12 +168,9 @@ class MultiAgentLoRAModel(nn.Module):
     def _all_trainable(self) -> None:
         """PEFT leaves only the active adapter trainable (set_adapter, and again when
         disable_adapter ends); every agent's tensors stay trainable here (a mixed forward
-        trains several), and a tensor outside the graph simply gets no gradient.
-
-        Every round of every train step comes here: the tensors are listed once (a walk of
-        every LoRA layer's containers per agent took ~10 ms a round for 8 agents on 28
-        layers), and walked again only while an agent's import is deferred (the walk imports
-        it)."""
+        trains several), and a tensor outside the graph simply gets no gradient. Every round
+        comes here: the tensors are listed once (walked again while an import is deferred:
+        the walk imports it)."""
         if self._deferred or self._trainable is None:
             self._trainable = [param for agent in [*self.agent_names, *self.critic_names]
                                for param in self.agent_parameters(agent)]
@@ -245,9 +242,7 @@ class MultiAgentLoRAModel(nn.Module):
             self._dropout_generators[name][device] = torch.Generator(device=device).manual_seed(
                 seed
             )
-        # only the layers that drop anything (a dropout of 0 passes its input either way):
-        # setting a flag on each of 8 agents' 392 layers took ~4 ms a round, twice
-        # (an agent's layers share its p)
+        # only layers that drop anything (an agent's layers share its p; 0 passes the input)
         dropping = [layer for name in train_steps if self._dropouts[name][:1]
                     and self._dropouts[name][0].p > 0 for layer in self._dropouts[name]]
         for layer in dropping:

@@ -1,6 +1,7 @@
-"""benchmarks/train_capture.py (and train_host.py) on the CPU (no CUDA graph here: the captured loop runs the same
-function on the static inputs): each micro-batch's rows reach the static inputs, so the
-"captured" step's summed gradients are the eager step's, for a team of two agents."""
+"""benchmarks/train_capture.py (and train_host.py) on the CPU (no CUDA graph here: the captured
+loop runs the same function on the static inputs): each micro-batch's rows reach the static
+inputs, so the "captured" step's summed gradients are the eager step's, for a team of two
+agents."""
 
 from __future__ import annotations
 

@@ -18,8 +18,9 @@ import torch
 
 from roll.multi_agent.compiled import decoder_layers
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
+from roll.multi_agent.logprobs import behaviour_logprobs
 from roll.multi_agent.team_factors import agent_gradients
-from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
+from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer
 from roll.utils.recompiles import compile_count
 
 from .helpers import make_rows, make_team, perturb_critics

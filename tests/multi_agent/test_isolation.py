@@ -12,7 +12,8 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer, behaviour_logprobs
+from roll.multi_agent.logprobs import behaviour_logprobs
+from roll.multi_agent.trainer import METRIC_PARTS, MultiAgentTrainer
 
 from .helpers import make_rows, make_team
 
