@@ -53,7 +53,7 @@ from roll.algorithms.choices import (
 from roll.algorithms.losses import kl_per_token, ppo_token_terms, row_means
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import TrainerConfig
-from roll.multi_agent.logprobs import FusedTokenLogProb
+from roll.multi_agent.logprobs import FusedTokenLogProb, window_choice_logits
 from roll.utils.stages import log_line
 from roll.utils.transfer import upload
 
@@ -202,19 +202,16 @@ class CapturedSteps:
         legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
         key = (width, first, legal)
         bucket = self.buckets.get(key)
-        if bucket is None:
+        fresh = bucket is None
+        if fresh:
             bucket = self._bucket(width, first, legal)
             if self.graphs and len(self.buckets) >= MAX_GRAPHS:
-                self._fill(bucket, micro)
-                self.uncaptured += 1
-                self._step(bucket)
-                return
-            self.buckets[key] = bucket
-            self._fill(bucket, micro)
-            if self.graphs:
-                self._capture(bucket)
-        else:
-            self._fill(bucket, micro)
+                self.uncaptured += 1  # run once without a graph, not kept
+            else:
+                self.buckets[key] = bucket
+        self._fill(bucket, micro)
+        if fresh and self.graphs and self.buckets.get(key) is bucket:
+            self._capture(bucket)
         if bucket.graph is not None:
             bucket.graph.replay()
         else:
@@ -290,8 +287,7 @@ class CapturedSteps:
         policy = logprobs.sum(-1) * 0.0  # moves without a decision: no term (but a graph)
         tokens = bucket.choices  # (R, W - first, C) legal tokens, or None
         if tokens is not None:  # the legal tokens' logits / T, renormalised at each point
-            gathered = logits.gather(-1, tokens.clamp(min=0)).float() / self.temperature
-            choice_logits = torch.where(tokens >= 0, gathered, torch.zeros_like(gathered))
+            choice_logits = window_choice_logits(logits, tokens, self.temperature)
             moves = choice_logprobs(choice_logits, tokens)
         if cfg.policy_over == "tokens":
             per_token, is_clipped, _, log_ratio = ppo_token_terms(

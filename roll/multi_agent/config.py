@@ -246,12 +246,12 @@ class TrainerConfig:
     off; a trainer built directly reads None as off."""
     capture: bool | None = None
     """Replay each training micro-batch's forward, loss and backward from a captured CUDA graph
-    (roll/multi_agent/captured.py): one graph per (rows, width, window start) bucket, the host's
-    ~4,000 kernel launches a micro-batch gone. Needs ``compile``, ``loss_agg_mode='token-mean'``
-    (the legal-move terms and ``policy_over='moves'`` are captured), the torch strategy on one
-    rank and no shared prefix. None (the default): on where the compiled
-    trainer runs on CUDA and those hold, else off. true: refused where they cannot hold; on
-    the CPU it runs the same padded per-row step without a graph."""
+    (roll/multi_agent/captured.py): one graph per (width, window start, legal tokens) bucket, the
+    host's ~4,000 kernel launches a micro-batch gone. Needs ``compile``,
+    ``loss_agg_mode='token-mean'`` (the legal-move terms and ``policy_over='moves'`` are
+    captured), the torch strategy on one rank and no shared prefix. None (the default): on
+    where the compiled trainer runs on CUDA and those hold, else off. true: refused where they
+    cannot hold; on the CPU it runs the same padded per-row step without a graph."""
     share_prefix: bool | None = None
     """Run the leading tokens that every row of a forward shares (a game's rules open every
     prompt) once per agent, each row attending to them (prefix.py): the same log-probs and

@@ -234,11 +234,16 @@ def choice_logits(window_logits: Tensor, choice_tokens: Tensor, window: tuple[in
     decoding (``TrajectoryBatch.choice_tokens``, -1 padded; 0 there and outside the window),
     gathered from the window's logits with their gradient (roll/algorithms/choices.py)."""
     first, stop = window
-    tokens = choice_tokens[:, first:stop]  # (B, stop - first, C)
-    gathered = window_logits.gather(-1, tokens.clamp(min=0)).float() / temperature
-    gathered = torch.where(tokens >= 0, gathered, torch.zeros_like(gathered))
+    gathered = window_choice_logits(window_logits, choice_tokens[:, first:stop], temperature)
     return F.pad(gathered, (0, 0, first, choice_tokens.shape[1] - stop))
 
 
+def window_choice_logits(window_logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """``choice_logits`` on the window's own columns: (B, K, C) fp32 z / T of each legal token
+    of ``tokens`` (B, K, C), -1 padded (0 there), from the window's logits (B, K, V)."""
+    gathered = window_logits.gather(-1, tokens.clamp(min=0)).float() / temperature
+    return torch.where(tokens >= 0, gathered, torch.zeros_like(gathered))
+
+
 __all__ = ["CHUNK_BYTES", "FusedTokenLogProb", "TokenLogProb", "behaviour_logprobs",
-           "choice_logits", "response_window", "sequence_logprobs"]
+           "choice_logits", "response_window", "sequence_logprobs", "window_choice_logits"]

@@ -84,7 +84,7 @@ class TeamFactors:
         self.stacks: dict[int, Stack] = {}  # id(layer) -> its stack
         self.slices: dict[int, tuple[int, int]] = {}  # id(param) -> (start, stop) in its row
         self.params: list[list[nn.Parameter]] = [[] for _ in self.agent_names]
-        self._addresses: list[int] | None = None  # where each of params must live (check)
+        self._addresses: list[tuple[nn.Parameter, int]] | None = None  # where each must live
         start = 0
         with torch.no_grad():
             for index, layer in enumerate(layers):
@@ -133,11 +133,10 @@ class TeamFactors:
         if self._addresses is None:
             row = self.values.stride(0) * self.values.element_size()
             base = self.values.data_ptr()
-            self._addresses = [base + agent * row + self.slices[id(param)][0]
-                               * self.values.element_size()
+            self._addresses = [(param, base + agent * row + self.slices[id(param)][0]
+                                * self.values.element_size())
                                for agent, params in enumerate(self.params) for param in params]
-        tensors = [param for params in self.params for param in params]
-        for param, address in zip(tensors, self._addresses, strict=True):
+        for param, address in self._addresses:
             if param.data_ptr() != address:
                 raise RuntimeError(
                     "trainer.compile: an agent's LoRA tensor was replaced after the "
