@@ -2,7 +2,7 @@
 stacked products vs the tiled Triton kernel (``roll/inference/hf/lora_kernels.py``) under several
 launch settings.
 
-    python benchmarks/lora_kernels.py          # GPU only (CUDA graphs replay each variant)
+    python benchmarks/lora_kernels.py [--sweep stages]  # GPU only (CUDA graphs replay them)
 
 Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV heads, MLP 3072),
 4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
@@ -35,18 +35,35 @@ SLOTS, RANK = 4, 32
 COLUMNS = SLOTS * RANK
 
 
+SWEEPS = {
+    # chunk, block_k, block_n, num_warps, num_stages (None: Triton's default)
+    "settings": list(itertools.product((None, 256, 512, 1024, 2048, 4096), (128, 256),
+                                       (128, 256), (4, 8), (None,))),
+    # the loops' software pipelining and fewer, longer loop steps over the inputs
+    "stages": list(itertools.product((None, 512, 1024), (256, 512, 1024), (256,), (4, 8),
+                                     (1, 2, 3, 4))),
+}
+
+
 def main() -> None:
+    import argparse
+
     import triton
     from triton.testing import do_bench_cudagraph
 
     from roll.inference.hf import lora_kernels as lk
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), default="settings",
+                        help="launch settings tried per group: 'settings' (chunk, block sizes, "
+                             "warps), 'stages' (software pipelining, longer input steps)")
+    args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(0)
     result: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "triton": triton.__version__, "slots": SLOTS, "rank": RANK,
-                    "defaults": lk.TILED, "tile_rows": lk.TILE_ROWS,
+                    "defaults": lk.TILED, "tile_rows": lk.TILE_ROWS, "sweep": args.sweep,
                     "batches": {}}
 
     def bench(fn) -> float:
@@ -80,13 +97,15 @@ def main() -> None:
             reference = torch.cat(torch_path(), dim=1) - torch.cat(outs_base, dim=1)
             d = torch.empty(batch, n, device=device, dtype=dtype)
             tiled = {}
-            for chunk, block_k, block_n, warps in itertools.product(
-                    (None, 256, 512, 1024, 2048, 4096), (128, 256), (128, 256), (4, 8)):
+            for chunk, block_k, block_n, warps, stages in SWEEPS[args.sweep]:
                 settings = {"chunk": chunk, "block_k": block_k, "block_n": block_n,
-                            "num_warps": warps}
-                tiled[json.dumps(settings)] = bench(
-                    lambda s=settings, x=x, a=a, b=b, d=d, splits=splits, o=order, t=tiles:
-                    lk.launch_tiled(x, a, b, o, t, d, RANK, COLUMNS, splits, **s))
+                            "num_warps": warps, "num_stages": stages}
+                try:
+                    tiled[json.dumps(settings)] = bench(
+                        lambda s=settings, x=x, a=a, b=b, d=d, splits=splits, o=order, t=tiles:
+                        lk.launch_tiled(x, a, b, o, t, d, RANK, COLUMNS, splits, **s))
+                except triton.runtime.errors.OutOfResources:  # e.g. shared memory: not a variant
+                    continue
             d = lk.lora_tiled(x, a, b, order, tiles, RANK, COLUMNS, splits)
             best = min(tiled, key=tiled.get)
             row |= {"tiled_us": bench(lambda x=x, a=a, b=b, splits=splits, o=order, t=tiles:

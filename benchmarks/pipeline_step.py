@@ -52,7 +52,10 @@ from report import emit  # noqa: E402
 SHAPE_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128)
 EXAMPLES = {"hanabi": ("examples/hanabi", "multi_agent_hanabi"),
-            "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker")}
+            "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker"),
+            # the learning recipes (constrained answers, the policy over legal moves)
+            "kuhn_nash": ("examples/kuhn_poker", "nash"),
+            "leduc_nash": ("examples/leduc_poker", "nash")}
 
 
 def seating(agents: int) -> str:
@@ -208,6 +211,17 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     summary["rollout_tokens_per_s"] = round(
         sum(s.get("rollout/decoded_tokens", 0.0) for s in later)
         / max(sum(s.get("rollout/played_s", s.get("time/rollout", 0.0)) for s in later), 1e-9))
+    # the train phase alone over the steady steps: response tokens trained per second of
+    # time/train (issue 33: 8 agents against 1 inside a step), and the trainer's captured
+    # micro-batch graphs (trainer.capture) with the micro-batches that ran without one
+    summary["train_tokens_per_s_steady"] = round(
+        sum(s["trained_tokens"] for s in steady)
+        / max(sum(s.get("time/train", 0.0) for s in steady), 1e-9))
+    captured = getattr(pipeline.trainer, "captured", None)
+    if captured is not None:
+        summary["trainer_capture"] = {
+            "graphs": captured.captures, "capture_s": round(captured.capture_s, 2),
+            "uncaptured_micro_batches": captured.uncaptured}
     if args.gpu_busy:
         summary["gpu_busy"] = gpu_busy_summary(sampler, timeline)
     if torch.cuda.is_available():

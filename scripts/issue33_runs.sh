@@ -12,9 +12,13 @@
 # 3. profiles: trainprof (the train step at micro 8, 1 and 8 agents, 20 operators each) and
 #    decodeprof (the batch-256 decode step with the pipeline's defaults);
 # 4. lanes: the Hanabi example (2 agents, 6 steps) with rollout.lookahead=2, busy lanes and the
-#    in-pipeline / 32-lane engine figure.
+#    in-pipeline / 32-lane engine figure; pipe18: the Hanabi example with 1 and with 8 agents
+#    (6 steps each, the trainer's defaults: compiled, micro-batches captured), the train phase's
+#    tokens per second; nash, nash_nocapture: the Kuhn and Leduc nash recipes (constrained
+#    answers, the policy over legal moves), 4 steps each, micro-batches captured or not.
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes (default: train, capture, capture8, vllm, in that order).
+# decodeprof, lanes, pipe18, nash, nash_nocapture (default: train, capture, capture8, vllm, in
+# that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +38,12 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
     trainprof) one trainprof "$gpu" "$threads" "${train[@]}" --profile 20 ;;
     decodeprof) one decodeprof "$gpu" "$threads" benchmarks/rollout_throughput.py --pipeline-defaults \
       --compiled-only --skip-stock --skip-hf-compiled --extra --batches 256 --rounds 2 --profile ;;
+    pipe18) one pipe18 "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:1 hanabi:8 \
+      --modes continuous --steps 6 ;;
+    nash) one nash "$gpu" "$threads" benchmarks/pipeline_step.py --settings kuhn_nash:2 \
+      leduc_nash:2 --modes continuous --steps 4 ;;
+    nash_nocapture) one nash_nocapture "$gpu" "$threads" benchmarks/pipeline_step.py --settings \
+      kuhn_nash:2 leduc_nash:2 --modes continuous --steps 4 --override trainer.capture=false ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
       --modes continuous --steps 6 --override rollout.lookahead=2 ;;
     *) echo "unknown run $run" >&2 ;;

@@ -147,6 +147,11 @@ class CapturedSteps:
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.captures, self.capture_s, self.uncaptured = 0, 0.0, 0
 
+    def counts(self) -> tuple[int, float, int]:
+        """(graphs captured, seconds spent capturing, micro-batches run past ``MAX_GRAPHS``)
+        so far."""
+        return self.captures, self.capture_s, self.uncaptured
+
     # ------------------------------------------------------------------ rounds
     def run_round(self, batch: TrajectoryBatch, groups: list, normalisers: dict[str, Tensor],
                   decisions: dict[str, Tensor], bonus: dict[str, float]) -> int:
@@ -205,7 +210,7 @@ class CapturedSteps:
         fresh = bucket is None
         if fresh:
             bucket = self._bucket(width, first, legal)
-            if self.graphs and len(self.buckets) >= MAX_GRAPHS:
+            if len(self.buckets) >= MAX_GRAPHS:  # (on a CPU too: no bucket kept past it)
                 self.uncaptured += 1  # run once without a graph, not kept
             else:
                 self.buckets[key] = bucket

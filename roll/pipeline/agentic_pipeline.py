@@ -69,7 +69,7 @@ from roll.pipeline.overlap import NextRollout
 from roll.pipeline.policy_update import SnapshotMagnet, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
-from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
+from roll.pipeline.step_metrics import capture_metrics, logprob_metrics, rollout_phase_metrics
 from roll.pipeline.step_plan import StepPlan
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.recompiles import CompileWatch
@@ -432,12 +432,16 @@ class AgenticPipeline:
         times["time/reference"] = time.perf_counter() - start
 
         start = time.perf_counter()
+        captured = getattr(self.trainer, "captured", None)  # local trainer.capture only
+        counts = captured.counts() if captured is not None else None
         if self.critics is not None:
             batch = self.critics.with_values(batch)
         per_agent, critic_metrics = update_agents(
             self.cfg, self.trainer, self.model, batch, self.step, self.policy_temperature,
             self.baselines, self.magnet, self.critics)
         times["time/train"] = time.perf_counter() - start  # agents and critics
+        if captured is not None:
+            metrics.update(capture_metrics(counts, captured.counts()))
         metrics.update(agent_metrics(per_agent))
         metrics.update(critic_metrics)
         metrics.update(times)

@@ -2,6 +2,8 @@
 
 - ``rollout_phase_metrics``: decode figures of the phase (tok/s over what it decoded, lanes,
   decode steps, busy lanes), from the rollout's metrics and the engine's ``last_serve``.
+- ``capture_metrics``: what ``trainer.capture`` did in the step (graphs captured, seconds,
+  micro-batches past its cap).
 - ``logprob_metrics``: how far the engine's log-probs are from the trainer's recomputed ones
   (a check that the engine served the trainer's weights; turns played ahead apart: how far one
   update moved them), and the KL to the reference model.
@@ -46,6 +48,18 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     if served.get("decode_steps") and "served" in served:
         out["rollout/busy_lanes"] = (decoded - served["served"]) / served["decode_steps"]
     return out
+
+
+def capture_metrics(before: tuple[int, float, int], after: tuple[int, float, int]
+                    ) -> dict[str, float]:
+    """The step's share of ``CapturedSteps.counts`` (taken before and after its update):
+    ``compile/train_captures`` (micro-batch graphs captured: a first step's, or a new bucket's
+    later), ``compile/train_capture_s`` (their warm-up and capture, part of ``time/train``) and
+    ``compile/train_uncaptured`` (micro-batches of a shape past ``MAX_GRAPHS``, run without a
+    graph: a run that keeps meeting new shapes)."""
+    return {"compile/train_captures": float(after[0] - before[0]),
+            "compile/train_capture_s": after[1] - before[1],
+            "compile/train_uncaptured": float(after[2] - before[2])}
 
 
 def logprob_metrics(batch: TrajectoryBatch, turns: Sequence[Turn], comparable: bool,

@@ -11,7 +11,9 @@ Naming convention of metric keys (the plot command and the console line rely on 
   ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``, and ``time/wake`` /
   ``time/sleep`` where the engine sleeps between phases (``rollout.vllm.sleep_between_phases``);
 - ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
-- ``compile/<x>``            torch.compile's work in the step, ``compile/new_graphs``;
+- ``compile/<x>``            torch.compile's work in the step, ``compile/new_graphs``, and the
+  trainer's captured micro-batch graphs (``compile/train_captures``, ``_capture_s``,
+  ``_uncaptured``: ``trainer.capture``);
 - ``eval/<agent>/<metric>``, ``eval/team/<metric>``  the same for evaluation rollouts;
   ``eval_greedy/...`` the same for the greedy policy's (``eval.greedy_too``).
 

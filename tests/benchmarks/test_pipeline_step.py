@@ -42,6 +42,10 @@ def test_a_sweep_over_groups_runs_each_setting_at_each_and_pools_the_later_steps
         assert middle["trained_tokens"] == middle["rollout/generated_tokens"] > 0
         assert abs(result["step_tokens_per_s_steady"]
                    - 2 * middle["trained_tokens"] / middle["time/step"]) <= 1, result
+        # the train phase alone in steady state: what step 2 trained over its time/train
+        assert abs(result["train_tokens_per_s_steady"]
+                   - middle["trained_tokens"] / middle["time/train"]) <= 1, result
+        assert "trainer_capture" not in result  # CPU: no graphs, the uncaptured loop
         # --gpu_busy on a machine without GPUs: said, and the phases still timed (steps 2-3)
         busy = result["gpu_busy"]
         assert busy["available"] is False and busy["samples"] == 0

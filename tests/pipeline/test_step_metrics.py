@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from roll.pipeline.step_metrics import logprob_metrics, rollout_phase_metrics
+from roll.pipeline.step_metrics import capture_metrics, logprob_metrics, rollout_phase_metrics
 
 
 def test_rollout_phase_metrics_by_hand():
@@ -24,6 +24,16 @@ def test_rollout_phase_metrics_by_hand():
         "rollout/tokens_per_s": 0.0}
     assert rollout_phase_metrics({"rollout/decoded_tokens": 6.0}, {}, 3.0) == {
         "rollout/tokens_per_s": 2.0}
+
+
+def test_capture_metrics_are_the_steps_share_by_hand():
+    # before the update: 2 graphs in 3.5 s, 1 micro-batch past the cap; after: 3 in 4.25 s, 4
+    assert capture_metrics((2, 3.5, 1), (3, 4.25, 4)) == {
+        "compile/train_captures": 1.0, "compile/train_capture_s": 0.75,
+        "compile/train_uncaptured": 3.0}
+    assert capture_metrics((3, 4.25, 4), (3, 4.25, 4)) == {
+        "compile/train_captures": 0.0, "compile/train_capture_s": 0.0,
+        "compile/train_uncaptured": 0.0}
 
 
 def test_logprob_gaps_split_rows_played_ahead_by_hand():
@@ -63,12 +73,18 @@ def test_each_step_counts_the_graphs_it_compiled_and_a_later_compile_is_said(tmp
     out = tmp_path / "run"
     cfg = load_config(KUHN, "quickstart_cpu", BASE + [
         f"output_dir={out}", "max_steps=2", "trainer.compile=true",
-        "trainer.compile_backend=aot_eager", "trainer.share_prefix=false"])  # fewer graphs
+        "trainer.compile_backend=aot_eager", "trainer.share_prefix=false",  # fewer graphs
+        "trainer.capture=true"])  # as on CUDA (here no graph: the same padded step)
     torch._dynamo.reset()
     pipeline = AgenticPipeline(cfg)
     pipeline.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["compile/new_graphs"] > 0 for row in rows] == [True, False]
+    # trainer.capture's own counts, each step's share: no graph on a CPU, every micro-batch
+    # in a kept bucket
+    assert [(row["compile/train_captures"], row["compile/train_uncaptured"])
+            for row in rows] == [(0.0, 0.0), (0.0, 0.0)]
+    assert len(pipeline.trainer.captured.buckets) >= 1
     assert "new graph(s)" not in capsys.readouterr().out
     torch._dynamo.reset()
     pipeline.step += 1

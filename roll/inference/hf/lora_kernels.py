@@ -152,9 +152,10 @@ def row_tiles(blocks: list[int], slot_capacity: int) -> tuple[Tensor, Tensor]:
 
 def launch_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, d: Tensor,
                  rank: int, columns: int, splits: list[int], block_k: int, block_n: int,
-                 num_warps: int, chunk: int | None = None) -> None:
+                 num_warps: int, chunk: int | None = None, num_stages: int | None = None) -> None:
     """Fill ``d`` (B, ΣN) with the tiled kernel under the given launch settings (``chunk``:
-    output columns per program, ``chunk_size`` when None; lowered to divide the splits)."""
+    output columns per program, ``chunk_size`` when None; lowered to divide the splits;
+    ``num_stages``: Triton's software pipelining of the loops, its default when None)."""
     (M, K), N = x.shape, d.shape[1]
     bounds = [*splits, N, N][:MAX_GROUP - 1]
     chunk = chunk_for(splits, chunk or chunk_size(M, K, N))
@@ -163,7 +164,8 @@ def launch_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, 
                        x.stride(0), a.stride(0), b.stride(0), d.stride(0),
                        BLOCK_M=TILE_ROWS, BLOCK_R=max(16, triton.next_power_of_2(rank)),
                        BLOCK_K=block_k, BLOCK_N=block_n, IEEE=x.dtype == torch.float32,
-                       num_warps=num_warps)
+                       num_warps=num_warps,
+                       **({} if num_stages is None else {"num_stages": num_stages}))
 
 
 @torch.library.custom_op("roll::lora_tiled", mutates_args=())
