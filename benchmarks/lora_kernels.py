@@ -4,6 +4,10 @@ launch settings.
 
     python benchmarks/lora_kernels.py [--sweep stages]  # GPU only (CUDA graphs replay them)
 
+Per group also the engine's fused base GEMM with the tiled kernel against the shrink as more
+output columns of that GEMM (the stacked A factors appended to the weights) followed by
+``launch_expand`` (the deltas added in place), with its settings swept.
+
 Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV heads, MLP 3072),
 4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
 CUDA graph and replayed (``triton.testing.do_bench_cudagraph``), as the compiled decode step
@@ -39,10 +43,54 @@ SWEEPS = {
     # chunk, block_k, block_n, num_warps, num_stages (None: Triton's default)
     "settings": list(itertools.product((None, 256, 512, 1024, 2048, 4096), (128, 256),
                                        (128, 256), (4, 8), (None,))),
+    # the shipped settings alone (the tiled kernel's figure beside the other paths)
+    "shipped": [(None, 256, 256, 4, None)],
     # the loops' software pipelining and fewer, longer loop steps over the inputs
     "stages": list(itertools.product((None, 512, 1024), (256, 512, 1024), (256,), (4, 8),
                                      (1, 2, 3, 4))),
 }
+
+
+EXPAND = list(itertools.product((64, 128, 256), (None, 512), (2, 4, 8)))
+"""Expand settings tried (block_n, chunk: None = block_n, num_warps)."""
+
+
+def shrink_in_gemm(bench, x, w, a, b, order, tiles, splits, reference) -> dict:
+    """The group's base weights as one GEMM (the engine's fused families), then either the
+    tiled kernel (shrink and expand: the engine today; its add is fused into the next
+    operation) or the GEMM over the weights with the stacked A rows appended (the shrink as
+    G·C more output columns) and ``launch_expand`` adding the deltas in place."""
+    import triton
+
+    from roll.inference.hf import lora_kernels as lk
+
+    n = w.shape[0]
+    w_ext = torch.cat([w, a])
+    d = torch.empty(x.shape[0], n, device=x.device, dtype=x.dtype)
+
+    def current():
+        F.linear(x, w)
+        lk.launch_tiled(x, a, b, order, tiles, d, RANK, COLUMNS, splits, **lk.TILED)
+
+    def extended(**settings):
+        lk.launch_expand(F.linear(x, w_ext), b, order, tiles, RANK, COLUMNS, splits, **settings)
+
+    swept = {}
+    for block_n, chunk, warps in EXPAND:
+        settings = {"block_n": block_n, "chunk": chunk, "num_warps": warps}
+        try:
+            swept[json.dumps(settings)] = bench(lambda s=settings: extended(**s))
+        except triton.runtime.errors.OutOfResources:
+            continue
+    best = min(swept, key=swept.get)
+    product = F.linear(x, w_ext)
+    lk.launch_expand(product, b, order, tiles, RANK, COLUMNS, splits)
+    gap = (product[:, :n].float() - F.linear(x, w).float() - reference.float()).abs().max()
+    return {"gemm_us": bench(lambda: F.linear(x, w)), "gemm_tiled_us": bench(current),
+            "gemm_shrink_us": bench(lambda: F.linear(x, w_ext)),
+            "gemm_expand_us": bench(extended), "gemm_expand_best": [json.loads(best),
+                                                                    swept[best]],
+            "gemm_expand_all": swept, "gemm_expand_gap_to_torch": float(gap)}
 
 
 def main() -> None:
@@ -56,7 +104,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", choices=sorted(SWEEPS), default="settings",
                         help="launch settings tried per group: 'settings' (chunk, block sizes, "
-                             "warps), 'stages' (software pipelining, longer input steps)")
+                             "warps), 'stages' (software pipelining, longer input steps), "
+                             "'shipped' (TILED alone)")
     args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16
@@ -113,13 +162,21 @@ def main() -> None:
                     "tiled_chunk": lk.chunk_for(splits, lk.chunk_size(batch, k, n)),
                     "tiled_gap_to_torch": float((d.float() - reference.float()).abs().max()),
                     "tiled_best": [json.loads(best), tiled[best]], "tiled_all": tiled}
+            row |= shrink_in_gemm(bench, x, w, a, b, order, tiles, splits, reference)
             rows[name] = row
+            print(f"batch {batch} {name}: fused GEMM + tiled {row['gemm_tiled_us']:.1f} µs, "
+                  f"GEMM with the A rows + expand {row['gemm_expand_us']:.1f} (best "
+                  f"{row['gemm_expand_best'][1]:.1f} {row['gemm_expand_best'][0]})",
+                  file=sys.stderr, flush=True)
             print(f"batch {batch} {name}: base {row['base_mm_us']:.1f} µs, torch LoRA "
                   f"{row['torch_us']:.1f}, tiled {row['tiled_us']:.1f} (chunk "
                   f"{row['tiled_chunk']}), best {tiled[best]:.1f} {best}", file=sys.stderr,
                   flush=True)
         per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
-                    for key in ("base_mm_us", "torch_us", "tiled_us")}
+                    for key in ("base_mm_us", "torch_us", "tiled_us", "gemm_us",
+                                "gemm_tiled_us", "gemm_shrink_us", "gemm_expand_us")}
+        per_step["gemm_expand_best_us"] = LAYERS * sum(rows[g]["gemm_expand_best"][1]
+                                                       for g in rows)
         per_step["tiled_best_us"] = LAYERS * sum(rows[g]["tiled_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
         print(f"batch {batch} per step (µs): {json.dumps(per_step)}", file=sys.stderr, flush=True)

@@ -15,10 +15,14 @@
 #    in-pipeline / 32-lane engine figure; pipe18: the Hanabi example with 1 and with 8 agents
 #    (6 steps each, the trainer's defaults: compiled, micro-batches captured), the train phase's
 #    tokens per second; nash, nash_nocapture: the Kuhn and Leduc nash recipes (constrained
-#    answers, the policy over legal moves), 4 steps each, micro-batches captured or not.
+#    answers, the policy over legal moves), 4 steps each, micro-batches captured or not;
+# 5. pdl, nopdl: the decode steps (batch 64 and 256, the pipeline's defaults) with inductor's
+#    kernels launched with programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1) or not;
+#    expand: the LoRA shrink as more columns of the base GEMM + the expand kernel alone, against
+#    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step).
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes, pipe18, nash, nash_nocapture (default: train, capture, capture8, vllm, in
-# that order).
+# decodeprof, lanes, pipe18, nash, nash_nocapture, pdl, nopdl, expand (default: train,
+# capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +48,13 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
       leduc_nash:2 --modes continuous --steps 4 ;;
     nash_nocapture) one nash_nocapture "$gpu" "$threads" benchmarks/pipeline_step.py --settings \
       kuhn_nash:2 leduc_nash:2 --modes continuous --steps 4 --override trainer.capture=false ;;
+    pdl|nopdl) flag=0; [ "$run" = pdl ] && flag=1
+      # inductor's kernels with programmatic dependent launch (Hopper: a kernel's launch and
+      # prologue overlap the previous kernel's tail inside the decode step's CUDA graph)
+      TORCHINDUCTOR_ENABLE_PDL=$flag one "$run" "$gpu" "$threads" benchmarks/rollout_throughput.py \
+        --pipeline-defaults --compiled-only --skip-stock --skip-hf-compiled --extra \
+        --batches 64 256 --rounds 3 ;;
+    expand) one expand "$gpu" "$threads" benchmarks/lora_kernels.py --sweep shipped ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
       --modes continuous --steps 6 --override rollout.lookahead=2 ;;
     *) echo "unknown run $run" >&2 ;;

@@ -53,7 +53,18 @@ def kernel_gaps() -> dict:
                 expected[m, col] = sum(float(b[col, block * rank + r]) * h[r]
                                        for r in range(rank))
             start += n
+    # the expand half alone, its shrink in the product's last columns (a GEMM over the base
+    # weight with the stacked A factors appended), added into the base outputs in place
+    n = sum(outs)
+    w = torch.randn(n, k, generator=gen)
+    product = torch.cat([x @ w.T, x @ a.T], dim=1)
+    before = product.clone()
+    lora_kernels.launch_expand(product, b, order, tiles, rank, columns, splits, block_n=16,
+                               chunk=8)
     return {"gaps": [float((d - expected).abs().max()) for d in tiled],
+            "expand_gap": float((product[:, :n] - before[:, :n] - expected).abs().max()),
+            "expand_kept_shrink": bool(torch.equal(product[:, n:], before[:, n:])),
+            "expand_base_row_kept": bool(torch.equal(product[2], before[2])),
             "base_row_zero": all(bool((d[2] == 0).all()) for d in tiled),
             "order": order.tolist(), "tiles": tiles.tolist(),
             "delta_size": float(expected.abs().max())}

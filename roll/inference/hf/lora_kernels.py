@@ -89,6 +89,45 @@ def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, c
                          mask=live[:, None] & (n[None, :] < n_end))
 
 
+@triton.jit
+def _expand_kernel(p_ptr, b_ptr, order_ptr, tiles_ptr, N, rank, columns, split1, split2, chunk,
+                   stride_pm, stride_bn, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """The expand half alone, its shrink already in the product: ``p`` (rows, N + G·C) holds the
+    base outputs in columns [0, N) and h = X A_jᵀ of every member and slot after them (the
+    base weight with the stacked A factors appended, one GEMM). One tile of rows that share
+    slot b, output columns [n0, n0 + chunk) of member j: p[:, n] += h_{j,b} B_{j,b}ᵀ in place
+    (rows without a slot are left as they are)."""
+    tile = tl.program_id(0)
+    n0 = tl.program_id(1) * chunk
+    n_end = tl.minimum(n0 + chunk, N)
+    block = tl.load(tiles_ptr + 3 * tile)
+    start = tl.load(tiles_ptr + 3 * tile + 1)
+    end = tl.load(tiles_ptr + 3 * tile + 2)
+    i = start + tl.arange(0, BLOCK_M)
+    live = i < end
+    rows = tl.load(order_ptr + i, mask=live, other=0)  # (BLOCK_M,) token indices
+    if (start < end) & (block >= 0):
+        member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
+        r = tl.arange(0, BLOCK_R)
+        h = tl.load(p_ptr + rows[:, None] * stride_pm
+                    + (N + member * columns + block * rank + r)[None, :],
+                    mask=live[:, None] & (r[None, :] < rank), other=0.0)  # (M, R)
+        b_rows = b_ptr + (block * rank + r)[:, None]
+        for j0 in range(n0, n_end, BLOCK_N):
+            n = j0 + tl.arange(0, BLOCK_N)
+            bt = tl.load(b_rows + n[None, :] * stride_bn,
+                         mask=(r[:, None] < rank) & (n[None, :] < n_end), other=0.0)  # (R, N)
+            if IEEE:
+                d = tl.dot(h, bt, input_precision="ieee")
+            else:
+                d = tl.dot(h, bt)
+            out = p_ptr + rows[:, None] * stride_pm + n[None, :]
+            keep = live[:, None] & (n[None, :] < n_end)
+            base = tl.load(out, mask=keep, other=0.0).to(tl.float32)
+            tl.store(out, (base + d).to(p_ptr.dtype.element_ty), mask=keep)
+
+
 def _check_device(t: Tensor) -> None:
     if t.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
@@ -166,6 +205,31 @@ def launch_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, 
                        BLOCK_K=block_k, BLOCK_N=block_n, IEEE=x.dtype == torch.float32,
                        num_warps=num_warps,
                        **({} if num_stages is None else {"num_stages": num_stages}))
+
+
+def launch_expand(product: Tensor, b: Tensor, order: Tensor, tiles: Tensor, rank: int,
+                  columns: int, splits: list[int], block_n: int = 256, num_warps: int = 4,
+                  chunk: int | None = None) -> None:
+    """Add each row's LoRA delta to the base outputs in ``product`` (rows, ΣN + G·C), in place,
+    from the shrink h already in its last G·C columns (``_expand_kernel``; ΣN = ``b``'s rows).
+    Not yet used by the engine: ``benchmarks/lora_kernels.py --shrink-in-gemm`` times the
+    extended GEMM plus this against the GEMM plus ``lora_tiled``."""
+    _check_device(product)
+    if product.stride(-1) != 1:
+        raise ValueError("launch_expand: the product's last dimension must be contiguous")
+    M, N = product.shape[0], b.shape[0]
+    if product.shape[1] != N + (len(splits) + 1) * columns:
+        raise ValueError(f"launch_expand: product has {product.shape[1]} columns, not the "
+                         f"{N} outputs + {len(splits) + 1} x {columns} shrink columns")
+    bounds = [*splits, N, N][:MAX_GROUP - 1]
+    chunk = chunk_for(splits, chunk or block_n)
+    grid = (tiles.shape[0], triton.cdiv(N, chunk))
+    b = _rows(b)
+    if M:
+        _expand_kernel[grid](product, b, order, tiles, N, rank, columns, bounds[0], bounds[1],
+                             chunk, product.stride(0), b.stride(0), BLOCK_M=TILE_ROWS,
+                             BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_N=block_n,
+                             IEEE=product.dtype == torch.float32, num_warps=num_warps)
 
 
 @torch.library.custom_op("roll::lora_tiled", mutates_args=())

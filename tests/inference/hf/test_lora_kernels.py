@@ -40,6 +40,10 @@ def test_kernel_equals_the_formulas_by_hand(child):
     # whole members per program, and two programs per member
     assert len(kernel["gaps"]) == 2 and max(kernel["gaps"]) < 1e-4
     assert kernel["base_row_zero"]  # block -1: no adapter, exactly zero
+    # the expand half on a product that holds the shrink: base + the same deltas, in place;
+    # the shrink columns and the base row untouched
+    assert kernel["expand_gap"] < 1e-4
+    assert kernel["expand_kept_shrink"] and kernel["expand_base_row_kept"]
 
 
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
