@@ -19,9 +19,10 @@
 # 5. pdl, nopdl: the decode steps (batch 64 and 256, the pipeline's defaults) with inductor's
 #    kernels launched with programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1) or not;
 #    expand: the LoRA shrink as more columns of the base GEMM + the expand kernel alone, against
-#    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step).
+#    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step);
+#    picker: the compiled pick_tokens against the blocked Triton picker (benchmarks/picker.py).
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes, pipe18, nash, nash_nocapture, pdl, nopdl, expand (default: train,
+# decodeprof, lanes, pipe18, nash, nash_nocapture, pdl, nopdl, expand, picker (default: train,
 # capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
@@ -55,6 +56,7 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
         --pipeline-defaults --compiled-only --skip-stock --skip-hf-compiled --extra \
         --batches 64 256 --rounds 3 ;;
     expand) one expand "$gpu" "$threads" benchmarks/lora_kernels.py --sweep shipped ;;
+    picker) one picker "$gpu" "$threads" benchmarks/picker.py ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
       --modes continuous --steps 6 --override rollout.lookahead=2 ;;
     *) echo "unknown run $run" >&2 ;;

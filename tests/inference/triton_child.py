@@ -1,7 +1,8 @@
-"""Run by test_lora_kernels.py in a process started with TRITON_INTERPRET=1 (Triton's CPU
-interpreter must be chosen before triton is imported): the per-row LoRA kernels against a
-hand-written loop, and the hf engine with ``lora_kernels='triton'`` against ``'torch'``.
-Prints one JSON object."""
+"""Run by test_lora_kernels.py and test_attention_kernel.py in a process started with
+TRITON_INTERPRET=1 (Triton's CPU interpreter must be chosen before triton is imported): the
+LoRA kernels against a hand-written loop, the hf engine with ``lora_kernels='triton'`` against
+``'torch'``, the blocked token picker against ``pick_tokens``; or (``attention``) the decode
+attention kernel against SDPA. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -218,8 +219,44 @@ def attention_gaps(path: str) -> dict:
     return result
 
 
+def picker_gaps() -> dict:
+    """``picker_kernel.pick_tokens_blocked`` against ``sampling.pick_tokens``: 37 rows over 301
+    tokens in blocks of 128 (3 blocks, the last short), greedy rows at temperature 1, then
+    sampled rows among greedy ones at temperatures 0.5-1.5, with and without a constraint that
+    forbids about half of the tokens; and a row whose largest logit appears twice, in two
+    blocks (the first must win, as ``torch.argmax``)."""
+    from roll.inference.hf.picker_kernel import pick_tokens_blocked
+    from roll.inference.hf.sampling import _VOCAB_SALT, mix32, pick_tokens, seed_key
+
+    gen = torch.Generator().manual_seed(0)
+    rows, vocab = 37, 301
+    logits = torch.randn(rows, vocab, generator=gen).to(torch.bfloat16)
+    logits[5, 40] = logits[5, 200] = 9.0  # a tie across blocks 0 and 1
+    temperature = torch.rand(rows, 1, generator=gen) + 0.5
+    sampled = torch.arange(rows) % 3 != 0
+    keys = torch.tensor([seed_key(seed) for seed in range(rows)])
+    steps = torch.arange(rows) % 5
+    vocab_keys = mix32(torch.arange(vocab) + _VOCAB_SALT)
+    masked = logits.float().masked_fill(torch.rand(rows, vocab, generator=gen) < 0.5,
+                                        float("-inf"))
+    cases = {"greedy": (logits, torch.ones(rows, 1), None, keys, steps, vocab_keys),
+             "sampled": (logits, temperature, sampled, keys, steps, vocab_keys),
+             "sampled_masked": (logits, temperature, sampled, keys, steps, vocab_keys, masked),
+             "greedy_masked": (logits, temperature, None, keys, steps, vocab_keys, masked)}
+    result = {}
+    for name, args in cases.items():
+        want_tokens, want_logprobs = pick_tokens(*args)
+        tokens, logprobs = pick_tokens_blocked(*args, block=128)
+        result[name] = {"tokens_equal": bool(torch.equal(tokens, want_tokens)),
+                        "logprob_gap": float((logprobs - want_logprobs).abs().max()),
+                        "drew": bool((want_tokens != logits.float().argmax(-1)).any())}
+    result["tie_token"] = int(pick_tokens_blocked(*cases["greedy"], block=128)[0][5])
+    return result
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["attention"]:
         print(json.dumps(attention_gaps(sys.argv[1])))
     else:
-        print(json.dumps({"kernel": kernel_gaps(), "engine": engine_gaps(sys.argv[1])}))
+        print(json.dumps({"kernel": kernel_gaps(), "engine": engine_gaps(sys.argv[1]),
+                          "picker": picker_gaps()}))

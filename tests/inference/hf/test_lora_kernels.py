@@ -46,6 +46,17 @@ def test_kernel_equals_the_formulas_by_hand(child):
     assert kernel["expand_kept_shrink"] and kernel["expand_base_row_kept"]
 
 
+def test_blocked_picker_picks_what_pick_tokens_picks(child):
+    """picker_kernel.py (the same child process: Triton's interpreter): tokens equal, log-probs
+    within float order, for greedy, sampled and constrained rows."""
+    picker = child["picker"]
+    for case in ("greedy", "sampled", "sampled_masked", "greedy_masked"):
+        assert picker[case]["tokens_equal"], case
+        assert picker[case]["logprob_gap"] < 1e-5, case
+    assert picker["sampled"]["drew"] and not picker["greedy"]["drew"]  # the noise was drawn
+    assert picker["tie_token"] == 40  # the first of two equal maxima, blocks apart
+
+
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
     engine = child["engine"]
     assert engine["kernels"] == {"torch": "torch", "triton": "triton"}
