@@ -17,7 +17,8 @@
 #    tokens per second; nash, nash_nocapture: the Kuhn and Leduc nash recipes (constrained
 #    answers, the policy over legal moves), 4 steps each, micro-batches captured or not;
 # 5. pdl, nopdl: the decode steps (batch 64 and 256, the pipeline's defaults) with inductor's
-#    kernels launched with programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1) or not;
+#    kernels launched with programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1) or not,
+#    each beside the same engine with the blocked token picker (--blocked-picker);
 #    expand: the LoRA shrink as more columns of the base GEMM + the expand kernel alone, against
 #    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step);
 #    picker: the compiled pick_tokens against the blocked Triton picker (benchmarks/picker.py).
@@ -54,7 +55,7 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
       # prologue overlap the previous kernel's tail inside the decode step's CUDA graph)
       TORCHINDUCTOR_ENABLE_PDL=$flag one "$run" "$gpu" "$threads" benchmarks/rollout_throughput.py \
         --pipeline-defaults --compiled-only --skip-stock --skip-hf-compiled --extra \
-        --batches 64 256 --rounds 3 ;;
+        --blocked-picker --batches 64 256 --rounds 3 ;;
     expand) one expand "$gpu" "$threads" benchmarks/lora_kernels.py --sweep shipped ;;
     picker) one picker "$gpu" "$threads" benchmarks/picker.py ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
