@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from roll.inference.hf.pdl import launch_options, pdl_on, pdl_prologue
+
 BLOCK_N = 128
 """Columns per block of the inner loop where shared memory allows (``block_columns``)."""
 STAGES = 2
@@ -66,7 +68,8 @@ def _chunk_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr, co
                   stride_kc, stride_vb, stride_vh, stride_vc, stride_mb, stride_ob, stride_oh,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   VISIBLE: tl.constexpr, SPLIT: tl.constexpr, SKIP: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)  # kv head
     part = tl.program_id(2)  # chunk of columns
@@ -112,7 +115,8 @@ def _chunk_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr, co
 
 @triton.jit
 def _combine_kernel(part_ptr, stat_ptr, out_ptr, parts, groups, head_dim, stride_ob, stride_oh,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
     heads = tl.num_programs(1)
@@ -186,16 +190,19 @@ def launch(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float
                        dtype=torch.float32, device=query.device)
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     extra = {} if num_stages is None else {"num_stages": num_stages}
+    pdl = pdl_on(query)
+    extra |= launch_options(pdl)
     _chunk_kernel[(batch, kv_heads, parts)](
         query, key, value, mask, out, part, stat, columns, chunk, scale, groups, head_dim,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), mask.stride(0), out.stride(0),
         out.stride(1), BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, VISIBLE=VISIBLE,
-        SPLIT=split, SKIP=skip, PRECISION=precision, num_warps=num_warps, **extra)
+        SPLIT=split, SKIP=skip, PRECISION=precision, USE_PDL=pdl, num_warps=num_warps, **extra)
     if split:
         _combine_kernel[(batch, kv_heads)](
             part, stat, out, parts, groups, head_dim, out.stride(0), out.stride(1),
-            BLOCK_G=block_g, BLOCK_D=block_d, num_warps=num_warps)
+            BLOCK_G=block_g, BLOCK_D=block_d, USE_PDL=pdl, num_warps=num_warps,
+            **launch_options(pdl))
     return out
 
 

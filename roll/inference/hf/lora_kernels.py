@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from roll.inference.hf.pdl import launch_options, pdl_on, pdl_prologue
+
 MAX_GROUP = 3
 """Most projections in one group (q/k/v)."""
 
@@ -41,9 +43,10 @@ MAX_GROUP = 3
 def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, columns, split1,
                  split2, chunk, stride_xm, stride_am, stride_bn, stride_dm,
                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr):
     """One tile of rows that share a slot, output columns [n0, n0 + chunk) (inside one member:
     the host picks a chunk that divides every split): h = X A_jᵀ, then d = h B_jᵀ."""
+    pdl_prologue(USE_PDL)
     tile = tl.program_id(0)
     n0 = tl.program_id(1) * chunk
     n_end = tl.minimum(n0 + chunk, N)
@@ -92,12 +95,13 @@ def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, c
 @triton.jit
 def _expand_kernel(p_ptr, b_ptr, order_ptr, tiles_ptr, N, rank, columns, split1, split2, chunk,
                    stride_pm, stride_bn, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr):
     """The expand half alone, its shrink already in the product: ``p`` (rows, N + G·C) holds the
     base outputs in columns [0, N) and h = X A_jᵀ of every member and slot after them (the
     base weight with the stacked A factors appended, one GEMM). One tile of rows that share
     slot b, output columns [n0, n0 + chunk) of member j: p[:, n] += h_{j,b} B_{j,b}ᵀ in place
     (rows without a slot are left as they are)."""
+    pdl_prologue(USE_PDL)
     tile = tl.program_id(0)
     n0 = tl.program_id(1) * chunk
     n_end = tl.minimum(n0 + chunk, N)
@@ -203,7 +207,7 @@ def launch_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, 
                        x.stride(0), a.stride(0), b.stride(0), d.stride(0),
                        BLOCK_M=TILE_ROWS, BLOCK_R=max(16, triton.next_power_of_2(rank)),
                        BLOCK_K=block_k, BLOCK_N=block_n, IEEE=x.dtype == torch.float32,
-                       num_warps=num_warps,
+                       num_warps=num_warps, USE_PDL=pdl_on(x), **launch_options(pdl_on(x)),
                        **({} if num_stages is None else {"num_stages": num_stages}))
 
 
@@ -229,7 +233,8 @@ def launch_expand(product: Tensor, b: Tensor, order: Tensor, tiles: Tensor, rank
         _expand_kernel[grid](product, b, order, tiles, N, rank, columns, bounds[0], bounds[1],
                              chunk, product.stride(0), b.stride(0), BLOCK_M=TILE_ROWS,
                              BLOCK_R=max(16, triton.next_power_of_2(rank)), BLOCK_N=block_n,
-                             IEEE=product.dtype == torch.float32, num_warps=num_warps)
+                             IEEE=product.dtype == torch.float32, num_warps=num_warps,
+                             USE_PDL=pdl_on(product), **launch_options(pdl_on(product)))
 
 
 @torch.library.custom_op("roll::lora_tiled", mutates_args=())

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from roll.inference.hf.pdl import launch_options, pdl_on, pdl_prologue
 from roll.inference.hf.sampling import _MUL1, _MUL2, _STEP_SALT, _VOCAB_SALT, pick_tokens
 
 # sampling.py's hash constants, as constants of the kernels
@@ -51,7 +52,9 @@ def _mix32(x):
 @triton.jit
 def _block_kernel(logits_ptr, masked_ptr, temperature_ptr, sampled_ptr, keys_ptr, steps_ptr,
                   state_ptr, best_ptr, index_ptr, vocab, parts, stride_l, stride_m,
-                  BLOCK_V: tl.constexpr, MASKED: tl.constexpr, SAMPLED: tl.constexpr):
+                  BLOCK_V: tl.constexpr, MASKED: tl.constexpr, SAMPLED: tl.constexpr,
+                  USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     columns = part * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -85,7 +88,8 @@ def _block_kernel(logits_ptr, masked_ptr, temperature_ptr, sampled_ptr, keys_ptr
 
 @triton.jit
 def _combine_kernel(logits_ptr, temperature_ptr, state_ptr, best_ptr, index_ptr, tokens_ptr,
-                    logprobs_ptr, parts, stride_l, PARTS: tl.constexpr):
+                    logprobs_ptr, parts, stride_l, PARTS: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_prologue(USE_PDL)
     row = tl.program_id(0)
     p = tl.arange(0, PARTS)
     live = p < parts
@@ -132,12 +136,15 @@ def pick_tokens_blocked(logits: Tensor, temperature: Tensor, sampled: Tensor | N
     draw = (sampled if sampled is not None else torch.zeros(rows, dtype=torch.bool,
                                                              device=device)).to(torch.int8)
     masked_in = masked if masked is not None else logits
+    pdl = pdl_on(logits)
     _block_kernel[(rows, parts)](
         logits, masked_in, temperature, draw, row_keys.contiguous(), steps.contiguous(), state,
         best, index, vocab, parts, logits.stride(0), masked_in.stride(0), BLOCK_V=block,
-        MASKED=masked is not None, SAMPLED=sampled is not None)
+        MASKED=masked is not None, SAMPLED=sampled is not None, USE_PDL=pdl,
+        **launch_options(pdl))
     _combine_kernel[(rows,)](logits, temperature, state, best, index, tokens, logprobs, parts,
-                             logits.stride(0), PARTS=max(2, triton.next_power_of_2(parts)))
+                             logits.stride(0), PARTS=max(2, triton.next_power_of_2(parts)),
+                             USE_PDL=pdl, **launch_options(pdl))
     return tokens, logprobs
 
 
