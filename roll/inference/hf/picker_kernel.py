@@ -2,9 +2,9 @@
 arithmetic, without its top-k/top-p filters).
 
 The compiled ``pick_tokens`` runs three reductions over each row's whole vocabulary (the max, the
-softmax's sum, the argmax), one program per row: at 256 rows × 151,936 tokens on an H200 they took
-~190 µs of a 4.5 ms decode step (benchmarks/README.md, "Where the batch-256 decode step's 4.53 ms
-go"), reading the logits at ~1.3 TB/s. Here the vocabulary is cut into blocks: one program per
+softmax's sum, the argmax): at 256 rows × 151,936 tokens on an H200 they took ~190 µs of a 4.5 ms
+decode step (benchmarks/README.md, "Where the batch-256 decode step's 4.53 ms go"), ~1.2 TB/s
+over the bf16 logits read three times. Here the vocabulary is cut into blocks: one program per
 (row, block) reads its logits once and keeps, for that block, the running softmax state of
 ``z / T`` (max and sum of exp) and the best candidate (the greedy argmax of the choices, or for a
 drawing row the argmax of ``choices / T + g`` with the same hashed Gumbel noise, computed from the
