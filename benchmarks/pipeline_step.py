@@ -219,9 +219,9 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
         / max(sum(s.get("time/train", 0.0) for s in steady), 1e-9))
     captured = getattr(pipeline.trainer, "captured", None)
     if captured is not None:
-        summary["trainer_capture"] = {
-            "graphs": captured.captures, "capture_s": round(captured.capture_s, 2),
-            "uncaptured_micro_batches": captured.uncaptured}
+        graphs, seconds, uncaptured = captured.counts()
+        summary["trainer_capture"] = {"graphs": graphs, "capture_s": round(seconds, 2),
+                                      "uncaptured_micro_batches": uncaptured}
     if args.gpu_busy:
         summary["gpu_busy"] = gpu_busy_summary(sampler, timeline)
     if torch.cuda.is_available():

@@ -207,15 +207,16 @@ class CapturedSteps:
         legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
         key = (width, first, legal)
         bucket = self.buckets.get(key)
-        fresh = bucket is None
-        if fresh:
+        new_kept = False
+        if bucket is None:
             bucket = self._bucket(width, first, legal)
-            if len(self.buckets) >= MAX_GRAPHS:  # (on a CPU too: no bucket kept past it)
-                self.uncaptured += 1  # run once without a graph, not kept
-            else:
+            new_kept = len(self.buckets) < MAX_GRAPHS  # (on a CPU too: none kept past it)
+            if new_kept:
                 self.buckets[key] = bucket
+            else:
+                self.uncaptured += 1  # run once without a graph, not kept
         self._fill(bucket, micro)
-        if fresh and self.graphs and self.buckets.get(key) is bucket:
+        if new_kept and self.graphs:
             self._capture(bucket)
         if bucket.graph is not None:
             bucket.graph.replay()

@@ -118,3 +118,20 @@ class LateFollowUps:
         self.order += due
         self.polled += 0 if wait else len(due)
         return [self.requests[index] for index in due]
+
+
+def picker_inputs(rows: int = 37, vocab: int = 301) -> dict:
+    """Arguments of ``sampling.pick_tokens`` for mixed rows (seeded): bf16 ``logits``, each
+    row's ``temperature`` (0.5-1.5), ``sampled`` (two rows in three draw), noise ``keys`` and
+    ``steps``, ``vocab_keys``, and ``masked`` logits with about half of the tokens forbidden."""
+    from roll.inference.hf.sampling import _VOCAB_SALT, mix32, seed_key
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=generator).to(torch.bfloat16)
+    temperature = torch.rand(rows, 1, generator=generator) + 0.5
+    masked = logits.float().masked_fill(torch.rand(rows, vocab, generator=generator) < 0.5,
+                                        float("-inf"))
+    return {"logits": logits, "temperature": temperature, "sampled": torch.arange(rows) % 3 != 0,
+            "keys": torch.tensor([seed_key(seed) for seed in range(rows)]),
+            "steps": torch.arange(rows) % 5,
+            "vocab_keys": mix32(torch.arange(vocab) + _VOCAB_SALT), "masked": masked}

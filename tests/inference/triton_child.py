@@ -17,7 +17,7 @@ from roll.inference.hf import lora_kernels
 from roll.models import load_tokenizer
 from roll.pipeline.builders import hf_engine_for
 
-from .helpers import chat_prompts, perturbed_team
+from .helpers import chat_prompts, perturbed_team, picker_inputs
 
 
 def kernel_gaps() -> dict:
@@ -226,19 +226,14 @@ def picker_gaps() -> dict:
     forbids about half of the tokens; and a row whose largest logit appears twice, in two
     blocks (the first must win, as ``torch.argmax``)."""
     from roll.inference.hf.picker_kernel import pick_tokens_blocked
-    from roll.inference.hf.sampling import _VOCAB_SALT, mix32, pick_tokens, seed_key
+    from roll.inference.hf.sampling import pick_tokens
 
-    gen = torch.Generator().manual_seed(0)
-    rows, vocab = 37, 301
-    logits = torch.randn(rows, vocab, generator=gen).to(torch.bfloat16)
+    inputs = picker_inputs()
+    rows = inputs["logits"].shape[0]
+    logits, temperature, sampled, keys, steps, vocab_keys, masked = (
+        inputs[key] for key in ("logits", "temperature", "sampled", "keys", "steps",
+                                "vocab_keys", "masked"))
     logits[5, 40] = logits[5, 200] = 9.0  # a tie across blocks 0 and 1
-    temperature = torch.rand(rows, 1, generator=gen) + 0.5
-    sampled = torch.arange(rows) % 3 != 0
-    keys = torch.tensor([seed_key(seed) for seed in range(rows)])
-    steps = torch.arange(rows) % 5
-    vocab_keys = mix32(torch.arange(vocab) + _VOCAB_SALT)
-    masked = logits.float().masked_fill(torch.rand(rows, vocab, generator=gen) < 0.5,
-                                        float("-inf"))
     cases = {"greedy": (logits, torch.ones(rows, 1), None, keys, steps, vocab_keys),
              "sampled": (logits, temperature, sampled, keys, steps, vocab_keys),
              "sampled_masked": (logits, temperature, sampled, keys, steps, vocab_keys, masked),

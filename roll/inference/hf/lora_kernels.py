@@ -40,6 +40,30 @@ MAX_GROUP = 3
 
 
 @triton.jit
+def _tile_rows(tiles_ptr, order_ptr, BLOCK_M: tl.constexpr):
+    """The program's tile (axis 0 of the grid): its slot block, its span [start, end) of the
+    rows in slot order, those rows' token indices (BLOCK_M,) and which of them are live."""
+    tile = tl.program_id(0)
+    block = tl.load(tiles_ptr + 3 * tile)
+    start = tl.load(tiles_ptr + 3 * tile + 1)
+    end = tl.load(tiles_ptr + 3 * tile + 2)
+    i = start + tl.arange(0, BLOCK_M)
+    live = i < end
+    rows = tl.load(order_ptr + i, mask=live, other=0)
+    return block, start, end, rows, live
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b on tensor cores, or in full fp32 (``IEEE``: fp32 inputs, the CPU tests)."""
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
 def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, columns, split1,
                  split2, chunk, stride_xm, stride_am, stride_bn, stride_dm,
                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -47,15 +71,9 @@ def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, c
     """One tile of rows that share a slot, output columns [n0, n0 + chunk) (inside one member:
     the host picks a chunk that divides every split): h = X A_jᵀ, then d = h B_jᵀ."""
     pdl_prologue(USE_PDL)
-    tile = tl.program_id(0)
     n0 = tl.program_id(1) * chunk
     n_end = tl.minimum(n0 + chunk, N)
-    block = tl.load(tiles_ptr + 3 * tile)
-    start = tl.load(tiles_ptr + 3 * tile + 1)
-    end = tl.load(tiles_ptr + 3 * tile + 2)
-    i = start + tl.arange(0, BLOCK_M)
-    live = i < end
-    rows = tl.load(order_ptr + i, mask=live, other=0)  # (BLOCK_M,) token indices
+    block, start, end, rows, live = _tile_rows(tiles_ptr, order_ptr, BLOCK_M)
     if start < end:
         if block >= 0:
             member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
@@ -68,20 +86,14 @@ def _tile_kernel(x_ptr, a_ptr, b_ptr, order_ptr, tiles_ptr, d_ptr, K, N, rank, c
                              mask=live[:, None] & (k[None, :] < K), other=0.0)  # (M, K)
                 ak = tl.load(a_cols + k[:, None], mask=(k[:, None] < K) & (r[None, :] < rank),
                              other=0.0)  # (K, R)
-                if IEEE:
-                    h += tl.dot(xk, ak, input_precision="ieee")
-                else:
-                    h += tl.dot(xk, ak)
+                h += _dot(xk, ak, IEEE)
             h = h.to(a_ptr.dtype.element_ty)  # rounded as the stacked path rounds
             b_rows = b_ptr + (block * rank + r)[:, None]
             for j0 in range(n0, n_end, BLOCK_N):
                 n = j0 + tl.arange(0, BLOCK_N)
                 bt = tl.load(b_rows + n[None, :] * stride_bn,
                              mask=(r[:, None] < rank) & (n[None, :] < n_end), other=0.0)  # (R, N)
-                if IEEE:
-                    d = tl.dot(h, bt, input_precision="ieee")
-                else:
-                    d = tl.dot(h, bt)
+                d = _dot(h, bt, IEEE)
                 tl.store(d_ptr + rows[:, None] * stride_dm + n[None, :],
                          d.to(d_ptr.dtype.element_ty), mask=live[:, None] & (n[None, :] < n_end))
         else:
@@ -102,15 +114,9 @@ def _expand_kernel(p_ptr, b_ptr, order_ptr, tiles_ptr, N, rank, columns, split1,
     slot b, output columns [n0, n0 + chunk) of member j: p[:, n] += h_{j,b} B_{j,b}ᵀ in place
     (rows without a slot are left as they are)."""
     pdl_prologue(USE_PDL)
-    tile = tl.program_id(0)
     n0 = tl.program_id(1) * chunk
     n_end = tl.minimum(n0 + chunk, N)
-    block = tl.load(tiles_ptr + 3 * tile)
-    start = tl.load(tiles_ptr + 3 * tile + 1)
-    end = tl.load(tiles_ptr + 3 * tile + 2)
-    i = start + tl.arange(0, BLOCK_M)
-    live = i < end
-    rows = tl.load(order_ptr + i, mask=live, other=0)  # (BLOCK_M,) token indices
+    block, start, end, rows, live = _tile_rows(tiles_ptr, order_ptr, BLOCK_M)
     if (start < end) & (block >= 0):
         member = (n0 >= split1).to(tl.int32) + (n0 >= split2).to(tl.int32)
         r = tl.arange(0, BLOCK_R)
@@ -122,10 +128,7 @@ def _expand_kernel(p_ptr, b_ptr, order_ptr, tiles_ptr, N, rank, columns, split1,
             n = j0 + tl.arange(0, BLOCK_N)
             bt = tl.load(b_rows + n[None, :] * stride_bn,
                          mask=(r[:, None] < rank) & (n[None, :] < n_end), other=0.0)  # (R, N)
-            if IEEE:
-                d = tl.dot(h, bt, input_precision="ieee")
-            else:
-                d = tl.dot(h, bt)
+            d = _dot(h, bt, IEEE)
             out = p_ptr + rows[:, None] * stride_pm + n[None, :]
             keep = live[:, None] & (n[None, :] < n_end)
             base = tl.load(out, mask=keep, other=0.0).to(tl.float32)

@@ -8,6 +8,8 @@ import torch
 
 from roll.inference.hf.sampling import bits_to_uniform, gumbel_noise, mix32
 
+from ..helpers import picker_inputs
+
 
 def test_uniforms_stay_strictly_inside_zero_one_at_the_extremes():
     bits = torch.tensor([0, 1, 2**9 - 1, 2**31, 2**32 - 2**9, 2**32 - 1], dtype=torch.long)
@@ -88,18 +90,13 @@ def test_compiled_picker_equals_eager(backend):
     """The compiled picker (as the engine compiles it on CUDA; inductor here generates C++
     for this CPU) gives the same tokens and log-probs as the eager function for sampled,
     masked, filtered and greedy rows, at two row counts (one dynamic graph)."""
-    from roll.inference.hf.sampling import _VOCAB_SALT, compiled_picker, pick_tokens, seed_key
+    from roll.inference.hf.sampling import compiled_picker, pick_tokens
 
-    generator = torch.Generator().manual_seed(0)
-    rows, vocab = 37, 301
-    logits = torch.randn(rows, vocab, generator=generator).to(torch.bfloat16)
-    temperature = torch.rand(rows, 1, generator=generator) + 0.5
-    sampled = torch.arange(rows) % 3 != 0
-    keys = torch.tensor([seed_key(seed) for seed in range(rows)])
-    steps = torch.arange(rows) % 5
-    vocab_keys = mix32(torch.arange(vocab) + _VOCAB_SALT)
-    masked = logits.float().masked_fill(torch.rand(rows, vocab, generator=generator) < 0.5,
-                                        float("-inf"))
+    inputs = picker_inputs()
+    rows = inputs["logits"].shape[0]
+    logits, temperature, sampled, keys, steps, vocab_keys, masked = (
+        inputs[key] for key in ("logits", "temperature", "sampled", "keys", "steps",
+                                "vocab_keys", "masked"))
     top_k = torch.where(torch.arange(rows) % 2 == 0, 5, 0)
     top_p = torch.full((rows,), 0.9)
     calls = [(logits, temperature, sampled, keys, steps, vocab_keys),
