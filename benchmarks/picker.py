@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import emit  # noqa: E402
 
 VOCAB = 151_936
-BLOCKS = (2048, 4096, 8192)
+BLOCKS = (1024, 2048, 4096, 8192)
 
 
 def main() -> None:

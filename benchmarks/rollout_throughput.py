@@ -26,9 +26,10 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   with --triton-attention: ours_compiled_triton_attention (the compiled engine with the Triton
                   decode attention, fused projections too when --fused-projections) and
                   ``triton_attention_over_sdpa`` (against the same engine with SDPA) per round
-  with --blocked-picker: ours_compiled_blocked_picker (the compiled engine with its token
-                  picker by vocabulary blocks, picker_kernel.py) and
-                  ``blocked_picker_over_compiled`` per round
+  with --compiled-picker: ours_compiled_inductor_picker (the compiled engine with its token
+                  picker compiled by inductor, ``sampling.compiled_picker``: the CUDA default
+                  before session 71; the default since is the blocked picker,
+                  picker_kernel.py) and ``blocked_picker_over_compiled`` per round
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter), started beside ours in
@@ -51,6 +52,7 @@ checks our engines' log-probs against a teacher-forced forward of the trainer mo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -65,17 +67,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roll.distributed.roles import push_adapters
 from roll.inference import GenerationRequest, HFEngine, SamplingParams
-from roll.inference.hf.sampling import pick_tokens  # noqa: E402
+from roll.inference.hf.sampling import compiled_picker, pick_tokens  # noqa: E402
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig  # noqa: E402
 from roll.multi_agent.model import MultiAgentLoRAModel  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
+_INDUCTOR_PICKER = []
 
-def blocked_picker(*args):
-    """``picker_kernel.pick_tokens_blocked`` (Triton: imported where used)."""
-    from roll.inference.hf.picker_kernel import pick_tokens_blocked
 
-    return pick_tokens_blocked(*args)
+def inductor_picker(*args):
+    """``sampling.compiled_picker`` (compiled once, on first use)."""
+    if not _INDUCTOR_PICKER:
+        _INDUCTOR_PICKER.append(compiled_picker())
+    return _INDUCTOR_PICKER[0](*args)
 
 QWEN3_06B = dict(
     vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
@@ -210,7 +214,7 @@ def run_interleaved(variants: dict, rounds: int, device) -> tuple[dict, dict]:
 
     def call(name, engine, requests):
         swapped = {"_eager_sampler": pick_tokens,  # the same engine, its sampler uncompiled
-                   "_blocked_picker": blocked_picker}  # ... or by vocabulary blocks (Triton)
+                   "_inductor_picker": inductor_picker}  # ... or compiled by inductor
         suffix = next((end for end in swapped if name.endswith(end)), None)
         if suffix is not None:
             picker, engine.pick = engine.pick, swapped[suffix]
@@ -428,9 +432,10 @@ def main() -> None:
     parser.add_argument("--eager-sampler", action="store_true",
                         help="also: the compiled engine with its token picker uncompiled "
                              "(sampling.pick_tokens eager, as before it was compiled)")
-    parser.add_argument("--blocked-picker", action="store_true",
-                        help="also: the compiled engine with the token picker by vocabulary "
-                             "blocks (picker_kernel.pick_tokens_blocked; CUDA)")
+    parser.add_argument("--compiled-picker", action="store_true",
+                        help="also: the compiled engine with the token picker compiled by "
+                             "inductor (sampling.compiled_picker; the engine's default on CUDA "
+                             "is the blocked picker, picker_kernel.py)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature of every request (0: greedy)")
     parser.add_argument("--profile", action="store_true",
@@ -532,8 +537,8 @@ def main() -> None:
                 variants["ours_compiled_triton_attention_serve"] = (triton_attention, requests)
         if compiled is not None and args.eager_sampler:
             variants["ours_compiled_eager_sampler"] = (compiled, requests)
-        if compiled is not None and args.blocked_picker:
-            variants["ours_compiled_blocked_picker"] = (compiled, requests)
+        if compiled is not None and args.compiled_picker:
+            variants["ours_compiled_inductor_picker"] = (compiled, requests)
         if compiled is not None and args.serve:
             variants["ours_compiled_serve"] = (compiled, requests)
             variants["ours_eager_serve"] = (eager, requests)
@@ -548,6 +553,10 @@ def main() -> None:
             timed_figures, timed_outputs = run_interleaved(variants, args.rounds, device)
             figures |= timed_figures
             for name in variants:
+                # the warm-up's tokens, digested: runs in other processes (e.g. with
+                # ROLL_TRITON_PDL=0) compare theirs with these
+                figures[name]["tokens_sha1"] = hashlib.sha1(
+                    repr([o.token_ids for o in timed_outputs[name]]).encode()).hexdigest()[:12]
                 if not name.endswith("_no_lora"):
                     figures[name]["logprob_vs_trainer"] = logprob_check(team, requests,
                                                                         timed_outputs[name])
@@ -561,8 +570,8 @@ def main() -> None:
                     ("ours_triton_attention_over_vllm_mixed", "ours_compiled_triton_attention",
                      "vllm_mixed"),
                     ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
-                    ("blocked_picker_over_compiled", "ours_compiled_blocked_picker",
-                     "ours_compiled"),
+                    ("blocked_picker_over_compiled", "ours_compiled",
+                     "ours_compiled_inductor_picker"),
                     ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):
                 if top in figures and bottom in figures:  # round by round, then the median
                     ratios = [a / b for a, b in zip(figures[top]["tok_s_rounds"],

@@ -16,15 +16,16 @@
 #    (6 steps each, the trainer's defaults: compiled, micro-batches captured), the train phase's
 #    tokens per second; nash, nash_nocapture: the Kuhn and Leduc nash recipes (constrained
 #    answers, the policy over legal moves), 4 steps each, micro-batches captured or not;
-# 5. pdl, nopdl, pdlall: the decode steps (batch 64 and 256, the pipeline's defaults) with
-#    inductor's kernels launched with programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1)
-#    or not, or with ours too (ROLL_TRITON_PDL=1: the LoRA, attention and picker kernels),
-#    each beside the same engine with the blocked token picker (--blocked-picker);
+# 5. defaults, pdl, pdlall: the decode steps (batch 64 and 256, the pipeline's defaults: since
+#    session 71 the blocked token picker), each beside the same engine with the picker compiled
+#    by inductor (--compiled-picker, the default before); pdl: our Triton kernels launched with
+#    programmatic dependent launch (ROLL_TRITON_PDL=1, pdl.py); pdlall: inductor's kernels too
+#    (TORCHINDUCTOR_ENABLE_PDL=1). Session 71 on an H200: neither gained;
 #    expand: the LoRA shrink as more columns of the base GEMM + the expand kernel alone, against
 #    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step);
 #    picker: the compiled pick_tokens against the blocked Triton picker (benchmarks/picker.py).
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes, pipe18, nash, nash_nocapture, pdl, nopdl, pdlall, expand, picker (default:
+# decodeprof, lanes, pipe18, nash, nash_nocapture, defaults, pdl, pdlall, expand, picker (default:
 # train, capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
@@ -51,14 +52,12 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
       leduc_nash:2 --modes continuous --steps 4 ;;
     nash_nocapture) one nash_nocapture "$gpu" "$threads" benchmarks/pipeline_step.py --settings \
       kuhn_nash:2 leduc_nash:2 --modes continuous --steps 4 --override trainer.capture=false ;;
-    pdl|nopdl|pdlall) flag=0 ours=0; [ "$run" != nopdl ] && flag=1; [ "$run" = pdlall ] && ours=1
-      # inductor's kernels (and with pdlall ours: roll/inference/hf/pdl.py) with programmatic
-      # dependent launch (Hopper: a kernel's launch and prologue overlap the previous kernel's
-      # tail inside the decode step's CUDA graph)
-      TORCHINDUCTOR_ENABLE_PDL=$flag ROLL_TRITON_PDL=$ours one "$run" "$gpu" "$threads" \
+    defaults|pdl|pdlall) inductor=0 ours=0; [ "$run" = pdlall ] && inductor=1
+      [ "$run" != defaults ] && ours=1
+      TORCHINDUCTOR_ENABLE_PDL=$inductor ROLL_TRITON_PDL=$ours one "$run" "$gpu" "$threads" \
         benchmarks/rollout_throughput.py \
         --pipeline-defaults --compiled-only --skip-stock --skip-hf-compiled --extra \
-        --blocked-picker --batches 64 256 --rounds 3 ;;
+        --compiled-picker --batches 64 256 --rounds 3 ;;
     expand) one expand "$gpu" "$threads" benchmarks/lora_kernels.py --sweep shipped ;;
     picker) one picker "$gpu" "$threads" benchmarks/picker.py ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \

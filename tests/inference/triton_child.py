@@ -225,7 +225,7 @@ def picker_gaps() -> dict:
     sampled rows among greedy ones at temperatures 0.5-1.5, with and without a constraint that
     forbids about half of the tokens; and a row whose largest logit appears twice, in two
     blocks (the first must win, as ``torch.argmax``)."""
-    from roll.inference.hf.picker_kernel import pick_tokens_blocked
+    from roll.inference.hf.picker_kernel import blocked_picker, pick_tokens_blocked
     from roll.inference.hf.sampling import pick_tokens
 
     inputs = picker_inputs()
@@ -246,6 +246,23 @@ def picker_gaps() -> dict:
                         "logprob_gap": float((logprobs - want_logprobs).abs().max()),
                         "drew": bool((want_tokens != logits.float().argmax(-1)).any())}
     result["tie_token"] = int(pick_tokens_blocked(*cases["greedy"], block=128)[0][5])
+    # the engine's picker on CUDA: rows that filter go to the picker it is given, others to the
+    # kernels (the default block: one short block a row here)
+    filtered_calls = []
+
+    def filtered(*args):
+        filtered_calls.append(len(args))
+        return pick_tokens(*args)
+
+    picker = blocked_picker(filtered)
+    top_k, top_p = torch.full((rows,), 5), torch.full((rows,), 0.9)
+    unfiltered = [torch.equal(picker(*args)[0], pick_tokens(*args)[0]) for args in cases.values()]
+    calls_before = len(filtered_calls)
+    with_filters = (*cases["sampled"], None, top_k, top_p)
+    result["routing"] = {"unfiltered_equal": all(unfiltered), "calls_before": calls_before,
+                         "filtered_equal": bool(torch.equal(picker(*with_filters)[0],
+                                                            pick_tokens(*with_filters)[0])),
+                         "calls_after": len(filtered_calls)}
     return result
 
 

@@ -12,8 +12,10 @@ token ids as ``BatchSampler`` builds its vocabulary keys); a second kernel, one 
 combines the blocks (the first maximum wins, as ``torch.argmax``) and reads the chosen token's
 logit for its log-prob.
 
-Not yet used by the engine: ``benchmarks/picker.py`` times it against the compiled
-``pick_tokens``. On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (tests).
+The engine's picker where its decode step is compiled on CUDA (``blocked_picker``): on an H200
+at 256 rows it took 78-192 µs where the compiled ``pick_tokens`` took 217-338
+(``benchmarks/picker.py``; benchmarks/README.md, session 71). On CPU tensors it runs only under
+``TRITON_INTERPRET=1`` (tests).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from roll.inference.hf.pdl import launch_options, pdl_on, pdl_prologue
-from roll.inference.hf.sampling import _MUL1, _MUL2, _STEP_SALT, _VOCAB_SALT, pick_tokens
+from roll.inference.hf.sampling import _MUL1, _MUL2, _STEP_SALT, _VOCAB_SALT, Picker, pick_tokens
 
 # sampling.py's hash constants, as constants of the kernels
 MUL1: tl.constexpr = tl.constexpr(_MUL1)
@@ -34,8 +36,10 @@ MUL2: tl.constexpr = tl.constexpr(_MUL2)
 STEP_SALT: tl.constexpr = tl.constexpr(_STEP_SALT)
 VOCAB_SALT: tl.constexpr = tl.constexpr(_VOCAB_SALT)
 
-BLOCK = 4096
-"""Vocabulary columns per program (151,936 tokens: 38 blocks a row)."""
+BLOCK = 2048
+"""Vocabulary columns per program (151,936 tokens: 75 blocks a row). On an H200 the fastest of
+2,048 / 4,096 / 8,192 in 5 of 6 cases (64 and 256 rows; greedy, sampled, constrained):
+256 sampled rows 192 / 240 / 322 µs (``benchmarks/picker.py``, session 71)."""
 
 
 @triton.jit
@@ -148,4 +152,21 @@ def pick_tokens_blocked(logits: Tensor, temperature: Tensor, sampled: Tensor | N
     return tokens, logprobs
 
 
-__all__ = ["BLOCK", "pick_tokens_blocked"]
+def blocked_picker(filtered: Picker = pick_tokens) -> Picker:
+    """A ``Picker``: ``pick_tokens_blocked`` for calls without row filters, ``filtered`` (the
+    engine passes the compiled ``pick_tokens``) for calls with top-k/top-p (a sort)."""
+
+    def pick(logits: Tensor, temperature: Tensor, sampled: Tensor | None, row_keys: Tensor,
+             steps: Tensor, vocab_keys: Tensor, masked: Tensor | None = None,
+             top_k: Tensor | None = None, top_p: Tensor | None = None
+             ) -> tuple[Tensor, Tensor]:
+        if top_k is not None or top_p is not None:
+            return filtered(logits, temperature, sampled, row_keys, steps, vocab_keys, masked,
+                            top_k, top_p)
+        return pick_tokens_blocked(logits, temperature, sampled, row_keys, steps, vocab_keys,
+                                   masked)
+
+    return pick
+
+
+__all__ = ["BLOCK", "blocked_picker", "pick_tokens_blocked"]

@@ -55,6 +55,10 @@ def test_blocked_picker_picks_what_pick_tokens_picks(child):
         assert picker[case]["logprob_gap"] < 1e-5, case
     assert picker["sampled"]["drew"] and not picker["greedy"]["drew"]  # the noise was drawn
     assert picker["tie_token"] == 40  # the first of two equal maxima, blocks apart
+    # blocked_picker (the engine's on CUDA): the kernels for plain calls, the picker it was
+    # given (the compiled pick_tokens) only for the call with top-k/top-p
+    assert picker["routing"] == {"unfiltered_equal": True, "calls_before": 0,
+                                 "filtered_equal": True, "calls_after": 1}
 
 
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
