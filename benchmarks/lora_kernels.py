@@ -2,11 +2,13 @@
 stacked products vs the tiled Triton kernel (``roll/inference/hf/lora_kernels.py``) under several
 launch settings.
 
-    python benchmarks/lora_kernels.py [--sweep stages]  # GPU only (CUDA graphs replay them)
+    python benchmarks/lora_kernels.py [--sweep stages|shipped|fused]  # GPU only (CUDA graphs)
 
 Per group also the engine's fused base GEMM with the tiled kernel against the shrink as more
 output columns of that GEMM (the stacked A factors appended to the weights) followed by
-``launch_expand`` (the deltas added in place), with its settings swept.
+``launch_expand`` (the deltas added in place), with its settings swept. With ``--sweep fused``
+instead: the GEMM and the deltas in one kernel (``roll/inference/hf/gemm_lora.py``, its
+settings swept) against the base GEMM + tiled kernel.
 
 Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV heads, MLP 3072),
 4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
@@ -45,10 +47,53 @@ SWEEPS = {
                                        (128, 256), (4, 8), (None,))),
     # the shipped settings alone (the tiled kernel's figure beside the other paths)
     "shipped": [(None, 256, 256, 4, None)],
+    # the same, then the GEMM and the deltas in one kernel (gemm_lora.py) instead of the
+    # shrink in the GEMM
+    "fused": [(None, 256, 256, 4, None)],
     # the loops' software pipelining and fewer, longer loop steps over the inputs
     "stages": list(itertools.product((None, 512, 1024), (256, 512, 1024), (256,), (4, 8),
                                      (1, 2, 3, 4))),
 }
+
+
+FUSED_SWEEP = list(itertools.product((32, 64, 128), (64, 128), (64, 128), (4, 8), (3,)))
+"""gemm_lora settings tried (block_m, block_n, block_k, num_warps, num_stages)."""
+
+
+def fused_gemm(bench, x, w, a, b, blocks, splits, reference) -> dict:
+    """The group's base GEMM + the tiled kernel (the engine today) against ``gemm_lora``: the
+    GEMM and the deltas in one kernel, under each of ``FUSED_SWEEP``'s settings."""
+    import triton
+
+    from roll.inference.hf import gemm_lora as gl
+    from roll.inference.hf import lora_kernels as lk
+
+    order, tiles = (t.to(x.device) for t in lk.row_tiles(blocks.tolist(), SLOTS))
+    d = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+    out = torch.empty_like(d)
+    blocks = blocks.to(torch.int32)
+
+    def current():
+        F.linear(x, w)
+        lk.launch_tiled(x, a, b, order, tiles, d, RANK, COLUMNS, splits, **lk.TILED)
+
+    swept = {}
+    for block_m, block_n, block_k, warps, stages in FUSED_SWEEP:
+        settings = {"block_m": block_m, "block_n": block_n, "block_k": block_k,
+                    "num_warps": warps, "num_stages": stages}
+        try:
+            swept[json.dumps(settings)] = bench(lambda s=settings: gl.launch_gemm_lora(
+                x, w, None, a, b, blocks, out, RANK, COLUMNS, splits, **s))
+        except triton.runtime.errors.OutOfResources:
+            continue
+    best = min(swept, key=swept.get)
+    fused = gl.gemm_lora(x, w, None, a, b, blocks, RANK, COLUMNS, splits)
+    gap = (fused.float() - F.linear(x, w).float() - reference.float()).abs().max()
+    return {"gemm_us": bench(lambda: F.linear(x, w)), "gemm_tiled_us": bench(current),
+            "fused_us": bench(lambda: gl.gemm_lora(x, w, None, a, b, blocks, RANK, COLUMNS,
+                                                   splits)),
+            "fused_best": [json.loads(best), swept[best]], "fused_all": swept,
+            "fused_gap_to_torch": float(gap)}
 
 
 EXPAND = list(itertools.product((64, 128, 256), (None, 512), (2, 4, 8)))
@@ -105,7 +150,8 @@ def main() -> None:
     parser.add_argument("--sweep", choices=sorted(SWEEPS), default="settings",
                         help="launch settings tried per group: 'settings' (chunk, block sizes, "
                              "warps), 'stages' (software pipelining, longer input steps), "
-                             "'shipped' (TILED alone)")
+                             "'shipped' (TILED alone), 'fused' (TILED alone, then gemm_lora's "
+                             "settings instead of the shrink in the GEMM)")
     args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16
@@ -162,21 +208,30 @@ def main() -> None:
                     "tiled_chunk": lk.chunk_for(splits, lk.chunk_size(batch, k, n)),
                     "tiled_gap_to_torch": float((d.float() - reference.float()).abs().max()),
                     "tiled_best": [json.loads(best), tiled[best]], "tiled_all": tiled}
-            row |= shrink_in_gemm(bench, x, w, a, b, order, tiles, splits, reference)
+            if args.sweep == "fused":
+                row |= fused_gemm(bench, x, w, a, b, blocks, splits, reference)
+                print(f"batch {batch} {name}: GEMM + tiled {row['gemm_tiled_us']:.1f} µs, "
+                      f"gemm_lora {row['fused_us']:.1f} (best {row['fused_best'][1]:.1f} "
+                      f"{row['fused_best'][0]}), gap {row['fused_gap_to_torch']:.3g}",
+                      file=sys.stderr, flush=True)
+            else:
+                row |= shrink_in_gemm(bench, x, w, a, b, order, tiles, splits, reference)
+                print(f"batch {batch} {name}: fused GEMM + tiled {row['gemm_tiled_us']:.1f} "
+                      f"µs, GEMM with the A rows + expand {row['gemm_expand_us']:.1f} (best "
+                      f"{row['gemm_expand_best'][1]:.1f} {row['gemm_expand_best'][0]})",
+                      file=sys.stderr, flush=True)
             rows[name] = row
-            print(f"batch {batch} {name}: fused GEMM + tiled {row['gemm_tiled_us']:.1f} µs, "
-                  f"GEMM with the A rows + expand {row['gemm_expand_us']:.1f} (best "
-                  f"{row['gemm_expand_best'][1]:.1f} {row['gemm_expand_best'][0]})",
-                  file=sys.stderr, flush=True)
             print(f"batch {batch} {name}: base {row['base_mm_us']:.1f} µs, torch LoRA "
                   f"{row['torch_us']:.1f}, tiled {row['tiled_us']:.1f} (chunk "
                   f"{row['tiled_chunk']}), best {tiled[best]:.1f} {best}", file=sys.stderr,
                   flush=True)
+        fused = args.sweep == "fused"
+        keys = ("fused_us",) if fused else ("gemm_shrink_us", "gemm_expand_us")
         per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
                     for key in ("base_mm_us", "torch_us", "tiled_us", "gemm_us",
-                                "gemm_tiled_us", "gemm_shrink_us", "gemm_expand_us")}
-        per_step["gemm_expand_best_us"] = LAYERS * sum(rows[g]["gemm_expand_best"][1]
-                                                       for g in rows)
+                                "gemm_tiled_us", *keys)}
+        best_key = "fused_best" if fused else "gemm_expand_best"
+        per_step[f"{best_key}_us"] = LAYERS * sum(rows[g][best_key][1] for g in rows)
         per_step["tiled_best_us"] = LAYERS * sum(rows[g]["tiled_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
         print(f"batch {batch} per step (µs): {json.dumps(per_step)}", file=sys.stderr, flush=True)

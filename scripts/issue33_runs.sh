@@ -23,9 +23,11 @@
 #    (TORCHINDUCTOR_ENABLE_PDL=1). Session 71 on an H200: neither gained;
 #    expand: the LoRA shrink as more columns of the base GEMM + the expand kernel alone, against
 #    the base GEMM + the tiled kernel (benchmarks/lora_kernels.py, per group and decode step);
-#    picker: the compiled pick_tokens against the blocked Triton picker (benchmarks/picker.py).
+#    picker: the compiled pick_tokens against the blocked Triton picker (benchmarks/picker.py);
+#    gemmlora: the base GEMM and the LoRA deltas in one kernel (gemm_lora.py) against the GEMM
+#    + the tiled kernel (benchmarks/lora_kernels.py --sweep fused).
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes, pipe18, nash, nash_nocapture, defaults, pdl, pdlall, expand, picker (default:
+# decodeprof, lanes, pipe18, nash, nash_nocapture, defaults, pdl, pdlall, expand, picker, gemmlora (default:
 # train, capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
@@ -59,6 +61,7 @@ for run in ${I33_RUNS:-train capture capture8 vllm}; do
         --pipeline-defaults --compiled-only --skip-stock --skip-hf-compiled --extra \
         --compiled-picker --batches 64 256 --rounds 3 ;;
     expand) one expand "$gpu" "$threads" benchmarks/lora_kernels.py --sweep shipped ;;
+    gemmlora) one gemmlora "$gpu" "$threads" benchmarks/lora_kernels.py --sweep fused ;;
     picker) one picker "$gpu" "$threads" benchmarks/picker.py ;;
     lanes) one lanes "$gpu" "$threads" benchmarks/pipeline_step.py --settings hanabi:2 \
       --modes continuous --steps 6 --override rollout.lookahead=2 ;;

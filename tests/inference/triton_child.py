@@ -71,6 +71,49 @@ def kernel_gaps() -> dict:
             "delta_size": float(expected.abs().max())}
 
 
+def gemm_lora_gaps() -> dict:
+    """gemm_lora.py: a family of 3 members (outputs 32, 16, 16) over 3 slots of rank 8 (slot
+    capacity 24 columns, padded to 32 in the kernel), 21 inputs of 40: rows of slots 0-2 and two
+    without adapter (block −1). Launched with the default settings (one tile of rows; columns in
+    tiles of 16, the largest power of two dividing the splits) and with tiles of 16 rows and 16
+    inputs (two row tiles, three input steps, the last short), with a bias. Reference: the
+    formulas of gemm_lora.py as plain loops."""
+    from roll.inference.hf.gemm_lora import FUSED, gemm_lora, launch_gemm_lora
+
+    gen = torch.Generator().manual_seed(1)
+    slots, rank, k, outs = 3, 8, 40, (32, 16, 16)
+    columns, n = slots * rank, sum(outs)
+    blocks = [0, 2, -1, 1, 1, 2, 0, -1] + [m % slots for m in range(13)]
+    x = torch.randn(len(blocks), k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    a = torch.randn(len(outs) * columns, k, generator=gen)
+    b = torch.randn(n, columns, generator=gen)
+    splits = [outs[0], outs[0] + outs[1]]
+    rows = torch.tensor(blocks)
+    fused = gemm_lora(x, w, None, a, b, rows, rank, columns, splits)
+    tiled = torch.empty_like(fused)
+    launch_gemm_lora(x, w, bias, a, b, rows.to(torch.int32), tiled, rank, columns, splits,
+                     **(FUSED | {"block_m": 16, "block_k": 16, "num_stages": 1}))
+    base = torch.zeros(len(blocks), n)
+    delta = torch.zeros(len(blocks), n)
+    for m, block in enumerate(blocks):
+        for col in range(n):
+            base[m, col] = sum(float(w[col, i]) * float(x[m, i]) for i in range(k))
+        if block < 0:
+            continue
+        member_of = [0] * outs[0] + [1] * outs[1] + [2] * outs[2]
+        for col in range(n):
+            j = member_of[col]
+            h = [sum(float(a[j * columns + block * rank + r, i]) * float(x[m, i])
+                     for i in range(k)) for r in range(rank)]
+            delta[m, col] = sum(float(b[col, block * rank + r]) * h[r] for r in range(rank))
+    return {"gap": float((fused - base - delta).abs().max()),
+            "gap_tiles_bias": float((tiled - base - delta - bias).abs().max()),
+            "base_rows_gap": float((fused[[2, 7]] - base[[2, 7]]).abs().max()),
+            "delta_size": float(delta.abs().max())}
+
+
 def engine_gaps(path: str) -> dict:
     """Greedy mixed batches (every agent and the base model), lock-step and continuous: the
     torch path vs the Triton tiled kernel."""
@@ -271,4 +314,4 @@ if __name__ == "__main__":
         print(json.dumps(attention_gaps(sys.argv[1])))
     else:
         print(json.dumps({"kernel": kernel_gaps(), "engine": engine_gaps(sys.argv[1]),
-                          "picker": picker_gaps()}))
+                          "picker": picker_gaps(), "gemm_lora": gemm_lora_gaps()}))

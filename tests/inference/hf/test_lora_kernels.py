@@ -46,6 +46,15 @@ def test_kernel_equals_the_formulas_by_hand(child):
     assert kernel["expand_kept_shrink"] and kernel["expand_base_row_kept"]
 
 
+def test_gemm_and_lora_in_one_kernel_equal_the_formulas_by_hand(child):
+    """gemm_lora.py: base product + each row's own slot's delta (the other slots' shrink
+    columns masked), with and without bias, one or several tiles of rows and inputs."""
+    fused = child["gemm_lora"]
+    assert fused["delta_size"] > 10  # the deltas are far from zero: the gaps below can fail
+    assert fused["gap"] < 1e-3 and fused["gap_tiles_bias"] < 1e-3
+    assert fused["base_rows_gap"] < 1e-4  # block -1: the base product alone
+
+
 def test_blocked_picker_picks_what_pick_tokens_picks(child):
     """picker_kernel.py (the same child process: Triton's interpreter): tokens equal, log-probs
     within float order, for greedy, sampled and constrained rows."""
