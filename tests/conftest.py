@@ -5,8 +5,14 @@ from __future__ import annotations
 import gc
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (the README's `-n 2`: two workers on two cores, two threads each, the
+# numerics every test was calibrated with) idle OpenMP threads sleep instead of spinning, so a
+# worker's waiting threads do not take the other worker's core. Read when torch loads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The compiled-path tests compile afresh: no graphs from torch's on-disk caches of earlier runs
@@ -16,6 +22,11 @@ os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 pytest_plugins = ["tests.no_skips"]  # a skipped test fails here
+
+
+def pytest_report_header(config):
+    """Which OpenMP wait policy the torch of this process runs under (xdist workers: PASSIVE)."""
+    return f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
 
 
 @pytest.fixture(autouse=True)

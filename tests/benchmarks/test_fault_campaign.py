@@ -12,7 +12,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fault_campaign  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# its kill moments are drawn from the uninterrupted run's step times: run alone (the README's
+# test command runs the `serial` tests after the parallel ones), never beside another test
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def test_kills_at_random_moments_lose_nothing_and_resume_bit_exactly(tmp_path):
