@@ -113,6 +113,13 @@ def ppo_token_terms(
     return per_token, is_clipped & keep, is_dual_clipped, log_ratio
 
 
+def approx_kl_terms(log_ratio: Tensor) -> Tensor:
+    """Per token, the k3 estimate of KL(old || new) from ``log_ratio`` = log(new / old):
+    (r - 1) - log r with r = exp(log_ratio); >= 0, 0 where the policy has not moved. The
+    ``approx_kl`` metric of every PPO path (eager, compiled, captured) is its masked mean."""
+    return (torch.exp(log_ratio) - 1.0) - log_ratio
+
+
 def ppo_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -154,7 +161,7 @@ def ppo_policy_loss(
         metrics = {
             "clip_frac": aggregate(is_clipped.to(ratio.dtype), keep),
             "dual_clip_frac": aggregate(is_dual_clipped.to(ratio.dtype), keep),
-            "approx_kl": aggregate((ratio - 1.0) - log_ratio, keep),
+            "approx_kl": aggregate(approx_kl_terms(log_ratio), keep),
             "ratio_mean": aggregate(ratio, keep),
         }
     return loss, {name: value.detach() for name, value in metrics.items()}

@@ -50,7 +50,7 @@ from roll.algorithms.choices import (
     move_logprobs,
     points,
 )
-from roll.algorithms.losses import kl_per_token, ppo_token_terms, row_means
+from roll.algorithms.losses import approx_kl_terms, kl_per_token, ppo_token_terms, row_means
 from roll.batch import TrajectoryBatch
 from roll.multi_agent.config import TrainerConfig
 from roll.multi_agent.logprobs import FusedTokenLogProb, window_choice_logits
@@ -302,7 +302,7 @@ class CapturedSteps:
             policy = per_row(per_token)
             with torch.no_grad():
                 clip_frac = per_row(is_clipped.float())
-                approx_kl = per_row((torch.exp(log_ratio) - 1.0) - log_ratio)
+                approx_kl = per_row(approx_kl_terms(log_ratio))
         elif tokens is not None:  # the moves constrained decoding plays, one weight a decision
             points_mask = points(tokens).float() * mask
             new = move_logprobs(logprobs, choice_logits, tokens, ids[:, first:])
@@ -312,8 +312,7 @@ class CapturedSteps:
             policy = torch.where(points_mask.bool(), per_token, 0.0).sum(-1) * per_decision
             with torch.no_grad():
                 clip_frac = row_means(is_clipped.float(), points_mask) * per_decision
-                approx_kl = row_means((torch.exp(log_ratio) - 1.0) - log_ratio,
-                                      points_mask) * per_decision
+                approx_kl = row_means(approx_kl_terms(log_ratio), points_mask) * per_decision
         ent = per_row(entropy)
         loss = policy - bonus * ent if cfg.entropy_coef > 0 else policy
         if bucket.ref is not None:

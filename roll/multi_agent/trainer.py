@@ -53,6 +53,7 @@ from roll.algorithms.choices import (
 )
 from roll.algorithms.losses import (
     aggregate,
+    approx_kl_terms,
     kl_loss,
     ppo_policy_loss,
     ppo_token_terms,
@@ -373,10 +374,9 @@ class MultiAgentTrainer:
             policy = aggregate(per_token, policy_mask, "seq-mean-token-sum", decisions)
             with torch.no_grad():  # each decision's own share of its points, over decisions:
                 # the same whatever the micro-batches (and per row, as captured.py sums it)
-                ratio = torch.exp(log_ratio)
                 policy_metrics = {
                     "clip_frac": row_means(is_clipped.float(), policy_mask).sum() / decisions,
-                    "approx_kl": row_means((ratio - 1.0) - log_ratio, policy_mask).sum()
+                    "approx_kl": row_means(approx_kl_terms(log_ratio), policy_mask).sum()
                     / decisions}
             share = 1.0
         else:

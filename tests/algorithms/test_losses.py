@@ -17,6 +17,7 @@ from roll.algorithms import (
     ppo_policy_loss,
     value_loss,
 )
+from roll.algorithms.losses import approx_kl_terms
 
 NAN, INF = float("nan"), float("inf")
 LN2 = math.log(2.0)
@@ -81,6 +82,14 @@ def ppo_inputs(ratios: list[list[float]], advantages: list[list[float]], mask: l
 PPO_RATIOS = [[1.0, 1.5, 0.5, 1.0], [1.0, 1.1, 1.0, 1.0]]
 PPO_ADVANTAGES = [[0.0, 1.0, -1.0, -0.5], [0.0, 2.0, 0.0, 0.0]]
 PPO_MASK = [[0, 1, 1, 1], [0, 1, 0, 0]]
+
+
+def test_approx_kl_terms_by_hand():
+    # (r - 1) - ln r at r = 1.5, 0.5, 1 (the numbers of the test below): 0.5 - 0.4054651,
+    # -0.5 + 0.6931472, 0
+    log_ratio = torch.log(torch.tensor([1.5, 0.5, 1.0]))
+    torch.testing.assert_close(approx_kl_terms(log_ratio),
+                               torch.tensor([0.0945349, 0.1931472, 0.0]), atol=1e-6, rtol=0)
 
 
 def test_ppo_clipped_loss_metrics_and_gradients():
