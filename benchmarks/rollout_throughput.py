@@ -52,6 +52,7 @@ checks our engines' log-probs against a teacher-forced forward of the trainer mo
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -72,14 +73,15 @@ from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig  # noqa
 from roll.multi_agent.model import MultiAgentLoRAModel  # noqa: E402
 from roll.pipeline.builders import hf_engine_for  # noqa: E402
 
-_INDUCTOR_PICKER = []
+
+@functools.cache
+def _inductor_picker():
+    return compiled_picker()
 
 
 def inductor_picker(*args):
     """``sampling.compiled_picker`` (compiled once, on first use)."""
-    if not _INDUCTOR_PICKER:
-        _INDUCTOR_PICKER.append(compiled_picker())
-    return _INDUCTOR_PICKER[0](*args)
+    return _inductor_picker()(*args)
 
 QWEN3_06B = dict(
     vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,

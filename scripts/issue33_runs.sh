@@ -27,8 +27,8 @@
 #    gemmlora: the base GEMM and the LoRA deltas in one kernel (gemm_lora.py) against the GEMM
 #    + the tiled kernel (benchmarks/lora_kernels.py --sweep fused).
 # I33_RUNS picks some of: train, train32, nocapture, capture, capture8, vllm, trainprof,
-# decodeprof, lanes, pipe18, nash, nash_nocapture, defaults, pdl, pdlall, expand, picker, gemmlora (default:
-# train, capture, capture8, vllm, in that order).
+# decodeprof, lanes, pipe18, nash, nash_nocapture, defaults, pdl, pdlall, expand, picker,
+# gemmlora (default: train, capture, capture8, vllm, in that order).
 # Each run's stdout goes to $RUNS/NAME.log, its JSON to $OUT/NAME_*.json as soon as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."

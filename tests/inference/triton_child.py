@@ -97,12 +97,12 @@ def gemm_lora_gaps() -> dict:
                      **(FUSED | {"block_m": 16, "block_k": 16, "num_stages": 1}))
     base = torch.zeros(len(blocks), n)
     delta = torch.zeros(len(blocks), n)
+    member_of = [0] * outs[0] + [1] * outs[1] + [2] * outs[2]
     for m, block in enumerate(blocks):
         for col in range(n):
             base[m, col] = sum(float(w[col, i]) * float(x[m, i]) for i in range(k))
         if block < 0:
             continue
-        member_of = [0] * outs[0] + [1] * outs[1] + [2] * outs[2]
         for col in range(n):
             j = member_of[col]
             h = [sum(float(a[j * columns + block * rank + r, i]) * float(x[m, i])

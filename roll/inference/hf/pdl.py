@@ -8,9 +8,9 @@ first waits for that kernel's grid to finish and its writes to be visible
 (``griddepcontrol.launch_dependents``), so only its launch and prologue overlap, never its
 reads. Off unless ``ROLL_TRITON_PDL=1`` and the device is CUDA of compute capability >= 9: on an
 H200 it bought nothing measurable (batch-256 mixed 4-LoRA decode at 33.5% of the HBM roofline
-with it, 34.0% without, same tokens; benchmarks/README.md, "Programmatic dependent launch and the
-blocked picker", session 71), so it stays a switch. Inductor's own kernels follow
-``TORCHINDUCTOR_ENABLE_PDL`` (no gain either).
+with it, 34.0% without, same tokens; benchmarks/README.md, "The blocked picker by default …
+programmatic dependent launch: nothing", session 71), so it stays a switch. Inductor's own
+kernels follow ``TORCHINDUCTOR_ENABLE_PDL`` (no gain either).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ at 256 rows it took 78-192 µs where the compiled ``pick_tokens`` took 217-338
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 import triton
@@ -113,15 +114,15 @@ def _combine_kernel(logits_ptr, temperature_ptr, state_ptr, best_ptr, index_ptr,
 def pick_tokens_blocked(logits: Tensor, temperature: Tensor, sampled: Tensor | None,
                         row_keys: Tensor, steps: Tensor, vocab_keys: Tensor,
                         masked: Tensor | None = None, top_k: Tensor | None = None,
-                        top_p: Tensor | None = None, block: int = BLOCK
-                        ) -> tuple[Tensor, Tensor]:
+                        top_p: Tensor | None = None, block: int = BLOCK,
+                        filtered: Picker = pick_tokens) -> tuple[Tensor, Tensor]:
     """``sampling.pick_tokens`` (same arguments, same tokens and log-probs up to float order)
-    by vocabulary blocks; rows that filter (``top_k``/``top_p``) take ``pick_tokens`` itself
-    (a sort). ``vocab_keys`` is not read: the kernel hashes the token ids as ``BatchSampler``
-    does."""
+    by vocabulary blocks; calls with row filters (``top_k``/``top_p``: a sort) go to
+    ``filtered`` (``pick_tokens`` itself unless given). ``vocab_keys`` is not read: the kernel
+    hashes the token ids as ``BatchSampler`` does."""
     if top_k is not None or top_p is not None:
-        return pick_tokens(logits, temperature, sampled, row_keys, steps, vocab_keys, masked,
-                           top_k, top_p)
+        return filtered(logits, temperature, sampled, row_keys, steps, vocab_keys, masked,
+                        top_k, top_p)
     if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the blocked picker runs on CUDA tensors; on CPU only in a process "
                            "started with TRITON_INTERPRET=1 (tests)")
@@ -153,20 +154,9 @@ def pick_tokens_blocked(logits: Tensor, temperature: Tensor, sampled: Tensor | N
 
 
 def blocked_picker(filtered: Picker = pick_tokens) -> Picker:
-    """A ``Picker``: ``pick_tokens_blocked`` for calls without row filters, ``filtered`` (the
-    engine passes the compiled ``pick_tokens``) for calls with top-k/top-p (a sort)."""
-
-    def pick(logits: Tensor, temperature: Tensor, sampled: Tensor | None, row_keys: Tensor,
-             steps: Tensor, vocab_keys: Tensor, masked: Tensor | None = None,
-             top_k: Tensor | None = None, top_p: Tensor | None = None
-             ) -> tuple[Tensor, Tensor]:
-        if top_k is not None or top_p is not None:
-            return filtered(logits, temperature, sampled, row_keys, steps, vocab_keys, masked,
-                            top_k, top_p)
-        return pick_tokens_blocked(logits, temperature, sampled, row_keys, steps, vocab_keys,
-                                   masked)
-
-    return pick
+    """The engine's ``Picker`` on CUDA: ``pick_tokens_blocked``, its calls with top-k/top-p
+    going to ``filtered`` (the engine passes the compiled ``pick_tokens``)."""
+    return partial(pick_tokens_blocked, filtered=filtered)
 
 
 __all__ = ["BLOCK", "blocked_picker", "pick_tokens_blocked"]
