@@ -2,13 +2,15 @@
 stacked products vs the tiled Triton kernel (``roll/inference/hf/lora_kernels.py``) under several
 launch settings.
 
-    python benchmarks/lora_kernels.py [--sweep stages|shipped|fused]  # GPU only (CUDA graphs)
+    python benchmarks/lora_kernels.py [--sweep stages|shipped|fused|concurrent]  # GPU only
 
 Per group also the engine's fused base GEMM with the tiled kernel against the shrink as more
 output columns of that GEMM (the stacked A factors appended to the weights) followed by
 ``launch_expand`` (the deltas added in place), with its settings swept. With ``--sweep fused``
 instead: the GEMM and the deltas in one kernel (``roll/inference/hf/gemm_lora.py``, its
-settings swept) against the base GEMM + tiled kernel.
+settings swept) against the base GEMM + tiled kernel. With ``--sweep concurrent``: the base
+GEMM and the tiled kernel on two streams side by side (``lora_kernels.linear_lora``) against
+one after the other.
 
 Qwen3-0.6B projection shapes (hidden 1024, 16 × 128 query heads, 8 × 128 KV heads, MLP 3072),
 4 slots of rank 32, rows mixed round-robin over the slots, bf16. Each variant is captured in a
@@ -50,6 +52,8 @@ SWEEPS = {
     # the same, then the GEMM and the deltas in one kernel (gemm_lora.py) instead of the
     # shrink in the GEMM
     "fused": [(None, 256, 256, 4, None)],
+    # the same, then the GEMM and the tiled kernel side by side on two streams
+    "concurrent": [(None, 256, 256, 4, None)],
     # the loops' software pipelining and fewer, longer loop steps over the inputs
     "stages": list(itertools.product((None, 512, 1024), (256, 512, 1024), (256,), (4, 8),
                                      (1, 2, 3, 4))),
@@ -138,6 +142,38 @@ def shrink_in_gemm(bench, x, w, a, b, order, tiles, splits, reference) -> dict:
             "gemm_expand_all": swept, "gemm_expand_gap_to_torch": float(gap)}
 
 
+def concurrent(bench, x, w, a, b, order, tiles, splits, reference) -> dict:
+    """The group's base GEMM then the tiled kernel on one stream (the engine today) against
+    the two on two streams side by side (``linear_lora``), each graph-captured."""
+    from roll.inference.hf import lora_kernels as lk
+
+    d = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+    def current():
+        F.linear(x, w)
+        lk.launch_tiled(x, a, b, order, tiles, d, RANK, COLUMNS, splits, **lk.TILED)
+
+    def carved(sms: int):
+        def run():
+            torch._C._set_sm_carveout_experimental(sms)  # cuBLASLt leaves `sms` SMs free
+            try:
+                lk.linear_lora(x, w, None, a, b, order, tiles, RANK, COLUMNS, splits)
+            finally:
+                torch._C._set_sm_carveout_experimental(None)
+        return run
+
+    product, delta = lk.linear_lora(x, w, None, a, b, order, tiles, RANK, COLUMNS, splits)
+    torch.cuda.synchronize()
+    carveouts = {str(sms): bench(carved(sms)) for sms in (8, 16, 32, 64)}
+    return {"concurrent_carveout_us": carveouts, "gemm_us": bench(lambda: F.linear(x, w)),
+            "gemm_tiled_us": bench(current),
+            "concurrent_us": bench(lambda: lk.linear_lora(x, w, None, a, b, order, tiles, RANK,
+                                                          COLUMNS, splits)),
+            "concurrent_gap_to_torch": float((delta.float() - reference.float()).abs().max()),
+            "concurrent_product_gap": float((product.float() - F.linear(x, w).float())
+                                            .abs().max())}
+
+
 def main() -> None:
     import argparse
 
@@ -151,7 +187,8 @@ def main() -> None:
                         help="launch settings tried per group: 'settings' (chunk, block sizes, "
                              "warps), 'stages' (software pipelining, longer input steps), "
                              "'shipped' (TILED alone), 'fused' (TILED alone, then gemm_lora's "
-                             "settings instead of the shrink in the GEMM)")
+                             "settings instead of the shrink in the GEMM), 'concurrent' (TILED "
+                             "alone, then the GEMM and the tiled kernel on two streams)")
     args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16
@@ -208,7 +245,14 @@ def main() -> None:
                     "tiled_chunk": lk.chunk_for(splits, lk.chunk_size(batch, k, n)),
                     "tiled_gap_to_torch": float((d.float() - reference.float()).abs().max()),
                     "tiled_best": [json.loads(best), tiled[best]], "tiled_all": tiled}
-            if args.sweep == "fused":
+            if args.sweep == "concurrent":
+                row |= concurrent(bench, x, w, a, b, order, tiles, splits, reference)
+                print(f"batch {batch} {name}: GEMM then tiled {row['gemm_tiled_us']:.1f} µs, "
+                      f"side by side {row['concurrent_us']:.1f}, GEMM alone "
+                      f"{row['gemm_us']:.1f}, gap {row['concurrent_gap_to_torch']:.3g}, "
+                      f"GEMM leaving SMs free {row['concurrent_carveout_us']}",
+                      file=sys.stderr, flush=True)
+            elif args.sweep == "fused":
                 row |= fused_gemm(bench, x, w, a, b, blocks, splits, reference)
                 print(f"batch {batch} {name}: GEMM + tiled {row['gemm_tiled_us']:.1f} µs, "
                       f"gemm_lora {row['fused_us']:.1f} (best {row['fused_best'][1]:.1f} "
@@ -226,12 +270,14 @@ def main() -> None:
                   f"{row['tiled_chunk']}), best {tiled[best]:.1f} {best}", file=sys.stderr,
                   flush=True)
         fused = args.sweep == "fused"
-        keys = ("fused_us",) if fused else ("gemm_shrink_us", "gemm_expand_us")
+        keys = {"fused": ("fused_us",), "concurrent": ("concurrent_us",)}.get(
+            args.sweep, ("gemm_shrink_us", "gemm_expand_us"))
         per_step = {key: LAYERS * sum(rows[g][key] for g in rows)
                     for key in ("base_mm_us", "torch_us", "tiled_us", "gemm_us",
                                 "gemm_tiled_us", *keys)}
-        best_key = "fused_best" if fused else "gemm_expand_best"
-        per_step[f"{best_key}_us"] = LAYERS * sum(rows[g][best_key][1] for g in rows)
+        if args.sweep != "concurrent":
+            best_key = "fused_best" if fused else "gemm_expand_best"
+            per_step[f"{best_key}_us"] = LAYERS * sum(rows[g][best_key][1] for g in rows)
         per_step["tiled_best_us"] = LAYERS * sum(rows[g]["tiled_best"][1] for g in rows)
         result["batches"][str(batch)] = {"per_step_us": per_step, "projections": rows}
         print(f"batch {batch} per step (µs): {json.dumps(per_step)}", file=sys.stderr, flush=True)

@@ -62,7 +62,15 @@ def kernel_gaps() -> dict:
     before = product.clone()
     lora_kernels.launch_expand(product, b, order, tiles, rank, columns, splits, block_n=16,
                                chunk=8)
+    # the base product and the deltas side by side (linear_lora: two streams on CUDA; here one
+    # after the other), with a bias
+    bias = torch.randn(n, generator=gen)
+    both, delta = lora_kernels.linear_lora(x, w, bias, a, b, order, tiles, rank, columns, splits)
+    base = torch.tensor([[sum(float(w[col, i]) * float(x[m, i]) for i in range(k))
+                          + float(bias[col]) for col in range(n)] for m in range(len(x))])
     return {"gaps": [float((d - expected).abs().max()) for d in tiled],
+            "linear_lora_gaps": [float((both - base).abs().max()),
+                                 float((delta - expected).abs().max())],
             "expand_gap": float((product[:, :n] - before[:, :n] - expected).abs().max()),
             "expand_kept_shrink": bool(torch.equal(product[:, n:], before[:, n:])),
             "expand_base_row_kept": bool(torch.equal(product[2], before[2])),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -261,3 +262,54 @@ def lora_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, ra
 @lora_tiled.register_fake
 def _(x, a, b, order, tiles, rank, columns, splits):
     return x.new_empty(x.shape[0], b.shape[0], dtype=b.dtype)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream per CUDA device that ``linear_lora`` runs its deltas on."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+@torch.library.custom_op("roll::linear_lora", mutates_args=())
+def linear_lora(x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Tensor,
+                order: Tensor, tiles: Tensor, rank: int, columns: int,
+                splits: list[int]) -> tuple[Tensor, Tensor]:
+    """(B, K) decode tokens → (the base product x Wᵀ + bias (B, N), ``lora_tiled``'s deltas
+    (B, ΣN)), the two launched side by side on CUDA: the deltas' kernel on a side stream that
+    waits for what came before on the current one, the GEMM on the current stream, which then
+    waits for the side stream. Neither kernel fills the GPU at decode sizes (the GEMM's
+    output tiles, the LoRA kernel's chain of dependent loads), so they overlap (a captured
+    graph keeps the fork and the join as two branches). Elsewhere (the interpreter) one
+    after the other. Either way the values are those of ``F.linear`` and ``lora_tiled``."""
+    _check_device(x)
+    if len(splits) >= MAX_GROUP:
+        raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
+    if order.shape[0] != x.shape[0]:
+        raise ValueError(f"{x.shape[0]} tokens but row tiles for {order.shape[0]} rows")
+    x, a, b = _rows(x), _rows(a), _rows(b)
+    d = torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
+    if not x.shape[0]:
+        return F.linear(x, weight, bias), d
+    if x.device.type != "cuda":
+        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
+        return F.linear(x, weight, bias), d
+    main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
+    side.wait_stream(main)  # x, the factors and the row tiles are ready
+    with torch.cuda.stream(side):
+        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
+    product = F.linear(x, weight, bias)
+    # d and x were allocated on (and are freed by) the current stream, which waits here for
+    # the side stream's reads and writes: the allocator's reuse stays safe
+    main.wait_stream(side)
+    return product, d
+
+
+@linear_lora.register_fake
+def _(x, weight, bias, a, b, order, tiles, rank, columns, splits):
+    return (x.new_empty(x.shape[0], weight.shape[0]),
+            x.new_empty(x.shape[0], b.shape[0], dtype=b.dtype))

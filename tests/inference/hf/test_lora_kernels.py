@@ -44,6 +44,8 @@ def test_kernel_equals_the_formulas_by_hand(child):
     # the shrink columns and the base row untouched
     assert kernel["expand_gap"] < 1e-4
     assert kernel["expand_kept_shrink"] and kernel["expand_base_row_kept"]
+    # linear_lora: x Wᵀ + bias (a loop by hand) and the same deltas, returned together
+    assert max(kernel["linear_lora_gaps"]) < 1e-4
 
 
 def test_gemm_and_lora_in_one_kernel_equal_the_formulas_by_hand(child):
