@@ -153,7 +153,7 @@ def _check_rollout(rollout: RolloutSchema, device: str) -> None:
     kernels = rollout.hf.lora_kernels
     if kernels not in LORA_KERNELS:
         raise ConfigError("rollout.hf.lora_kernels", kernels, f"must be one of {LORA_KERNELS}")
-    if kernels == "triton" and not device.startswith("cuda"):
+    if kernels.startswith("triton") and not device.startswith("cuda"):
         raise ConfigError("rollout.hf.lora_kernels", kernels, "needs model.device=cuda")
     attention = rollout.hf.attention_kernel
     if attention is not None and attention not in ATTENTION_KERNELS:

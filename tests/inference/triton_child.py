@@ -122,23 +122,31 @@ def gemm_lora_gaps() -> dict:
             "delta_size": float(delta.abs().max())}
 
 
+VARIANTS = {"torch": {"lora_kernels": "torch"}, "triton": {"lora_kernels": "triton"},
+            "streams": {"lora_kernels": "triton_streams"},
+            "streams_fused": {"lora_kernels": "triton_streams", "fuse_projections": True}}
+"""Engines compared with the torch path: the tiled kernel after each group's base product, and
+beside it (``triton_streams``: lora_kernels.linear_lora; here one after the other), with
+q/k/v and gate/up as separate products or as one per family."""
+
+
 def engine_gaps(path: str) -> dict:
     """Greedy mixed batches (every agent and the base model), lock-step and continuous: the
-    torch path vs the Triton tiled kernel."""
+    torch path vs the Triton tiled kernel (``VARIANTS``)."""
     team = perturbed_team(path, 4)
     tokenizer = load_tokenizer(path)
     engines = {}
-    for variant in ("torch", "triton"):
-        engines[variant] = hf_engine_for(team, tokenizer, lora_kernels=variant)
+    for variant, options in VARIANTS.items():
+        engines[variant] = hf_engine_for(team, tokenizer, **options)
         push_adapters(engines[variant], team, version=1)
-    calls = {"tiled": 0}
+    calls = {"tiled": 0, "linear": 0}
     for name in calls:
-        op = getattr(lora_kernels, f"lora_{name}")
+        op = getattr(lora_kernels, f"{name}_lora" if name == "linear" else f"lora_{name}")
 
         def counted(*args, _op=op, _name=name):
             calls[_name] += 1
             return _op(*args)
-        setattr(lora_kernels, f"lora_{name}", counted)
+        setattr(lora_kernels, f"{name}_lora" if name == "linear" else f"lora_{name}", counted)
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
     # Short prompts of unequal lengths (Triton's interpreter runs ~1 ms per program instance).
@@ -158,7 +166,7 @@ def engine_gaps(path: str) -> dict:
         engine.serve(requests[:3], follow)
         calls_of[variant] = {name: calls[name] - before[name] for name in calls}
     result["calls"] = calls_of
-    for variant in ("triton",):
+    for variant in VARIANTS.keys() - {"torch"}:
         pairs = list(zip(outputs["torch"], outputs[variant], strict=True))
         pairs += [(served["torch"][key], served[variant][key]) for key in range(3)]
         result[variant] = {
@@ -175,7 +183,8 @@ def engine_gaps(path: str) -> dict:
         attention = engine.model.get_submodule("model.layers.0.self_attn")
         with engine.fused.active(), torch.no_grad():
             alone[variant] = attention.k_proj(x)
-    result["out_of_order_gap"] = float((alone["torch"] - alone["triton"]).abs().max())
+    result["out_of_order_gap"] = max(float((alone["torch"] - alone[variant]).abs().max())
+                                     for variant in VARIANTS.keys() - {"torch"})
     result["out_of_order_delta"] = float(
         (alone["torch"] - attention.k_proj.base_layer(x)).abs().max())
     groups = engines["triton"].fused.groups.values()

@@ -97,6 +97,8 @@ BAD = [
     (["model.device=cuda:99"], "model.device='cuda:99'"),
     (["rollout.hf.lora_kernels=cuda"], ("rollout.hf.lora_kernels='cuda'", "'triton'")),
     (["rollout.hf.lora_kernels=triton"], ("rollout.hf.lora_kernels='triton'", "model.device")),
+    (["rollout.hf.lora_kernels=triton_streams"],
+     ("rollout.hf.lora_kernels='triton_streams'", "model.device")),
     (["rollout.hf.attention_kernel=flash"], ("rollout.hf.attention_kernel='flash'", "'triton'")),
     (["rollout.hf.attention_kernel=triton"], ("rollout.hf.attention_kernel='triton'",
                                               "model.device")),

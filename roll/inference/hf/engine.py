@@ -384,8 +384,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with (torch.no_grad(), self._adapters_off(), self.fused.active(),
-                  self.projections.active()):
+            with (torch.no_grad(), self._adapters_off(), self.projections.active(),
+                  self.fused.active()):  # fused after projections: it sees their forwards
                 yield
         finally:
             self.model.train(was_training)

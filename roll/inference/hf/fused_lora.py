@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roll.inference.hf.lora_groups import Group, Stack, build_groups, shares_inputs
+from roll.inference.hf.lora_groups import PRODUCT, Group, Stack, build_groups, shares_inputs
 from roll.utils.transfer import to_device, upload
 
 PEFT_PREFIX = "base_model.model."
@@ -44,7 +44,7 @@ PEFT_PREFIX = "base_model.model."
 # the key, so two engines (or two layouts of one engine) can never share a compiled graph. They
 # are strings because torch.compile may turn a changing int into a symbol and stop guarding it.
 _LAYOUT_KEYS = (f"layout-{n}" for n in itertools.count())
-KERNELS = ("torch", "triton")
+KERNELS = ("torch", "triton", "triton_streams")
 _SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B"}
 
 
@@ -53,11 +53,11 @@ def resolve_kernels(choice: str, device: torch.device) -> str:
     has_triton = importlib.util.find_spec("triton") is not None
     if choice == "auto":
         return "triton" if device.type == "cuda" and has_triton else "torch"
-    if choice == "triton":
+    if choice.startswith("triton"):
         if not has_triton:
-            raise ValueError("lora_kernels='triton' but triton is not installed")
+            raise ValueError(f"lora_kernels={choice!r} but triton is not installed")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"lora_kernels='triton' runs on CUDA, not {device.type} (on CPU "
+            raise ValueError(f"lora_kernels={choice!r} runs on CUDA, not {device.type} (on CPU "
                              f"only under TRITON_INTERPRET=1, for tests)")
     return choice
 
@@ -129,7 +129,10 @@ class FusedLoRA:
             ``"triton"`` on decode steps (``lora_kernels.py``: rows of one slot as tiles that
             read their slot's factors once; one kernel per group of projections with one
             input — q/k/v, o, gate/up, down — instead of three per projection; prefills keep
-            the stacked products; CUDA only, or CPU under ``TRITON_INTERPRET=1``).
+            the stacked products; CUDA only, or CPU under ``TRITON_INTERPRET=1``), or
+            ``"triton_streams"``: the same kernel beside each group's base GEMM on a second
+            CUDA stream (``lora_kernels.linear_lora``; the first member's product, or its
+            projection family's, is computed by ``_side_product``).
     """
 
     def __init__(
@@ -163,8 +166,14 @@ class FusedLoRA:
         self.row_tiles = torch.zeros(0, 3, dtype=torch.int32, device=device)  # (T, 3)
         self._row_orders: dict[torch.Size, Tensor] = {}
         self._row_tile_tables: dict[torch.Size, Tensor] = {}
+        self._side_forwards: dict[str, tuple] = {}  # triton_streams: path -> (product, forward)
         self.layout_key = next(_LAYOUT_KEYS)
         """Changes whenever the set of hooked layers or any stack's shape/address changes."""
+
+    @property
+    def tiled(self) -> bool:
+        """Decode steps run the tiled Triton kernel (``lora_kernels.py``)."""
+        return self.kernels != "torch"
 
     @property
     def columns(self) -> int:
@@ -288,7 +297,8 @@ class FusedLoRA:
     def _regroup(self) -> None:
         """Triton kernels: move the stacks into group buffers (``lora_groups.py``)."""
         self._regroup_due = False
-        if self.kernels == "triton":
+        self._side_forwards = {}
+        if self.tiled:
             self.groups = build_groups(self.stacks, self.columns, self.share_inputs,
                                        self.static_addresses)
             self.layout_key = next(_LAYOUT_KEYS)
@@ -303,7 +313,7 @@ class FusedLoRA:
         column_block = torch.arange(self.columns) // self.rank_capacity  # (S·R,)
         mask = (blocks[:, None] == column_block[None, :]).to(self.dtype)  # (B, S·R)
         self.row_mask = self._refill(self._row_masks, mask)
-        if self.kernels == "triton":
+        if self.tiled:
             from roll.inference.hf.lora_kernels import row_tiles
 
             order, tiles = row_tiles(blocks.tolist(), self.slot_capacity)
@@ -333,13 +343,15 @@ class FusedLoRA:
                     args: tuple, output: Tensor) -> Tensor:
         """``_hook`` with the Triton kernels on decode steps (one token per row): the group's
         first member computes every member's delta (one kernel), each member adds its slice.
-        Prefills (many tokens per row: large products) take the stacked path."""
+        Prefills (many tokens per row: large products) take the stacked path. With
+        ``triton_streams`` the first member's deltas were computed beside its product
+        (``_side_product``) and wait in ``group.delta``."""
         from roll.inference.hf import lora_kernels
 
         x = args[0]  # (B, 1, in)
         if x.shape[-2] != 1:
             return self._hook(stack, module, args, output)
-        if position == 0 or group.delta is None:
+        if group.delta is None:
             alone = position > 0  # called before the group's first member: its own delta
             A, B, splits = (stack.A, stack.B, []) if alone else (group.A, group.B, group.splits)
             delta = lora_kernels.lora_tiled(x.reshape(-1, x.shape[-1]), A, B, self.row_order,
@@ -354,12 +366,42 @@ class FusedLoRA:
             group.delta = None
         return output + mine.reshape(output.shape).to(output.dtype)
 
+    def _side_product(self, group: Group, x: Tensor, weight: Tensor,
+                      bias: Tensor | None) -> Tensor:
+        """x Wᵀ + bias for a group's first member (W its weight, or its projection family's
+        stacked weights), on a decode step with the group's deltas computed beside it on a
+        side stream (``lora_kernels.linear_lora``) and left in ``group.delta`` for the hook."""
+        if x.shape[-2] != 1:
+            return F.linear(x, weight, bias)
+        from roll.inference.hf.lora_kernels import linear_lora
+
+        product, group.delta = linear_lora(
+            x.reshape(-1, x.shape[-1]), weight, bias, group.A, group.B, self.row_order,
+            self.row_tiles, self.rank_capacity, self.columns, group.splits)  # (B, N), (B, ΣN)
+        return product.reshape(*x.shape[:-1], product.shape[-1])
+
+    def _side_forwards_of(self, path: str, group: Group) -> tuple:
+        """(product, forward) of a group's first member, made once per layout (a compiled
+        step then sees the same functions at every call)."""
+        made = self._side_forwards.get(path)
+        if made is None:
+            linear = self.stacks[path].linear
+            product = partial(self._side_product, group)
+            made = self._side_forwards[path] = (
+                product, lambda x: product(x, linear.weight, linear.bias))
+        return made
+
     @contextmanager
     def active(self) -> Iterator[None]:
         """Hooks that add the fused deltas to every stacked layer, removed on exit.
 
         The hooks are registered for every stacked layer whatever the batch holds, so that a
-        compiled forward always sees the same set of hooks for a given ``layout_key``.
+        compiled forward always sees the same set of hooks for a given ``layout_key``. With
+        ``triton_streams`` each group's first member also computes its product through
+        ``_side_product``: set as its ``forward``, or, where a projection family is active
+        already (fused_projections.py: the member's forward is the family's), as the product
+        the family's ``_first`` calls. A group whose first member is a later one of its family
+        gets no side stream (its hook computes the deltas).
         """
         handles = [
             stack.linear.register_forward_hook(
@@ -367,10 +409,24 @@ class FusedLoRA:
                 else partial(self._hook, stack))
             for path, stack in self.stacks.items()
         ]
+        firsts = [(path, group) for path, (group, position) in self.groups.items()
+                  if position == 0 and self.kernels == "triton_streams"]
+        own_forward = []
+        for path, group in firsts:
+            linear = self.stacks[path].linear
+            product, forward = self._side_forwards_of(path, group)
+            setattr(linear, PRODUCT, product)
+            if "forward" not in vars(linear):  # no active family's forward (it calls PRODUCT)
+                linear.forward = forward
+                own_forward.append(linear)
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
+            for path, _ in firsts:
+                delattr(self.stacks[path].linear, PRODUCT)
+            for linear in own_forward:
+                del linear.forward
             for group, _ in self.groups.values():
                 group.delta = None

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from roll.inference.hf.lora_groups import SHARED_INPUT_FAMILIES, shares_inputs
+from roll.inference.hf.lora_groups import PRODUCT, SHARED_INPUT_FAMILIES, shares_inputs
 
 FAMILY = "_roll_fused_family"
 """Attribute naming, on each member layer, the family whose buffer holds its weight."""
@@ -55,7 +55,8 @@ class Family:
                                          for position in range(1, len(linears))]
 
     def _first(self, x: Tensor) -> Tensor:
-        product = F.linear(x, self.weight, self.bias)
+        # the fused LoRA's product (its deltas beside it on a side stream) where it set one
+        product = getattr(self.linears[0], PRODUCT, F.linear)(x, self.weight, self.bias)
         self.product = product
         return product[..., : self.ends[1]]
 

@@ -18,6 +18,10 @@ SHARED_INPUT_FAMILIES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"
 """Sibling projections that these models call, in this order, on one input tensor."""
 SHARED_INPUT_MODELS = frozenset({"qwen3", "qwen2", "llama", "mistral"})
 """Model types (``config.model_type``) whose attention and MLP blocks do so."""
+PRODUCT = "_roll_product"
+"""Attribute of a linear layer, while the fused LoRA is active with ``triton_streams``: the
+function (x, weight, bias) → x Wᵀ + bias that computes its product (and its group's deltas
+beside it); a projection family whose first member it is calls it with the family's buffer."""
 
 
 class Stack:

@@ -74,15 +74,24 @@ def test_blocked_picker_picks_what_pick_tokens_picks(child):
 
 def test_engine_with_triton_kernels_equals_the_stacked_path(child):
     engine = child["engine"]
-    assert engine["kernels"] == {"torch": "torch", "triton": "triton"}
+    assert engine["kernels"] == {"torch": "torch", "triton": "triton",
+                                 "streams": "triton_streams", "streams_fused": "triton_streams"}
     assert engine["groups"] == [1, 2, 3]  # o/down alone, gate/up, q/k/v
-    # lock-step generate and continuous serve: same greedy tokens, same log-probs (fp32)
-    assert engine["triton"]["tokens_equal"]
-    assert engine["triton"]["logprob_gap"] < 1e-5
+    # lock-step generate and continuous serve: same greedy tokens, same log-probs (fp32),
+    # whether the kernel runs after each group's base product or beside it (linear_lora), and
+    # whether q/k/v and gate/up are one product per family or not
+    for variant in ("triton", "streams", "streams_fused"):
+        assert engine[variant]["tokens_equal"], variant
+        assert engine[variant]["logprob_gap"] < 1e-5, variant
     # decode steps ran the kernel: 2 layers x 4 groups per step, one kernel per group; the
-    # torch path none
-    assert engine["calls"]["torch"] == {"tiled": 0}
-    assert engine["calls"]["triton"]["tiled"] > 0 and engine["calls"]["triton"]["tiled"] % 8 == 0
+    # torch path none; beside the products, every group's deltas came from linear_lora (with
+    # fused families too: the family's product computed them), none from the hooks
+    calls = engine["calls"]
+    assert calls["torch"] == {"tiled": 0, "linear": 0}
+    assert calls["triton"]["tiled"] > 0 and calls["triton"]["tiled"] % 8 == 0
+    assert calls["triton"]["linear"] == 0
+    for variant in ("streams", "streams_fused"):
+        assert calls[variant] == {"tiled": 0, "linear": calls["triton"]["tiled"]}, variant
     # a member called before its group's first one computes its own delta
     assert engine["out_of_order_delta"] > 1 and engine["out_of_order_gap"] < 1e-4
 
