@@ -33,6 +33,7 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
   with --lora-streams: ours_compiled_lora_streams (the compiled engine, with --pipeline-defaults
                   too, its LoRA kernel beside each group's base GEMM on a second CUDA stream:
                   ``lora_kernels='triton_streams'``) and ``lora_streams_over_triton`` per round
+                  (with --serve also its continuous batching, ``..._serve``)
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter), started beside ours in
@@ -547,6 +548,8 @@ def main() -> None:
             variants["ours_compiled_fused"] = (fused, requests)
         if lora_streams is not None:
             variants["ours_compiled_lora_streams"] = (lora_streams, requests)
+            if args.serve:
+                variants["ours_compiled_lora_streams_serve"] = (lora_streams, requests)
         if triton_attention is not None:
             variants["ours_compiled_triton_attention"] = (triton_attention, requests)
             if args.serve:
@@ -588,6 +591,8 @@ def main() -> None:
                     ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
                     ("lora_streams_over_triton", "ours_compiled_lora_streams",
                      "ours_compiled"),
+                    ("lora_streams_over_triton_serve", "ours_compiled_lora_streams_serve",
+                     "ours_compiled_serve"),
                     ("blocked_picker_over_compiled", "ours_compiled",
                      "ours_compiled_inductor_picker"),
                     ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):
