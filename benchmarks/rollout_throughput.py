@@ -30,10 +30,12 @@ generates exactly 128 new tokens (EOS ignored), greedy. Measured, per batch size
                   picker compiled by inductor, ``sampling.compiled_picker``: the CUDA default
                   before session 71; the default since is the blocked picker,
                   picker_kernel.py) and ``blocked_picker_over_compiled`` per round
-  with --lora-streams: ours_compiled_lora_streams (the compiled engine, with --pipeline-defaults
-                  too, its LoRA kernel beside each group's base GEMM on a second CUDA stream:
-                  ``lora_kernels='triton_streams'``) and ``lora_streams_over_triton`` per round
-                  (with --serve also its continuous batching, ``..._serve``)
+  with --lora-after-gemm: ours_compiled_lora_after_gemm (the compiled engine, with
+                  --pipeline-defaults too, its LoRA kernel after each group's base GEMM:
+                  ``lora_kernels='triton'``, the CUDA default before session 73; the default
+                  runs it beside the GEMM on a second stream, 'triton_streams') and
+                  ``lora_streams_over_triton`` per round (with --serve also its continuous
+                  batching, ``..._serve``)
   with --vllm:    vllm_mixed (roll's VLLMEngine: the same base weights saved to a folder, the
                   same 4 adapters pushed as tensors, one LoRARequest per row, CUDA graphs) and
                   vllm_no_lora (the same engine, rows without adapter), started beside ours in
@@ -442,10 +444,11 @@ def main() -> None:
                         help="also: the compiled engine with the token picker compiled by "
                              "inductor (sampling.compiled_picker; the engine's default on CUDA "
                              "is the blocked picker, picker_kernel.py)")
-    parser.add_argument("--lora-streams", action="store_true",
+    parser.add_argument("--lora-after-gemm", action="store_true",
                         help="also: the compiled engine (as ours_compiled) with "
-                             "lora_kernels='triton_streams' (the LoRA kernel beside each base "
-                             "GEMM on a second stream), one more warm-up")
+                             "lora_kernels='triton' (the LoRA kernel after each base GEMM; the "
+                             "default on CUDA runs it beside, on a second stream), one more "
+                             "warm-up")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature of every request (0: greedy)")
     parser.add_argument("--profile", action="store_true",
@@ -495,7 +498,7 @@ def main() -> None:
     if vllm_folder is not None:
         vllm_engine, started = start_vllm(vllm_folder, team, rank, batches, dtype, args.tiny)
         result["vllm"] = {"version": __import__("vllm").__version__, "engine_start_s": started}
-    compiled = no_lora = torch_kernels = triton_attention = fused = lora_streams = None
+    compiled = no_lora = torch_kernels = triton_attention = fused = after_gemm = None
     if compile_ours:
         defaults = pipeline_engine_options(device) if args.pipeline_defaults else {}
         compiled = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
@@ -514,11 +517,10 @@ def main() -> None:
             fused = hf_engine_for(team, tokenizer, max_batch_size=max(batches), compile=True,
                                   fuse_projections=True)
             push_adapters(fused, team, version=1)
-        if args.lora_streams:
-            lora_streams = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
-                                         compile=True, **defaults,
-                                         lora_kernels="triton_streams")
-            push_adapters(lora_streams, team, version=1)
+        if args.lora_after_gemm:
+            after_gemm = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
+                                       compile=True, **defaults, lora_kernels="triton")
+            push_adapters(after_gemm, team, version=1)
         if args.torch_kernels:
             torch_kernels = hf_engine_for(team, tokenizer, max_batch_size=max(batches),
                                           compile=True, lora_kernels="torch")
@@ -546,10 +548,10 @@ def main() -> None:
             variants["ours_compiled_torch_kernels"] = (torch_kernels, requests)
         if fused is not None:
             variants["ours_compiled_fused"] = (fused, requests)
-        if lora_streams is not None:
-            variants["ours_compiled_lora_streams"] = (lora_streams, requests)
+        if after_gemm is not None:
+            variants["ours_compiled_lora_after_gemm"] = (after_gemm, requests)
             if args.serve:
-                variants["ours_compiled_lora_streams_serve"] = (lora_streams, requests)
+                variants["ours_compiled_lora_after_gemm_serve"] = (after_gemm, requests)
         if triton_attention is not None:
             variants["ours_compiled_triton_attention"] = (triton_attention, requests)
             if args.serve:
@@ -589,10 +591,10 @@ def main() -> None:
                     ("ours_triton_attention_over_vllm_mixed", "ours_compiled_triton_attention",
                      "vllm_mixed"),
                     ("ours_over_vllm_no_lora", "ours_compiled_no_lora", "vllm_no_lora"),
-                    ("lora_streams_over_triton", "ours_compiled_lora_streams",
-                     "ours_compiled"),
-                    ("lora_streams_over_triton_serve", "ours_compiled_lora_streams_serve",
-                     "ours_compiled_serve"),
+                    ("lora_streams_over_triton", "ours_compiled",
+                     "ours_compiled_lora_after_gemm"),
+                    ("lora_streams_over_triton_serve", "ours_compiled_serve",
+                     "ours_compiled_lora_after_gemm_serve"),
                     ("blocked_picker_over_compiled", "ours_compiled",
                      "ours_compiled_inductor_picker"),
                     ("vllm_mixed_over_no_lora", "vllm_mixed", "vllm_no_lora")):

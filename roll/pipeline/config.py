@@ -168,8 +168,8 @@ class HFEngineSchema:
     of projections with one input: rows of one agent share its factors' loads; CUDA),
     'triton_streams' (the same kernel on a second CUDA stream beside the group's base GEMM),
     'torch' (every slot's stacked products and a row mask, three kernels per projection), or
-    'auto': triton on CUDA when it is importable, torch otherwise. Prefills always use the
-    stacked products."""
+    'auto': triton_streams on CUDA when Triton is importable, torch otherwise. Prefills always
+    use the stacked products."""
     prefill_graphs: bool | None = None
     """Continuous batching: admissions' prefills of up to 4,096 tokens (rows x width, rounded
     up to a power of two and a multiple of 64) replayed as one CUDA graph per bucket

@@ -79,8 +79,9 @@ class HFEngine:
             their largest rank; default 1); both grow when a larger slot is loaded.
         lora_dtype: dtype of the stacked LoRA factors and products (default: base weights').
         lora_kernels: how the fused LoRA deltas run (``FusedLoRA``): ``"torch"`` (stacked
-            products), ``"triton"`` (tiled kernels, CUDA), or ``"auto"``: triton on CUDA when
-            it is importable, torch otherwise.
+            products), ``"triton"`` (tiled kernels, CUDA), ``"triton_streams"`` (the same
+            beside the base GEMMs on a second stream), or ``"auto"``: triton_streams on CUDA
+            when Triton is importable, torch otherwise.
         fuse_projections: q/k/v and gate/up as one product each (fused_projections.py: the
             base's weights moved into one buffer per family, never copied).
     """

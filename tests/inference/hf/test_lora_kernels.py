@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from roll.inference import HFEngine
+from roll.inference.hf.fused_lora import resolve_kernels
 from roll.models import load_model, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -104,3 +106,6 @@ def test_kernel_choice_is_checked_before_use(tiny_model_path, monkeypatch):
     with pytest.raises(ValueError, match="runs on CUDA, not cpu"):
         HFEngine(base, tokenizer, lora_kernels="triton")
     assert HFEngine(base, tokenizer).fused.kernels == "torch"  # auto on CPU
+    # auto on CUDA (Triton is importable here): the tiled kernel beside the base GEMMs
+    assert resolve_kernels("auto", torch.device("cuda")) == "triton_streams"
+    assert resolve_kernels("triton", torch.device("cuda")) == "triton"
