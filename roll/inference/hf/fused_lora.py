@@ -412,8 +412,9 @@ class FusedLoRA:
                 else partial(self._hook, stack))
             for path, stack in self.stacks.items()
         ]
+        streams = self.kernels == "triton_streams"
         firsts = [(path, group) for path, (group, position) in self.groups.items()
-                  if position == 0 and self.kernels == "triton_streams"]
+                  if streams and position == 0]
         own_forward = []
         for path, group in firsts:
             linear = self.stacks[path].linear

@@ -247,16 +247,22 @@ def lora_tiled(x: Tensor, a: Tensor, b: Tensor, order: Tensor, tiles: Tensor, ra
     """(B, K) decode tokens → deltas (B, ΣN) in B's dtype, one kernel: rows that share a slot
     run as tiles (``row_tiles``), so each tile reads its slot's factors once (tensor-core
     products), and the shrink's h stays in registers."""
+    x, a, b, d = _tiled_operands(x, a, b, order, splits)
+    if x.shape[0]:
+        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
+    return d
+
+
+def _tiled_operands(x: Tensor, a: Tensor, b: Tensor, order: Tensor,
+                    splits: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The checked, row-contiguous x, a, b of a ``launch_tiled`` call and its output (B, ΣN)."""
     _check_device(x)
     if len(splits) >= MAX_GROUP:
         raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
     if order.shape[0] != x.shape[0]:
         raise ValueError(f"{x.shape[0]} tokens but row tiles for {order.shape[0]} rows")
     x, a, b = _rows(x), _rows(a), _rows(b)
-    d = torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
-    if x.shape[0]:
-        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
-    return d
+    return x, a, b, torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
 
 
 @lora_tiled.register_fake
@@ -286,17 +292,10 @@ def linear_lora(x: Tensor, weight: Tensor, bias: Tensor | None, a: Tensor, b: Te
     output tiles, the LoRA kernel's chain of dependent loads), so they overlap (a captured
     graph keeps the fork and the join as two branches). Elsewhere (the interpreter) one
     after the other. Either way the values are those of ``F.linear`` and ``lora_tiled``."""
-    _check_device(x)
-    if len(splits) >= MAX_GROUP:
-        raise ValueError(f"splits={splits}: groups have at most {MAX_GROUP} members")
-    if order.shape[0] != x.shape[0]:
-        raise ValueError(f"{x.shape[0]} tokens but row tiles for {order.shape[0]} rows")
-    x, a, b = _rows(x), _rows(a), _rows(b)
-    d = torch.empty(x.shape[0], b.shape[0], dtype=b.dtype, device=x.device)
-    if not x.shape[0]:
-        return F.linear(x, weight, bias), d
-    if x.device.type != "cuda":
-        launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
+    x, a, b, d = _tiled_operands(x, a, b, order, splits)
+    if not x.shape[0] or x.device.type != "cuda":
+        if x.shape[0]:
+            launch_tiled(x, a, b, order, tiles, d, rank, columns, splits, **TILED)
         return F.linear(x, weight, bias), d
     main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
     side.wait_stream(main)  # x, the factors and the row tiles are ready
