@@ -69,6 +69,14 @@ def plot(result: dict, folder: Path) -> None:
             [p["team/score"] - p["team/score_low"] for p in result["curve"]],
             [p["team/score_high"] - p["team/score"] for p in result["curve"]]],
             marker="o", capsize=3, label="agent_0 + agent_1")
+        for key, style, label in (("team/greedy/score", ":", "greedy (argmax move)"),
+                                  ("team/train_score", "--", "training games")):
+            if any(key in point for point in result["curve"]):
+                axes[1].plot(steps, [p.get(key) for p in result["curve"]], ls=style,
+                             marker="x", label=label)
+        for team, score in result.get("baselines", {}).items():  # reference teams' scores
+            axes[1].axhline(score, color="gray", ls="-." if team == "random" else "--",
+                            lw=0.8, label=f"{team} team ({score:.2f})")
     title = ("exploitability (exact)" if exact
              else "non-loss rate vs random, both seats [95%]")
     figure.suptitle(result["recipe"])

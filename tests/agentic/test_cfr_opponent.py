@@ -59,7 +59,7 @@ def test_cfr_in_a_game_it_cannot_solve_is_refused(capsys):
     root = Path(__file__).resolve().parents[2]
     code = run_cli(lambda cfg: pytest.fail("must not start"), [
         "--config_path", str(root / "examples" / "hanabi"), "--config_name",
-        "multi_agent_hanabi", "eval.opponent=cfr:10"], "test")
+        "multi_agent_hanabi", "eval.seat_to_agent=[]", "eval.opponent=cfr:10"], "test")
     assert code == 2
     assert "cfr:10" in capsys.readouterr().err
 

@@ -50,3 +50,29 @@ def test_the_command_line_draws_the_runs(tmp_path):
                           "--greedy_o", "no_file", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--greedy_o 'no_file': expected LABEL=FILE" in bad.stderr
+
+
+def test_a_hanabi_runs_curve_keeps_the_greedy_and_training_scores_beside_the_references(
+        tmp_path, monkeypatch):
+    """learning.py --from_metrics on a cooperative run: each evaluation's team score with its
+    interval, the greedy policy's and the training games' scores of that step, and the small
+    Hanabi's reference teams (random play, the rule team) on the plot."""
+    import learning
+
+    rows = [{"step": 0, "time/eval": 1.0, "eval/team/score": 0.0, "eval/team/score_low": 0.0,
+             "eval/team/score_high": 0.0, "eval_greedy/team/score": 0.0},
+            {"step": 1, "team/score": 0.25},  # a training step: not a point of the curve
+            {"step": 2, "time/eval": 1.0, "team/score": 0.375, "eval/team/score": 0.5,
+             "eval/team/score_low": 0.25, "eval/team/score_high": 0.75,
+             "eval_greedy/team/score": 1.5}]
+    path = tmp_path / "run_hanabi_x_metrics.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    (result,) = learning.summarize([str(path)], "smollm2-135m")
+    assert [p["step"] for p in result["curve"]] == [0, 2]
+    assert result["curve"][1] == {"step": 2, "team/score": 0.5, "team/score_low": 0.25,
+                                  "team/score_high": 0.75, "team/greedy/score": 1.5,
+                                  "team/train_score": 0.375}
+    references = result["baselines"]
+    assert references["random"] < 0.5 and 3.0 < references["rules"] < 6.0
+    assert (tmp_path / "out" / result["plot"]).stat().st_size > 1000
