@@ -1,0 +1,263 @@
+"""The Hanabi recipes' update rules on a small network instead of an LLM: which can learn?
+
+    python benchmarks/hanabi_stand_in.py                      # the default comparison, 3 seeds
+    python benchmarks/hanabi_stand_in.py --settings grpo:0.05 mappo:0 --steps 300 --seeds 5
+
+An LLM Hanabi run costs ~20 s a step on an H100; this costs ~0.2 s. It replays what
+``learning.py --recipes hanabi_team`` (and its GRPO twin) do, on the examples' small Hanabi
+(2 colours, ranks 1-3, hands of 2, 3 info tokens, 1 life: max 6), with each agent's policy a
+two-layer MLP over OpenSpiel's observation tensor (HLE's canonical encoding: the same facts as
+the prompt: hands, what hints told, fireworks, tokens, discards) instead of a LoRA adapter:
+
+- two agents, each game seated [agent_0, agent_1] or [agent_1, agent_0] (half each),
+  ``--games`` games a step on independent deals, groups of 4;
+- a move is sampled from the softmax over the legal moves (the constrained answer at
+  temperature 1);
+- rewards as the rollout credits them: each move's change of the score (+1 a card played, minus
+  the score when the last life goes) goes to each seat's latest move;
+- ``grpo``: a seat's trajectory gets (R - group mean) / (group std + 1e-6) on every move, R its
+  undiscounted return, the group the 4 games' trajectories of that seat
+  (``advantage.estimator=grpo``);
+- ``mappo``: one value MLP over both seats' observation tensors (``critic.mode=shared``,
+  ``critic.input=global``), GAE over each seat's moves with gamma 1 and ``--lam``; the value
+  fits the returns A + V (squared error, its own Adam at ``--critic_lr``);
+- loss per agent = mean over its moves of -A log pi(a|s) - h H(pi(.|s)), one Adam step per
+  rollout (``trainer.ppo_epochs=1``, one mini-batch: the ratio is 1), h the legal-move entropy
+  bonus (``trainer.action_entropy_coef``), rate decayed linearly to 0 at the last step.
+
+What it leaves out, so its numbers are a guide, not a prediction: an adapter on a pretrained
+LLM starts from a prior (SmolLM2's first moves score 0) and moves its states together; this
+network starts near uniform and has its own generalisation. Evaluated every ``--eval_every``
+steps on ``--eval_games`` fresh deals, sampled and greedy (argmax legal move); the reference
+teams (benchmarks/hanabi_baselines.py): random 0.079, the rule 3.64. Prints one JSON line per
+setting and seed, then one per setting with the mean and a 95% t-interval over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import torch
+from hanabi_baselines import SMALL_HANABI
+from torch import nn
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom."""
+
+
+def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width),
+                         nn.ReLU(), nn.Linear(width, outputs))
+
+
+def gae(rewards: list[float], values: list[float], lam: float) -> list[float]:
+    """GAE with gamma 1 over one trajectory's moves: A_t = sum_k lam^k delta_{t+k},
+    delta_t = r_t + V_{t+1} - V_t, V after the last move = 0."""
+    advantages, running = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        following = values[t + 1] if t + 1 < len(values) else 0.0
+        running = rewards[t] + following - values[t] + lam * running
+        advantages[t] = running
+    return advantages
+
+
+def group_relative(returns: np.ndarray) -> np.ndarray:
+    """GRPO within one group: (R - mean) / (population std + 1e-6); 0 where all are equal."""
+    centred = returns - returns.mean()
+    if np.all(returns == returns[0]):
+        return np.zeros_like(returns)
+    return centred / (returns.std() + 1e-6)
+
+
+class Games:
+    """``n`` games played in lock-step; each move's legal mask, observation and seat kept."""
+
+    def __init__(self, game, n: int, rng: np.random.Generator) -> None:
+        self.game, self.rng = game, rng
+        self.states = [game.new_initial_state() for _ in range(n)]
+        for state in self.states:
+            self._chance(state)
+
+    def _chance(self, state) -> None:
+        while state.is_chance_node():
+            outcomes, probs = zip(*state.chance_outcomes(), strict=True)
+            state.apply_action(int(self.rng.choice(outcomes, p=np.array(probs) / sum(probs))))
+
+    def live(self) -> list[int]:
+        return [i for i, state in enumerate(self.states) if not state.is_terminal()]
+
+    def step(self, index: int, action: int) -> list[float]:
+        state = self.states[index]
+        before = state.returns()
+        state.apply_action(action)
+        self._chance(state)
+        return [after - so_far for after, so_far in zip(state.returns(), before, strict=True)]
+
+
+def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, torch_rng,
+         greedy: bool = False, critic: nn.Module | None = None) -> dict:
+    """Play one game per seating; per (game, seat): the moves' observations, masks, actions,
+    credited rewards and (with ``critic``) values; and each game's score."""
+    games = Games(game, len(seatings), rng)
+    n_actions = game.num_distinct_actions()
+    moves = {(g, s): [] for g in range(len(seatings)) for s in (0, 1)}
+    while live := games.live():
+        seats = [games.states[g].current_player() for g in live]
+        obs = torch.tensor([games.states[g].observation_tensor(s) for g, s in zip(live, seats,
+                                                                                   strict=True)])
+        mask = torch.zeros(len(live), n_actions, dtype=torch.bool)
+        for row, (g, s) in enumerate(zip(live, seats, strict=True)):
+            mask[row, games.states[g].legal_actions(s)] = True
+        logits = torch.full((len(live), n_actions), -math.inf)
+        with torch.no_grad():
+            for agent, policy in enumerate(policies):
+                rows = [r for r, (g, s) in enumerate(zip(live, seats, strict=True))
+                        if seatings[g][s] == agent]
+                if rows:
+                    logits[rows] = policy(obs[rows])
+            logits = logits.masked_fill(~mask, -math.inf)
+            actions = (logits.argmax(-1) if greedy else
+                       torch.multinomial(logits.softmax(-1), 1, generator=torch_rng)[:, 0])
+            values = None
+            if critic is not None:
+                other = torch.tensor([games.states[g].observation_tensor(1 - s)
+                                      for g, s in zip(live, seats, strict=True)])
+                values = critic(torch.cat([obs, other], -1))[:, 0]
+        for row, (g, s) in enumerate(zip(live, seats, strict=True)):
+            rewards = games.step(g, int(actions[row]))
+            moves[(g, s)].append({"obs": obs[row], "mask": mask[row], "action": int(actions[row]),
+                                  "reward": 0.0,
+                                  "value": None if values is None else float(values[row]),
+                                  "global": None if values is None else
+                                  torch.cat([obs[row], other[row]])})
+            for seat, reward in enumerate(rewards):  # to each seat's latest move
+                if reward and moves[(g, seat)]:
+                    moves[(g, seat)][-1]["reward"] += reward
+    scores = [state.returns()[0] for state in games.states]
+    return {"moves": moves, "scores": scores}
+
+
+def run(setting: str, seed: int, args) -> dict:
+    import pyspiel
+
+    estimator, bonus = setting.split(":")
+    bonus = float(bonus)
+    game = pyspiel.load_game("hanabi", SMALL_HANABI)
+    rng, torch_rng = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    width, n_obs = args.width, game.observation_tensor_shape()[0]
+    policies = [mlp(n_obs, game.num_distinct_actions(), width) for _ in range(2)]
+    optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
+    critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
+    critic_optim = torch.optim.Adam(critic.parameters(), lr=args.critic_lr) if critic else None
+    schedules = [torch.optim.lr_scheduler.LambdaLR(optim, lambda done: 1 - done / args.steps)
+                 for optim in optims + ([critic_optim] if critic else [])]  # linear to 0
+    curve, start = [], time.perf_counter()
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0:
+            point = {"step": step}
+            for mode in ("sampled", "greedy"):
+                seatings = [(0, 1) if i % 2 == 0 else (1, 0) for i in range(args.eval_games)]
+                scores = play(game, policies, seatings, np.random.default_rng(10**6 + step),
+                              torch.Generator().manual_seed(step), mode == "greedy")["scores"]
+                point[mode] = round(float(np.mean(scores)), 4)
+            curve.append(point)
+        if step == args.steps:
+            break
+        seatings = [(0, 1) if (i // 4) % 2 == 0 else (1, 0) for i in range(args.games)]
+        batch = play(game, policies, seatings, rng, torch_rng, critic=critic)
+        rows = {0: [], 1: []}  # agent -> (obs, mask, action, advantage)
+        critic_rows = []
+        for group in range(args.games // 4):
+            for seat in (0, 1):
+                trajectories = [batch["moves"][(g, seat)] for g in range(4 * group, 4 * group + 4)]
+                if estimator == "grpo":
+                    advantage = group_relative(np.array([sum(m["reward"] for m in t)
+                                                         for t in trajectories]))
+                for k, moves in enumerate(trajectories):
+                    if estimator == "grpo":
+                        advantages = [float(advantage[k])] * len(moves)
+                    else:
+                        values = [m["value"] for m in moves]
+                        advantages = gae([m["reward"] for m in moves], values, args.lam)
+                        critic_rows += [(m["global"], a + v) for m, a, v in
+                                        zip(moves, advantages, values, strict=True)]
+                    agent = seatings[4 * group + k][seat]
+                    rows[agent] += [(m["obs"], m["mask"], m["action"], a)
+                                    for m, a in zip(moves, advantages, strict=True)]
+        for agent, policy in enumerate(policies):
+            if not rows[agent]:
+                continue
+            obs = torch.stack([r[0] for r in rows[agent]])
+            mask = torch.stack([r[1] for r in rows[agent]])
+            action = torch.tensor([r[2] for r in rows[agent]])
+            advantage = torch.tensor([r[3] for r in rows[agent]], dtype=torch.float32)
+            log_probs = policy(obs).masked_fill(~mask, -math.inf).log_softmax(-1)
+            chosen = log_probs.gather(1, action[:, None])[:, 0]
+            probs = log_probs.exp()
+            entropy = -(probs * log_probs.masked_fill(~mask, 0.0)).sum(-1)
+            loss = -(advantage * chosen).mean() - bonus * entropy.mean()
+            optims[agent].zero_grad()
+            loss.backward()
+            optims[agent].step()
+        if critic is not None and critic_rows:
+            inputs = torch.stack([r[0] for r in critic_rows])
+            targets = torch.tensor([r[1] for r in critic_rows], dtype=torch.float32)
+            value_loss = (critic(inputs)[:, 0] - targets).square().mean()
+            critic_optim.zero_grad()
+            value_loss.backward()
+            critic_optim.step()
+        for schedule in schedules:
+            schedule.step()
+    return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
+            "seconds": round(time.perf_counter() - start, 1), "curve": curve}
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    mean = float(np.mean(values))
+    if len(values) < 2:
+        return mean, mean, mean
+    half = T95.get(len(values) - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    return round(mean, 4), round(mean - half, 4), round(mean + half, 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", nargs="+",
+                        default=["grpo:0.05", "grpo:0", "mappo:0", "mappo:0.05"],
+                        help="ESTIMATOR:BONUS, estimator grpo or mappo, BONUS the legal-move "
+                             "entropy weight")
+    parser.add_argument("--games", type=int, default=128, help="games a step (groups of 4)")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--critic_lr", type=float, default=1e-3)
+    parser.add_argument("--lam", type=float, default=0.95)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--eval_every", type=int, default=25)
+    parser.add_argument("--eval_games", type=int, default=400)
+    args = parser.parse_args()
+    if args.games % 4:
+        parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")
+    for setting in args.settings:
+        if setting.split(":")[0] not in ("grpo", "mappo") or ":" not in setting:
+            parser.error(f"--settings {setting!r}: expected grpo:BONUS or mappo:BONUS")
+    torch.set_num_threads(1)
+    for setting in args.settings:
+        runs = [run(setting, seed, args) for seed in range(args.seeds)]
+        for result in runs:
+            print(json.dumps(result), flush=True)
+        last = [r["curve"][-1] for r in runs]
+        print(json.dumps({"setting": setting, "seeds": args.seeds, "steps": args.steps,
+                          "games": args.games,
+                          "sampled": interval([p["sampled"] for p in last]),
+                          "greedy": interval([p["greedy"] for p in last])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""benchmarks/hanabi_stand_in.py: its advantage estimators against numbers worked out by hand,
+and a short run's curve."""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import hanabi_stand_in as stand_in  # noqa: E402
+
+
+def test_gae_with_gamma_one_by_hand():
+    # delta = r_t + V_{t+1} - V_t: -0.25, 1.25, -1.5 (nothing after the last move);
+    # A_2 = -1.5, A_1 = 1.25 + 0.5 * -1.5 = 0.5, A_0 = -0.25 + 0.5 * 0.5 = 0.
+    assert stand_in.gae([0.0, 1.0, -1.0], [0.5, 0.25, 0.5], lam=0.5) == pytest.approx(
+        [0.0, 0.5, -1.5])
+    # lam 1: the return to go minus the value.
+    assert stand_in.gae([0.0, 1.0, -1.0], [0.5, 0.25, 0.5], lam=1.0) == pytest.approx(
+        [-0.5, -0.25, -1.5])
+
+
+def test_group_relative_by_hand():
+    # mean 1, centred (0, -1, -1, 2), population std sqrt(6 / 4)
+    expected = np.array([0.0, -1.0, -1.0, 2.0]) / math.sqrt(1.5)
+    assert stand_in.group_relative(np.array([1.0, 0.0, 0.0, 3.0])) == pytest.approx(
+        expected, abs=1e-5)
+    assert not stand_in.group_relative(np.array([2.0, 2.0, 2.0, 2.0])).any()
+
+
+@pytest.mark.parametrize("setting", ["grpo:0.05", "mappo:0"])
+def test_a_short_run_evaluates_before_and_after(setting):
+    args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, width=16,
+                              eval_every=2, eval_games=8)
+    result = stand_in.run(setting, 0, args)
+    assert [point["step"] for point in result["curve"]] == [0, 2]
+    for point in result["curve"]:
+        assert 0.0 <= point["sampled"] <= 6.0 and 0.0 <= point["greedy"] <= 6.0
+    assert result["curve"] == stand_in.run(setting, 0, args)["curve"]  # seeded
