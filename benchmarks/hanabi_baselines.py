@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import random
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # roll, from a checkout
+import report  # noqa: E402  (benchmarks/report.py, beside this file)
 
 SMALL_HANABI = {"players": 2, "colors": 2, "ranks": 3, "hand_size": 2,
                 "max_information_tokens": 3, "max_life_tokens": 1}
@@ -138,13 +140,12 @@ def play_game(game, policy: Policy, seed: int) -> tuple[float, bool, int]:
 
 
 def summarize(results: list[tuple[float, bool, int]]) -> dict:
+    from roll.pipeline.evaluation import mean_interval
+
     scores = [score for score, _, _ in results]
     n = len(scores)
-    mean = sum(scores) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
-    half = 1.959963984540054 * std / math.sqrt(n)
-    return {"score": round(mean, 4), "score_low": round(mean - half, 4),
-            "score_high": round(mean + half, 4),
+    mean, low, high = mean_interval(scores)
+    return {"score": round(mean, 4), "score_low": round(low, 4), "score_high": round(high, 4),
             "lost_all_lives": round(sum(lost for _, lost, _ in results) / n, 4),
             "moves": round(sum(moves for _, _, moves in results) / n, 2),
             "histogram": {str(k): v for k, v in sorted(Counter(scores).items())}}
@@ -166,13 +167,8 @@ def main() -> None:
     parser.add_argument("--params", default="{}",
                         help="JSON: changes to the examples' small Hanabi's parameters")
     args = parser.parse_args()
-    result = baselines({**SMALL_HANABI, **json.loads(args.params)}, args.games)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "hanabi_baselines.json").write_text(text + "\n")
-
+    report.emit(baselines({**SMALL_HANABI, **json.loads(args.params)}, args.games),
+                "hanabi_baselines.json")
 
 if __name__ == "__main__":
     main()

@@ -43,11 +43,8 @@ import time
 import numpy as np
 import torch
 from hanabi_baselines import SMALL_HANABI
+from report import t_interval
 from torch import nn
-
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262}
-"""Two-sided 95% quantiles of Student's t by degrees of freedom."""
 
 
 def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
@@ -218,14 +215,6 @@ def run(setting: str, seed: int, args) -> dict:
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
-    mean = float(np.mean(values))
-    if len(values) < 2:
-        return mean, mean, mean
-    half = T95.get(len(values) - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
-    return round(mean, 4), round(mean - half, 4), round(mean + half, 4)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+",
@@ -255,8 +244,8 @@ def main() -> None:
         last = [r["curve"][-1] for r in runs]
         print(json.dumps({"setting": setting, "seeds": args.seeds, "steps": args.steps,
                           "games": args.games,
-                          "sampled": interval([p["sampled"] for p in last]),
-                          "greedy": interval([p["greedy"] for p in last])}), flush=True)
+                          **{mode: [round(x, 4) for x in t_interval([p[mode] for p in last])]
+                             for mode in ("sampled", "greedy")}}), flush=True)
 
 
 if __name__ == "__main__":

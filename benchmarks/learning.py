@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import learning_plots as plots  # noqa: E402
 import run_hooks  # noqa: E402
+from report import read_text, t_interval  # noqa: E402
 
 RECIPES = {
     "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker", ["rollout.max_turns=4"]),
@@ -223,8 +224,6 @@ def curve_of(metrics_file: Path) -> list[dict]:
     """The evaluation points of a run's ``metrics.jsonl`` (or ``metrics.jsonl.gz``; a resumed
     run appends the steps it replays after its checkpoint: the last record of each step
     counts), with each agent's legal-move entropy of the training step beside them."""
-    from report import read_text
-
     rows = {}
     for line in read_text(metrics_file).splitlines():
         row = json.loads(line)
@@ -274,11 +273,6 @@ def summarize(files: list[str], model: str) -> list[dict]:
     return results
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262}
-
-
 def across_seeds(files: list[str], name: str) -> dict:
     """Runs of one recipe that differ only in their seed (``--seeds_of NAME`` with
     ``--from_metrics``): at each evaluation step all runs share, the WORSE agent's exact
@@ -290,14 +284,9 @@ def across_seeds(files: list[str], name: str) -> dict:
     for step in steps:
         worse = [max(c[step][f"{agent}/exploitability"] for agent in ("agent_0", "agent_1"))
                  for c in curves]
-        mean = sum(worse) / len(worse)
-        half = 0.0
-        if len(worse) > 1:
-            spread = (sum((w - mean) ** 2 for w in worse) / (len(worse) - 1)) ** 0.5
-            half = T95.get(len(worse) - 1, 1.96) * spread / len(worse) ** 0.5
+        mean, low, high = t_interval(worse)
         points.append({"step": step, "worse_agent": [round(w, 4) for w in worse],
-                       "mean": round(mean, 4), "low": round(mean - half, 4),
-                       "high": round(mean + half, 4)})
+                       "mean": round(mean, 4), "low": round(low, 4), "high": round(high, 4)})
     result = {"recipe": name, "seeds": len(files), "metric": "exploitability of the worse "
               "agent (OpenSpiel's NashConv / 2)", "curve": points}
     plots.plot_seeds(result, Path(os.environ.get("OUT", Path(files[0]).parent)))

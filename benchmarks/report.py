@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom."""
 
 
 def emit(summary: dict, name: str) -> str:
@@ -26,3 +32,15 @@ def read_text(path: Path) -> str:
     if path.suffix == ".gz":
         return gzip.decompress(path.read_bytes()).decode()
     return path.read_text()
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% t-interval of the mean of ``values`` across runs (t with
+    n - 1 degrees of freedom, 1.96 from 11 values on; sample std); one value: (v, v, v)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T95.get(n - 1, 1.96) * spread / math.sqrt(n)
+    return mean, mean - half, mean + half
