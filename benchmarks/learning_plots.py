@@ -69,7 +69,7 @@ def plot(result: dict, folder: Path) -> None:
             [p["team/score"] - p["team/score_low"] for p in result["curve"]],
             [p["team/score_high"] - p["team/score"] for p in result["curve"]]],
             marker="o", capsize=3, label="agent_0 + agent_1")
-        for key, style, label in (("team/greedy/score", ":", "greedy (argmax move)"),
+        for key, style, label in (("team/greedy/score", ":", "greedy (temperature 0)"),
                                   ("team/train_score", "--", "training games")):
             if any(key in point for point in result["curve"]):
                 axes[1].plot(steps, [p.get(key) for p in result["curve"]], ls=style,
