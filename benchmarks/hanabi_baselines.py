@@ -135,8 +135,12 @@ def play_game(game, policy: Policy, seed: int) -> tuple[float, bool, int]:
         move = policy(parse_view(state.observation_string(seat)), list(actions), choices)
         state.apply_action(actions[move])
         moves += 1
-    lives = int(re.search(r"Life tokens: (\d+)", state.observation_string(0)).group(1))
-    return state.returns()[0], lives == 0, moves
+    return state.returns()[0], lives_left(state) == 0, moves
+
+
+def lives_left(state) -> int:
+    """The life tokens a Hanabi state has left (0: the score went with the last one)."""
+    return int(re.search(r"Life tokens: (\d+)", state.observation_string(0)).group(1))
 
 
 def summarize(results: list[tuple[float, bool, int]]) -> dict:

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hanabi_baselines import lives_left  # noqa: E402  (one reading of the observation)
+
 
 def move_kind(move: str) -> str:
     """``"(Play 1)"`` -> ``"Play 1"``; ``"(Reveal player +1 color R)"`` -> ``"Reveal color"``."""
     words = move.strip("()").split()
     return f"Reveal {words[3]}" if words[0] == "Reveal" else " ".join(words[:2])
-
-
-def lives_left(state) -> int:
-    return int(re.search(r"Life tokens: (\d+)", state.observation_string(0)).group(1))
 
 
 def report(pipeline, games: int, seed: int) -> dict:
