@@ -263,6 +263,7 @@ def summarize(files: list[str], model: str) -> list[dict]:
         path = Path(file)
         stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
         name = stem.removesuffix("metrics").removeprefix("metrics").strip("_") or path.parent.name
+        name = name.removeprefix("learning_")  # results/learning_X_metrics -> learning_X.png
         curve = curve_of(path)
         result = {"recipe": name, "model": model, "steps": curve[-1]["step"] if curve else 0,
                   "curve": curve}

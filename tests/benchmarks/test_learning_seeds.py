@@ -71,6 +71,13 @@ def test_gzipped_metrics_read_as_the_plain_file(tmp_path, monkeypatch):
     packed.rename(named)
     (result,) = summarize([str(named)], "tiny")
     assert result["recipe"] == "run_y" and result["curve"] == curve
+    # a file as results/ keeps it (learning_X_metrics.jsonl.gz): its curve is learning_X, once
+    kept = tmp_path / "learning_hanabi_z_metrics.jsonl.gz"
+    named.rename(kept)
+    (result,) = summarize([str(kept)], "tiny")
+    assert result["recipe"] == "hanabi_z"
+    assert (tmp_path / "out" / "learning_hanabi_z.png").is_file()
+    assert not list((tmp_path / "out").glob("learning_learning_*"))
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     assert not list(results.glob("*_metrics.jsonl"))
 
