@@ -3,6 +3,9 @@
     python benchmarks/hanabi_policy.py --games 24 model.path=smollm2-135m   # untrained, CPU
     python benchmarks/hanabi_policy.py --checkpoint RUN/checkpoints/step_00000060 \
         model.path=smollm2-135m model.device=cuda [key=value overrides]
+    python benchmarks/hanabi_policy.py --checkpoint FOLDER model.path=smollm2-135m
+        # FOLDER: a checkpoint's agents/ alone (what `device_runs.sh bring RUN adapters`
+        # brings back from the GPU machine: the PEFT folders, without the optimizers' state)
 
 A team score of 0 says nothing of why: a team that loses its life and one that never plays a
 card both score 0 in the small Hanabi (one life). Here the two agents play ``--games`` games
@@ -33,6 +36,25 @@ def move_kind(move: str) -> str:
     """``"(Play 1)"`` -> ``"Play 1"``; ``"(Reveal player +1 color R)"`` -> ``"Reveal color"``."""
     words = move.strip("()").split()
     return f"Reveal {words[3]}" if words[0] == "Reveal" else " ".join(words[:2])
+
+
+def load_team(pipeline, folder: Path) -> str:
+    """The two agents' adapters from ``folder``: a whole checkpoint (``pipeline.load``), or
+    only its ``agents/`` folders (each agent's PEFT folder, as ``bring RUN adapters`` brings
+    them; the optimizers' state is not needed to play). Returns which of the two it was."""
+    from roll.utils.checkpoint import AGENTS_DIR, TRAINER_STATE_FILE, agent_dir
+
+    if (folder / TRAINER_STATE_FILE).is_file():
+        pipeline.load(folder)
+        return "checkpoint"
+    root = folder if (folder / AGENTS_DIR).is_dir() else folder.parent
+    for name in pipeline.agent_names:
+        if not (agent_dir(root, name) / "adapter_config.json").is_file():
+            raise SystemExit(f"--checkpoint {str(folder)!r}: neither a checkpoint nor an agents "
+                             f"folder (no {agent_dir(root, name)}/adapter_config.json)")
+    for name in pipeline.agent_names:
+        pipeline.model.load_agent(name, agent_dir(root, name))
+    return "adapters"
 
 
 def report(pipeline, games: int, seed: int) -> dict:
@@ -103,9 +125,8 @@ def main() -> None:
         raise SystemExit(f"env.game={cfg.env.game!r}, team.num_agents={cfg.team.num_agents}: "
                          "this benchmark reads a two-agent Hanabi team")
     pipeline = AgenticPipeline(cfg)
-    if args.checkpoint:
-        pipeline.load(Path(args.checkpoint))
-    print(json.dumps({"checkpoint": args.checkpoint, "seed": args.seed,
+    loaded = load_team(pipeline, Path(args.checkpoint)) if args.checkpoint else None
+    print(json.dumps({"checkpoint": args.checkpoint, "loaded": loaded, "seed": args.seed,
                       **report(pipeline, args.games, args.seed)}, indent=1))
 
 

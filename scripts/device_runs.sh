@@ -36,6 +36,9 @@
 # A run longer than one machine (each goes back after 30 minutes held) continues on the next
 # one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
 # in two calls, and goes out again in pieces that fit beside the working tree:
+#   bash scripts/device_runs.sh bring RUN adapters        # there: only the agents' adapters
+#     (PEFT folders, ~20 MB each for SmolLM2 at rank 16; what benchmarks/hanabi_policy.py
+#     --checkpoint reads here, once untarred) -> $OUT/adapters_RUN_step_N.tgz
 #   bash scripts/device_runs.sh bring RUN 1               # there: pieces 1-4 -> $OUT
 #   bash scripts/device_runs.sh bring RUN 2               # there: pieces 5-8, and so on
 #                                                         # (it says how many calls are needed;
@@ -248,7 +251,12 @@ watch)
   done
   copy_metrics ;;
 bring)
-  run="$RUNS/${1:?RUN}"; part=${2:?1, 2, ...}
+  run="$RUNS/${1:?RUN}"; part=${2:?1, 2, ... or adapters}
+  if [ "$part" = adapters ]; then  # the latest checkpoint's PEFT folders alone, in one call
+    latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
+    tar czf "$OUT/adapters_${1}_$(basename "$latest").tgz" -C "$latest" agents
+    ls -la "$OUT"; exit 0
+  fi
   if [ "$part" = 1 ]; then
     latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
     rm -f /tmp/bring_*

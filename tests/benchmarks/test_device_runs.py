@@ -300,3 +300,27 @@ def test_a_chain_step_logs_its_run_and_copies_its_json_under_its_name(tmp_path):
     assert (runs / "bad.log").read_text().strip() == "gpus 1 threads 4"
     assert json.loads((out / "good_bench.json").read_text()) == ["0", "x"]
     assert json.loads((out / "bad_bench.json").read_text()) == ["3"]
+
+
+def test_bring_adapters_sends_the_latest_checkpoints_agents_alone(tmp_path):
+    """`bring RUN adapters`: one file, the latest checkpoint's agents/ (PEFT folders) without
+    its trainer state (the optimizers' moments, twice the adapters' size)."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    for step, payload in (("step_00000020", b"old"), ("step_00000045", b"new")):
+        folder = runs / "run_x" / "checkpoints" / step
+        for agent in ("agent_0", "agent_1"):
+            (folder / "agents" / agent).mkdir(parents=True)
+            (folder / "agents" / agent / "adapter_model.safetensors").write_bytes(payload)
+        (folder / "trainer_state.pt").write_bytes(b"x" * 1000)
+    done = _run("bring", "run_x", "adapters", env={"DEVICE_RUNS": str(runs), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    (sent,) = out.iterdir()
+    assert sent.name == "adapters_run_x_step_00000045.tgz"
+    with tarfile.open(sent) as tar:
+        names = sorted(tar.getnames())
+        assert "trainer_state.pt" not in " ".join(names)
+        files = [n for n in names if n.endswith(".safetensors")]
+        assert files == ["agents/agent_0/adapter_model.safetensors",
+                         "agents/agent_1/adapter_model.safetensors"]
+        assert tar.extractfile(files[0]).read() == b"new"

@@ -36,3 +36,44 @@ def test_the_greedy_teams_games_add_up(tmp_path):
     assert sum(result["first_move_probability"].values()) == pytest.approx(1.0, abs=1e-4)
     assert not any(kind.startswith("Discard") for kind in result["first_move_probability"])
     assert result == hanabi_policy.report(pipeline, games=3, seed=1)  # greedy and seeded
+
+
+def test_a_team_plays_the_same_from_its_checkpoint_or_its_adapters_alone(tmp_path):
+    """``--checkpoint`` takes a whole checkpoint or only its agents/ folders (what
+    ``device_runs.sh bring RUN adapters`` brings back): the same team plays either way, and
+    not the untrained one; a folder that is neither is refused by name."""
+    import shutil
+
+    import torch
+
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+
+    def pipeline(out):
+        return AgenticPipeline(load_config(
+            str(ROOT / "examples" / "hanabi"), "multi_agent_hanabi",
+            ["rollout.constrained_decoding=true", "tracking.backends=[jsonl]",
+             f"output_dir={out}"]))
+
+    trained = pipeline(tmp_path / "a")
+    torch.manual_seed(3)
+    with torch.no_grad():  # a "trained" team: every LoRA B of both agents set away from 0
+        for name, param in trained.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    checkpoint = trained.save()
+    adapters = tmp_path / "brought"
+    shutil.copytree(checkpoint / "agents", adapters / "agents")
+    played = hanabi_policy.report(trained, games=2, seed=4)
+
+    fresh = pipeline(tmp_path / "b")
+    untrained = hanabi_policy.report(fresh, games=2, seed=4)
+    assert untrained["first_move_probability"] != played["first_move_probability"]
+    assert hanabi_policy.load_team(fresh, adapters) == "adapters"
+    assert hanabi_policy.report(fresh, games=2, seed=4) == played
+    other = pipeline(tmp_path / "c")
+    assert hanabi_policy.load_team(other, adapters / "agents") == "adapters"
+    assert hanabi_policy.report(other, games=2, seed=4) == played
+    assert hanabi_policy.load_team(other, checkpoint) == "checkpoint"
+    with pytest.raises(SystemExit, match="neither a checkpoint nor an agents folder"):
+        hanabi_policy.load_team(other, tmp_path / "a")
