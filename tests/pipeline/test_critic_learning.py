@@ -53,14 +53,14 @@ class ScaledPickSideEnv(PickSideEnv):
 
 def _run(tmp_path, mode: str, estimator: str, env_factory=ScaledPickSideEnv,
          critic_input: str = "local", max_steps: int = 80,
-         num_groups: int = 4) -> AgenticPipeline:
+         num_groups: int = 4, critic_lr: float = 1e-2, norm: str = "none") -> AgenticPipeline:
     cfg = PipelineConfig(
         team=MultiAgentConfig(num_agents=2, lora=LoRAConfig(rank=8, alpha=16),
                               optim=OptimConfig(lr=2e-2)),
         trainer=TrainerConfig(micro_batch_size=32),
-        advantage=AdvantageConfig(estimator=estimator),
+        advantage=AdvantageConfig(estimator=estimator, norm=norm),
         critic=CriticConfig(mode=mode, lora=LoRAConfig(rank=8, alpha=16),
-                            optim=OptimConfig(lr=1e-2), micro_batch_size=16,
+                            optim=OptimConfig(lr=critic_lr), micro_batch_size=16,
                             input=critic_input),
         env=EnvSchema(game="tic_tac_toe", seat_to_agent=["agent_0", "agent_1"]),
         rollout=RolloutSchema(num_groups=num_groups, group_size=4, constrained_decoding=True,
@@ -107,7 +107,11 @@ def test_one_shared_critic_fits_every_agents_returns(tmp_path, estimator):
     """MAPPO, and HAPPO (the same critic, agents updated one after another)."""
     # 32 episodes a step: at 16 the 0.5-paid agent_0 ended at 0.59-0.71 with this machine's
     # tiny model (2026-11-25, packages of that day), too close to the learning threshold.
-    pipeline = _run(tmp_path, "shared", estimator, max_steps=110, num_groups=8)
+    # Advantages centred per agent (norm=mean, as MAPPO's implementations whiten them): the
+    # shared critic predicts the MEAN of both agents' returns, so without it every advantage
+    # of the 0.5-paid agent_0 is negative and it stalled at 0.70-0.72 after 110-160 steps on
+    # an AVX2-only CPU (session 75, seed 0); centred: 0.998, 0.993, 0.986 for seeds 0-2.
+    pipeline = _run(tmp_path, "shared", estimator, max_steps=110, num_groups=8, norm="mean")
     assert pipeline.model.critic_names == ["critic"]
     p_left = {agent: _p_left(pipeline, agent) for agent in pipeline.agent_names}
     assert p_left["agent_0"] > 0.75 and 1 - p_left["agent_1"] > 0.75, p_left
@@ -140,7 +144,12 @@ class CoinEnv(PickSideEnv):
         self.heads = seed % 2 == 1
 
     def observation(self, seat: int) -> str:
-        return f"The coin shows {'heads' if self.heads else 'tails'}." if seat else PROMPT
+        # said four times: one word in a long prompt barely moves a random two-layer model's
+        # last hidden state, and this test is of the wiring (the critic reads it), not of how
+        # faint a signal a critic can find (once: 3 of 8 seed x thread runs, and seed 0 on an
+        # AVX2-only CPU, never told the two apart)
+        side = "heads" if self.heads else "tails"
+        return " ".join([f"The coin shows {side}."] * 4) if seat else PROMPT
 
     def step(self, action: str) -> StepResult:
         seat = self.seat
@@ -154,15 +163,15 @@ def test_a_global_critic_sees_what_no_agent_sees(tmp_path):
     from tails (COIN apart); reading the agents' own prompts (or with the view unwired) it cannot:
     both states are the same tokens."""
     pipeline = _run(tmp_path, "shared", "mappo", env_factory=CoinEnv, critic_input="global",
-                    max_steps=40)
+                    max_steps=40, critic_lr=3e-3)
     views = {}
     for heads in (True, False):
         env = CoinEnv()
         env.reset(int(heads))
         views[heads] = _value_of_prompt(pipeline, 0, global_view(env, 0, PROMPT))
-    # about P(paid side) + 3 vs P(paid side); measured 3.25 vs 1.04, with critic.input=local
-    # 2.16 for both. Seed-sensitive (session 71): over seeds 0-3 at one and two torch threads
-    # the heads-tails gap was 1.88 / 0.08, 3.58 / 2.93, 4.19 / 4.09, 0.00 / 0.00 — in 3 of 8
-    # runs the critic settled on one value for both states (critic lr 3e-3: 2 of 8, other
-    # seeds); the suite runs seed 0 at two threads (README's test command keeps two a worker).
+    # about P(paid side) + 3 vs P(paid side), with critic.input=local one value for both.
+    # Seed-sensitive with the coin said once at critic lr 1e-2 (session 71: in 3 of 8 seed x
+    # thread runs the critic settled on one value for both states; session 75, an AVX2-only
+    # CPU: seed 0 too). Said four times at lr 3e-3 (session 75, that CPU, two threads): gaps
+    # 2.47, 3.05, 3.03, 3.55, 2.38, 3.58 for seeds 0-5.
     assert views[True] - views[False] > 1.0, views
