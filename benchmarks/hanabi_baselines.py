@@ -138,6 +138,16 @@ def play_game(game, policy: Policy, seed: int) -> tuple[float, bool, int]:
     return state.returns()[0], lives_left(state) == 0, moves
 
 
+def resolve_chance(state, rng) -> None:
+    """Deal the cards (and draws) a state waits for, each outcome drawn from ``rng`` (a numpy
+    Generator) with its chance probability."""
+    import numpy as np
+
+    while state.is_chance_node():
+        outcomes, probs = zip(*state.chance_outcomes(), strict=True)
+        state.apply_action(int(rng.choice(outcomes, p=np.array(probs) / sum(probs))))
+
+
 def lives_left(state) -> int:
     """The life tokens a Hanabi state has left (0: the score went with the last one)."""
     return int(re.search(r"Life tokens: (\d+)", state.observation_string(0)).group(1))

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hanabi_baselines import lives_left  # noqa: E402  (one reading of the observation)
+from hanabi_baselines import lives_left, resolve_chance  # noqa: E402  (one reading each)
 
 
 def move_kind(move: str) -> str:
@@ -66,15 +66,9 @@ def report(pipeline, games: int, seed: int) -> dict:
     cfg = pipeline.cfg
     env = OpenSpielEnv("hanabi", dict(cfg.env.params))
     rng = np.random.default_rng(seed)
-
-    def resolve_chance(state) -> None:
-        while state.is_chance_node():
-            outcomes, probs = zip(*state.chance_outcomes(), strict=True)
-            state.apply_action(int(rng.choice(outcomes, p=np.array(probs) / sum(probs))))
-
     states = [env.game.new_initial_state() for _ in range(games)]
     for state in states:
-        resolve_chance(state)
+        resolve_chance(state, rng)
     moves, kinds, first = [0] * games, Counter(), Counter()
     def scored(live: list[int], temperature: float) -> list[tuple[list[int], np.ndarray]]:
         return move_probabilities(
@@ -94,7 +88,7 @@ def report(pipeline, games: int, seed: int) -> dict:
             kinds[move_kind(state.action_to_string(seat, action))] += 1
             state.apply_action(action)
             moves[g] += 1
-            resolve_chance(state)
+            resolve_chance(state, rng)
     scores = [state.returns()[0] for state in states]
     lost = sum(lives_left(state) == 0 for state in states)
     return {"games": games, "score": round(float(np.mean(scores)), 4),

@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 import torch
-from hanabi_baselines import SMALL_HANABI
+from hanabi_baselines import SMALL_HANABI, resolve_chance
 from report import t_interval
 from torch import nn
 
@@ -78,12 +78,7 @@ class Games:
         self.game, self.rng = game, rng
         self.states = [game.new_initial_state() for _ in range(n)]
         for state in self.states:
-            self._chance(state)
-
-    def _chance(self, state) -> None:
-        while state.is_chance_node():
-            outcomes, probs = zip(*state.chance_outcomes(), strict=True)
-            state.apply_action(int(self.rng.choice(outcomes, p=np.array(probs) / sum(probs))))
+            resolve_chance(state, rng)
 
     def live(self) -> list[int]:
         return [i for i, state in enumerate(self.states) if not state.is_terminal()]
@@ -92,7 +87,7 @@ class Games:
         state = self.states[index]
         before = state.returns()
         state.apply_action(action)
-        self._chance(state)
+        resolve_chance(state, self.rng)
         return [after - so_far for after, so_far in zip(state.returns(), before, strict=True)]
 
 
