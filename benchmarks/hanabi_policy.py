@@ -57,6 +57,22 @@ def load_team(pipeline, folder: Path) -> str:
     return "adapters"
 
 
+def lora_overrides(folder: Path) -> list[str]:
+    """``team.lora.rank``/``alpha`` as the saved adapters have them (read from agent_0's
+    ``adapter_config.json``), so a run trained at another rank than the example YAML's
+    (``learning.py`` trains at r 16, the YAML says 8) loads without naming them again."""
+    import json as json_lib
+
+    from roll.utils.checkpoint import AGENTS_DIR, agent_dir
+
+    root = folder if (folder / AGENTS_DIR).is_dir() else folder.parent
+    config_file = agent_dir(root, "agent_0") / "adapter_config.json"
+    if not config_file.is_file():
+        return []  # load_team says what is missing
+    saved = json_lib.loads(config_file.read_text())
+    return [f"team.lora.rank={saved['r']}", f"team.lora.alpha={saved['lora_alpha']}"]
+
+
 def report(pipeline, games: int, seed: int) -> dict:
     """Play ``games`` greedy games of the pipeline's Hanabi with its two agents (see the
     module's docstring)."""
@@ -113,7 +129,8 @@ def main() -> None:
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.cli import load_config
 
-    overrides = ["rollout.constrained_decoding=true", *args.overrides]
+    saved_lora = lora_overrides(Path(args.checkpoint)) if args.checkpoint else []
+    overrides = ["rollout.constrained_decoding=true", *saved_lora, *args.overrides]
     cfg = load_config(str(Path(args.config_path).resolve()), args.config_name, overrides)
     if cfg.env.game != "hanabi" or cfg.team.num_agents != 2:
         raise SystemExit(f"env.game={cfg.env.game!r}, team.num_agents={cfg.team.num_agents}: "

@@ -37,8 +37,9 @@
 # one, also in a later session (.gpu/ stays in this checkout): its latest checkpoint comes back
 # in two calls, and goes out again in pieces that fit beside the working tree:
 #   bash scripts/device_runs.sh bring RUN adapters        # there: only the agents' adapters
-#     (PEFT folders, ~20 MB each for SmolLM2 at rank 16; what benchmarks/hanabi_policy.py
-#     --checkpoint reads here, once untarred) -> $OUT/adapters_RUN_step_N.tgz
+#     (PEFT folders, ~18 MB each for SmolLM2 at rank 16; what benchmarks/hanabi_policy.py
+#     --checkpoint reads here) -> $OUT/adapters_RUN_step_N.tgz_aa, _ab, ... (15 MiB pieces:
+#     one run a call); here: cat FILES_AT/adapters_RUN_*.tgz_* | tar xz -C DIR
 #   bash scripts/device_runs.sh bring RUN 1               # there: pieces 1-4 -> $OUT
 #   bash scripts/device_runs.sh bring RUN 2               # there: pieces 5-8, and so on
 #                                                         # (it says how many calls are needed;
@@ -253,8 +254,12 @@ watch)
 bring)
   run="$RUNS/${1:?RUN}"; part=${2:?1, 2, ... or adapters}
   if [ "$part" = adapters ]; then  # the latest checkpoint's PEFT folders alone, in one call
+    # in pieces of 15 MiB: a file over 16 MiB does not come back (session 76 lost a 36 MB
+    # tgz that way); two SmolLM2 runs at r 16 (36 MB each) need a call each (64 MiB a call)
     latest=$(ls -d "$run"/checkpoints/step_* | tail -1)
-    tar czf "$OUT/adapters_${1}_$(basename "$latest").tgz" -C "$latest" agents
+    tar czf "/tmp/adapters_${1}.tgz" -C "$latest" agents
+    split -b 15m "/tmp/adapters_${1}.tgz" "$OUT/adapters_${1}_$(basename "$latest").tgz_"
+    rm "/tmp/adapters_${1}.tgz"
     ls -la "$OUT"; exit 0
   fi
   if [ "$part" = 1 ]; then

@@ -53,6 +53,9 @@ CASES: list[tuple[str, dict, Key, Callable]] = [
     ("tic_tac_toe", {}, _board, renderer_named("tic_tac_toe_lines", "tic_tac_toe")),
     ("connect_four", {}, _board, render_prompt),
     ("hanabi", SMALL_HANABI, _board, render_prompt),
+    ("hanabi", SMALL_HANABI, _board, renderer_named("hanabi_words", "hanabi")),
+    ("hanabi", {**SMALL_HANABI, "players": 3, "colors": 3, "ranks": 3}, _board,
+     renderer_named("hanabi_words", "hanabi")),
     # rendered generically
     ("liars_dice", {}, _information_state, render_prompt),
     ("leduc_poker", {}, _information_state, render_generic),
@@ -80,7 +83,8 @@ def prompts_by_state(game: str, params: dict, key: Key, render, games: int,
 
 
 @pytest.mark.parametrize("game, params, key, render", CASES,
-                         ids=[f"{c[0]}-{c[3].__name__}-{len(c[1])}" for c in CASES])
+                         ids=[f"{c[0]}-{c[3].__name__}-{len(c[1])}-{c[1].get('players', 2)}"
+                              for c in CASES])
 def test_prompt_is_a_function_of_the_information_state_and_tells_states_apart(
         game, params, key, render):
     prompts_of, states_of = prompts_by_state(game, params, key, render, games=400)

@@ -276,3 +276,28 @@ def test_tic_tac_toe_lines_renderer_shows_each_moves_lines() -> None:
         renderer_named("no_such_renderer", "tic_tac_toe")
     with pytest.raises(KeyError, match="for kuhn_poker"):  # a variant of another game
         renderer_named("tic_tac_toe_lines", "kuhn_poker")
+
+
+def test_hanabi_words_renderer_spells_out_hints_and_playable_cards() -> None:
+    """The examples' small Hanabi (2 colors, ranks 1-3), deal 3: player 0 sees its partner's
+    yellow 2 and yellow 1 and hints rank 1; player 1's prompt then says, by hand: its card 1
+    was hinted rank 1, can be red or yellow 1, so it is playable on the empty fireworks; its
+    card 0 is not a 1 (the hint's negative side), so rank 2 or 3 and not playable; of the
+    partner's red 1 and red 2 only the 1 is playable."""
+    env = OpenSpielEnv("hanabi", {"players": 2, "colors": 2, "ranks": 3, "hand_size": 2,
+                                  "max_information_tokens": 3, "max_life_tokens": 1})
+    env.reset(3)
+    env.step("(Reveal player +1 rank 1)")
+    prompt = renderer_named("hanabi_words", "hanabi")(env, 1)
+    for line in ("You are player 1. Lives: 1. Hint tokens: 2. Cards in the deck: 8.",
+                 "Fireworks: red 0, yellow 0. Next: red 1, yellow 1.",
+                 "card 0: hinted nothing; could be red or yellow, rank 2 or 3.\n",
+                 "card 1: hinted rank 1; could be red or yellow, rank 1. Playable now.",
+                 "Player +1's cards:\ncard 0: red 1, playable now (they know: hinted nothing;"
+                 " could be red or yellow, rank 1 or 2 or 3).\ncard 1: red 2 (they know:",
+                 "Discarded: none.",
+                 "6. (Reveal player +1 rank 1)"):  # (discards allowed: 2 of 3 tokens left)
+        assert line in prompt.text
+    env.step("(Play 1)")  # player 1 plays its red or yellow 1: the firework grows
+    assert "Next: red 2, yellow 1." in renderer_named("hanabi_words", "hanabi")(env, 0).text \
+        or "Next: red 1, yellow 2." in renderer_named("hanabi_words", "hanabi")(env, 0).text

@@ -303,8 +303,8 @@ def test_a_chain_step_logs_its_run_and_copies_its_json_under_its_name(tmp_path):
 
 
 def test_bring_adapters_sends_the_latest_checkpoints_agents_alone(tmp_path):
-    """`bring RUN adapters`: one file, the latest checkpoint's agents/ (PEFT folders) without
-    its trainer state (the optimizers' moments, twice the adapters' size)."""
+    """`bring RUN adapters`: one tgz in pieces, the latest checkpoint's agents/ (PEFT folders)
+    without its trainer state (the optimizers' moments, twice the adapters' size)."""
     runs, out = tmp_path / "runs", tmp_path / "out"
     out.mkdir()
     for step, payload in (("step_00000020", b"old"), ("step_00000045", b"new")):
@@ -315,8 +315,8 @@ def test_bring_adapters_sends_the_latest_checkpoints_agents_alone(tmp_path):
         (folder / "trainer_state.pt").write_bytes(b"x" * 1000)
     done = _run("bring", "run_x", "adapters", env={"DEVICE_RUNS": str(runs), "OUT": str(out)})
     assert done.returncode == 0, done.stderr
-    (sent,) = out.iterdir()
-    assert sent.name == "adapters_run_x_step_00000045.tgz"
+    (sent,) = out.iterdir()  # (one piece here; see the next test for several)
+    assert sent.name == "adapters_run_x_step_00000045.tgz_aa"
     with tarfile.open(sent) as tar:
         names = sorted(tar.getnames())
         assert "trainer_state.pt" not in " ".join(names)
@@ -324,3 +324,28 @@ def test_bring_adapters_sends_the_latest_checkpoints_agents_alone(tmp_path):
         assert files == ["agents/agent_0/adapter_model.safetensors",
                          "agents/agent_1/adapter_model.safetensors"]
         assert tar.extractfile(files[0]).read() == b"new"
+
+
+def test_bring_adapters_cuts_pieces_that_come_back(tmp_path):
+    """No file over 16 MiB comes back from the machine (session 76: a 36 MB tgz of two
+    SmolLM2 adapters was left out): `bring RUN adapters` sends 15 MiB pieces whose
+    concatenation, in name order, is the tgz."""
+    import io
+    import os
+
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    folder = runs / "run_x" / "checkpoints" / "step_00000045" / "agents" / "agent_0"
+    folder.mkdir(parents=True)
+    payload = os.urandom(20 * 2**20)  # incompressible: the tgz stays over 16 MiB
+    (folder / "adapter_model.safetensors").write_bytes(payload)
+    done = _run("bring", "run_x", "adapters", env={"DEVICE_RUNS": str(runs), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    pieces = sorted(out.iterdir())
+    assert [p.name for p in pieces] == ["adapters_run_x_step_00000045.tgz_aa",
+                                        "adapters_run_x_step_00000045.tgz_ab"]
+    assert all(p.stat().st_size <= 15 * 2**20 for p in pieces)
+    joined = b"".join(p.read_bytes() for p in pieces)
+    with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
+        member = tar.extractfile("agents/agent_0/adapter_model.safetensors")
+        assert member.read() == payload

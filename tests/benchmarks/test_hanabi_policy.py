@@ -77,3 +77,18 @@ def test_a_team_plays_the_same_from_its_checkpoint_or_its_adapters_alone(tmp_pat
     assert hanabi_policy.load_team(other, checkpoint) == "checkpoint"
     with pytest.raises(SystemExit, match="neither a checkpoint nor an agents folder"):
         hanabi_policy.load_team(other, tmp_path / "a")
+
+
+def test_the_saved_adapters_rank_is_the_one_the_team_is_built_with(tmp_path):
+    """A run trained at r 16 (``learning.py``) against the example YAML's r 8: ``--checkpoint``
+    builds the team at the rank and alpha the saved adapters have, from the checkpoint, its
+    agents/ folder or the folder above it (session 76: the r 16 adapters were refused)."""
+    import json
+
+    saved = tmp_path / "step_00000045" / "agents" / "agent_0"
+    saved.mkdir(parents=True)
+    (saved / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32.0}))
+    expected = ["team.lora.rank=16", "team.lora.alpha=32.0"]
+    assert hanabi_policy.lora_overrides(tmp_path / "step_00000045") == expected
+    assert hanabi_policy.lora_overrides(tmp_path / "step_00000045" / "agents") == expected
+    assert hanabi_policy.lora_overrides(tmp_path / "elsewhere") == []

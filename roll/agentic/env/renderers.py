@@ -245,3 +245,78 @@ def render_hanabi(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
              "'player +k' = k seats after you; cards count from 0. Score = cards played.")
     state = f"You are player {seat}.\n{env.observation(seat).rstrip()}"
     return _prompt(rules, state, env.legal_actions(seat), True)
+
+
+HANABI_COLORS = {"R": "red", "Y": "yellow", "G": "green", "W": "white", "B": "blue"}
+
+
+def _hanabi_card(code: str) -> str:
+    """``"R2"`` -> ``"red 2"``."""
+    return f"{HANABI_COLORS[code[0]]} {code[1]}"
+
+
+def _hanabi_knowledge(hints: str, possible: str) -> str:
+    """What a hand's owner knows of one card, from OpenSpiel's ``hints|possible`` fields
+    (``"X1"``, ``"RY1"``: told rank 1, it can be red or yellow, rank 1)."""
+    told = [HANABI_COLORS[hints[0]]] if hints[0] != "X" else []
+    told += [f"rank {hints[1]}"] if hints[1] != "X" else []
+    colors = [HANABI_COLORS[c] for c in possible if c.isalpha()]
+    ranks = [c for c in possible if c.isdigit()]
+    return (f"hinted {' and '.join(told) if told else 'nothing'}; could be {' or '.join(colors)}, "
+            f"rank {' or '.join(ranks)}")
+
+
+def _split(possible: str) -> tuple[str, str]:
+    """``"RY12"`` -> (``"RY"``, ``"12"``): the colors and the ranks a card can still be."""
+    return "".join(c for c in possible if c.isalpha()), "".join(c for c in possible if c.isdigit())
+
+
+@register_renderer("hanabi_words", game="hanabi")
+def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """Hanabi's observation in words: each card's hints and what it can still be spelt out,
+    and a card marked "playable now" where the seat can tell it is (every color and rank it
+    can still be is the next card of its firework; a partner's card by sight). The same facts
+    as ``render_hanabi``'s copy of OpenSpiel's observation, whose ``XX || X1|RY1`` a small
+    model must learn to read first."""
+    params = env.game.get_parameters()
+    colors, ranks = params.get("colors", 5), params.get("ranks", 5)
+    lines = [line for line in env.observation(seat).splitlines() if line != "Cur player"]
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    built = {code[0]: int(code[1:]) for code in fields["Fireworks"].split()}
+    hands: list[list[tuple[str, str, str]]] = [[]]
+    for line in lines[lines.index("Hands:") + 1:lines.index(f"Deck size: {fields['Deck size']}")]:
+        if line == "-----":
+            hands.append([])
+        else:  # "Y2 || X1|RY1": the card (XX for one's own), hints, what it can be
+            card, knowledge = line.split(" || ")
+            hints, possible = knowledge.split("|")
+            hands[-1].append((card, hints, possible))
+
+    def playable(card_colors: str, card_ranks: str) -> bool:
+        return all(int(r) == built[c] + 1 for c in card_colors for r in card_ranks)
+
+    color_names = ", ".join(HANABI_COLORS[c] for c in built)
+    rules = (f"Hanabi, cooperative, {env.num_seats} players, {colors} colors ({color_names}), "
+             f"ranks 1-{ranks}. Each color's firework is built 1, 2, 3... in order; playing a "
+             "card that is not next loses a life, and when the last life goes the score is 0. "
+             "A hint (Reveal) names all of one player's cards of a color or a rank and costs a "
+             "hint token; a discard gives one back. Cards count from 0; 'player +k' is k seats "
+             "after you. Score = cards played.")
+    state = [f"You are player {seat}. Lives: {fields['Life tokens']}. Hint tokens: "
+             f"{fields['Info tokens']}. Cards in the deck: {fields['Deck size']}.",
+             "Fireworks: " + ", ".join(f"{HANABI_COLORS[c]} {n}" for c, n in built.items())
+             + ". Next: " + ", ".join(f"{HANABI_COLORS[c]} {n + 1}" if n < ranks
+                                      else f"{HANABI_COLORS[c]} done" for c, n in built.items())
+             + ".", "Your cards (hidden from you):"]
+    for index, (_, hints, possible) in enumerate(hands[0]):
+        mark = " Playable now." if playable(*_split(possible)) else ""
+        state.append(f"card {index}: {_hanabi_knowledge(hints, possible)}.{mark}")
+    for offset, hand in enumerate(hands[1:], 1):
+        state.append(f"Player +{offset}'s cards:")
+        for index, (card, hints, possible) in enumerate(hand):
+            mark = ", playable now" if playable(card[0], card[1]) else ""
+            state.append(f"card {index}: {_hanabi_card(card)}{mark} (they know: "
+                         f"{_hanabi_knowledge(hints, possible)}).")
+    discards = fields.get("Discards", "").split()
+    state.append("Discarded: " + (", ".join(_hanabi_card(c) for c in discards) or "none") + ".")
+    return _prompt(rules, "\n".join(state), env.legal_actions(seat), True)
