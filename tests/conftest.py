@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 import os
 
-# Under pytest-xdist (the README's `-n 2`: two workers on two cores, two threads each, the
-# numerics every test was calibrated with) idle OpenMP threads sleep instead of spinning, so a
-# worker's waiting threads do not take the other worker's core. Read when torch loads.
+# Under pytest-xdist (the README's `-n 2`: two workers on two cores) idle OpenMP threads sleep
+# instead of spinning, so a worker's waiting threads (Ray's and vLLM's own) do not take the
+# other worker's core. Read when torch loads.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -19,7 +19,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (they persist on this machine between runs of different code).
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One torch thread per core: an xdist worker gets the cores divided among the workers (the
+# README's `-n 2` on two cores: one each), a single process at most two. Two threads in each of
+# two workers made every test ~1.4x slower on two cores (session 76: a critic-learning run
+# 33 s against 23 s, two at once) and changed no number (the same adapters, bit for bit).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 pytest_plugins = ["tests.no_skips"]  # a skipped test fails here
 
