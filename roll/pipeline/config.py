@@ -100,8 +100,9 @@ class EnvSchema:
     """Answer parsing, format penalty and fallback (roll/agentic/env/actions.py)."""
     renderer: str = ""
     """Games: the prompt renderer by its registered name (roll/agentic/env/renderers.py), e.g.
-    'tic_tac_toe_lines' (each legal move followed by the other cells of its lines). Empty:
-    the game's own renderer, or the generic one."""
+    'tic_tac_toe_lines' (each legal move followed by the other cells of its lines) or
+    'hanabi_words' (the observation in words, playable cards marked). Empty: the game's own
+    renderer, or the generic one."""
     swap_roles_every: int = 0
     """Role exchange (CORY; any game or task of two seats): every this many training steps the
     two seats' players swap (steps 1..K as configured, K+1..2K swapped, and so on); 0: never.
