@@ -91,8 +91,21 @@ class Games:
         return [after - so_far for after, so_far in zip(state.returns(), before, strict=True)]
 
 
+def features(state, seat: int, playable: bool) -> list[float]:
+    """The seat's input: OpenSpiel's observation tensor, and with ``playable`` one flag per
+    card (its own first) that the ``hanabi_words`` prompt marks "playable now"."""
+    from roll.agentic.env.renderers import hanabi_playable
+
+    tensor = list(state.observation_tensor(seat))
+    if not playable:
+        return tensor
+    size = SMALL_HANABI["hand_size"]  # a hand is short once the deck is out: pad with "no"
+    return tensor + [float(flag) for hand in hanabi_playable(state.observation_string(seat))
+                     for flag in hand + [False] * (size - len(hand))]
+
+
 def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, torch_rng,
-         greedy: bool = False, critic: nn.Module | None = None) -> dict:
+         greedy: bool = False, critic: nn.Module | None = None, playable: bool = False) -> dict:
     """Play one game per seating; per (game, seat): the moves' observations, masks, actions,
     credited rewards and (with ``critic``) values; and each game's score."""
     games = Games(game, len(seatings), rng)
@@ -100,8 +113,8 @@ def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, 
     moves = {(g, s): [] for g in range(len(seatings)) for s in (0, 1)}
     while live := games.live():
         seats = [games.states[g].current_player() for g in live]
-        obs = torch.tensor([games.states[g].observation_tensor(s) for g, s in zip(live, seats,
-                                                                                   strict=True)])
+        obs = torch.tensor([features(games.states[g], s, playable)
+                            for g, s in zip(live, seats, strict=True)])
         mask = torch.zeros(len(live), n_actions, dtype=torch.bool)
         for row, (g, s) in enumerate(zip(live, seats, strict=True)):
             mask[row, games.states[g].legal_actions(s)] = True
@@ -117,7 +130,7 @@ def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, 
                        torch.multinomial(logits.softmax(-1), 1, generator=torch_rng)[:, 0])
             values = None
             if critic is not None:
-                other = torch.tensor([games.states[g].observation_tensor(1 - s)
+                other = torch.tensor([features(games.states[g], 1 - s, playable)
                                       for g, s in zip(live, seats, strict=True)])
                 values = critic(torch.cat([obs, other], -1))[:, 0]
         for row, (g, s) in enumerate(zip(live, seats, strict=True)):
@@ -143,6 +156,8 @@ def run(setting: str, seed: int, args) -> dict:
     rng, torch_rng = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     width, n_obs = args.width, game.observation_tensor_shape()[0]
+    if args.playable:  # one flag per card of every hand
+        n_obs += SMALL_HANABI["players"] * SMALL_HANABI["hand_size"]
     policies = [mlp(n_obs, game.num_distinct_actions(), width) for _ in range(2)]
     optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
     critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
@@ -156,13 +171,15 @@ def run(setting: str, seed: int, args) -> dict:
             for mode in ("sampled", "greedy"):
                 seatings = [(0, 1) if i % 2 == 0 else (1, 0) for i in range(args.eval_games)]
                 scores = play(game, policies, seatings, np.random.default_rng(10**6 + step),
-                              torch.Generator().manual_seed(step), mode == "greedy")["scores"]
+                              torch.Generator().manual_seed(step), mode == "greedy",
+                              playable=args.playable)["scores"]
                 point[mode] = round(float(np.mean(scores)), 4)
             curve.append(point)
         if step == args.steps:
             break
         seatings = [(0, 1) if (i // 4) % 2 == 0 else (1, 0) for i in range(args.games)]
-        batch = play(game, policies, seatings, rng, torch_rng, critic=critic)
+        batch = play(game, policies, seatings, rng, torch_rng, critic=critic,
+                     playable=args.playable)
         rows = {0: [], 1: []}  # agent -> (obs, mask, action, advantage)
         critic_rows = []
         for group in range(args.games // 4):
@@ -225,6 +242,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--eval_games", type=int, default=400)
+    parser.add_argument("--playable", action="store_true", help="add the flags the "
+                        "hanabi_words prompt shows (each card playable now or not)")
     args = parser.parse_args()
     if args.games % 4:
         parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")

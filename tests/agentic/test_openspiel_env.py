@@ -298,6 +298,10 @@ def test_hanabi_words_renderer_spells_out_hints_and_playable_cards() -> None:
                  "Discarded: none.",
                  "6. (Reveal player +1 rank 1)"):  # (discards allowed: 2 of 3 tokens left)
         assert line in prompt.text
+    from roll.agentic.env.renderers import hanabi_playable
+
+    # its own card 0 (rank 2 or 3) no, card 1 (a 1) yes; the partner's red 1 yes, red 2 no
+    assert hanabi_playable(env.observation(1)) == [[False, True], [True, False]]
     env.step("(Play 1)")  # player 1 plays its red or yellow 1: the firework grows
     assert "Next: red 2, yellow 1." in renderer_named("hanabi_words", "hanabi")(env, 0).text \
         or "Next: red 1, yellow 2." in renderer_named("hanabi_words", "hanabi")(env, 0).text

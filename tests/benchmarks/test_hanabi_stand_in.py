@@ -31,10 +31,11 @@ def test_group_relative_by_hand():
     assert not stand_in.group_relative(np.array([2.0, 2.0, 2.0, 2.0])).any()
 
 
-@pytest.mark.parametrize("setting", ["grpo:0.05", "mappo:0"])
-def test_a_short_run_evaluates_before_and_after(setting):
+@pytest.mark.parametrize("setting, playable", [("grpo:0.05", False), ("mappo:0", False),
+                                               ("mappo:0", True)])
+def test_a_short_run_evaluates_before_and_after(setting, playable):
     args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, width=16,
-                              eval_every=2, eval_games=8)
+                              eval_every=2, eval_games=8, playable=playable)
     result = stand_in.run(setting, 0, args)
     assert [point["step"] for point in result["curve"]] == [0, 2]
     for point in result["curve"]:

@@ -271,16 +271,12 @@ def _split(possible: str) -> tuple[str, str]:
     return "".join(c for c in possible if c.isalpha()), "".join(c for c in possible if c.isdigit())
 
 
-@register_renderer("hanabi_words", game="hanabi")
-def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
-    """Hanabi's observation in words: each card's hints and what it can still be spelt out,
-    and a card marked "playable now" where the seat can tell it is (every color and rank it
-    can still be is the next card of its firework; a partner's card by sight). The same facts
-    as ``render_hanabi``'s copy of OpenSpiel's observation, whose ``XX || X1|RY1`` a small
-    model must learn to read first."""
-    params = env.game.get_parameters()
-    colors, ranks = params.get("colors", 5), params.get("ranks", 5)
-    lines = [line for line in env.observation(seat).splitlines() if line != "Cur player"]
+def hanabi_view(observation: str) -> tuple[dict[str, str], dict[str, int],
+                                           list[list[tuple[str, str, str]]]]:
+    """OpenSpiel's Hanabi observation string, read: its ``key: value`` lines, each firework's
+    height by color letter, and the hands (the observer's first) as (card, hints, possible)
+    per card, e.g. ``("XX", "X1", "RY1")``: not seen, hinted rank 1, red or yellow 1."""
+    lines = [line for line in observation.splitlines() if line != "Cur player"]
     fields = dict(line.split(": ", 1) for line in lines if ": " in line)
     built = {code[0]: int(code[1:]) for code in fields["Fireworks"].split()}
     hands: list[list[tuple[str, str, str]]] = [[]]
@@ -291,10 +287,33 @@ def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
             card, knowledge = line.split(" || ")
             hints, possible = knowledge.split("|")
             hands[-1].append((card, hints, possible))
+    return fields, built, hands
+
+
+def hanabi_playable(observation: str) -> list[list[bool]]:
+    """Per hand (the observer's first; a hand is short once the deck is out), per card:
+    whether the observer can tell it is playable now (its own card: every color and rank it
+    can still be is next; another's: by sight). What ``hanabi_words`` marks "playable now"."""
+    _, built, hands = hanabi_view(observation)
 
     def playable(card_colors: str, card_ranks: str) -> bool:
         return all(int(r) == built[c] + 1 for c in card_colors for r in card_ranks)
 
+    return ([[playable(*_split(possible)) for _, _, possible in hands[0]]]
+            + [[playable(card[0], card[1]) for card, _, _ in hand] for hand in hands[1:]])
+
+
+@register_renderer("hanabi_words", game="hanabi")
+def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """Hanabi's observation in words: each card's hints and what it can still be spelt out,
+    and a card marked "playable now" where the seat can tell it is (every color and rank it
+    can still be is the next card of its firework; a partner's card by sight). The same facts
+    as ``render_hanabi``'s copy of OpenSpiel's observation, whose ``XX || X1|RY1`` a small
+    model must learn to read first."""
+    params = env.game.get_parameters()
+    colors, ranks = params.get("colors", 5), params.get("ranks", 5)
+    fields, built, hands = hanabi_view(env.observation(seat))
+    playable = (flag for hand in hanabi_playable(env.observation(seat)) for flag in hand)
     color_names = ", ".join(HANABI_COLORS[c] for c in built)
     rules = (f"Hanabi, cooperative, {env.num_seats} players, {colors} colors ({color_names}), "
              f"ranks 1-{ranks}. Each color's firework is built 1, 2, 3... in order; playing a "
@@ -309,12 +328,12 @@ def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
                                       else f"{HANABI_COLORS[c]} done" for c, n in built.items())
              + ".", "Your cards (hidden from you):"]
     for index, (_, hints, possible) in enumerate(hands[0]):
-        mark = " Playable now." if playable(*_split(possible)) else ""
+        mark = " Playable now." if next(playable) else ""
         state.append(f"card {index}: {_hanabi_knowledge(hints, possible)}.{mark}")
     for offset, hand in enumerate(hands[1:], 1):
         state.append(f"Player +{offset}'s cards:")
         for index, (card, hints, possible) in enumerate(hand):
-            mark = ", playable now" if playable(card[0], card[1]) else ""
+            mark = ", playable now" if next(playable) else ""
             state.append(f"card {index}: {_hanabi_card(card)}{mark} (they know: "
                          f"{_hanabi_knowledge(hints, possible)}).")
     discards = fields.get("Discards", "").split()
