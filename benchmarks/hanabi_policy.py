@@ -42,12 +42,12 @@ def load_team(pipeline, folder: Path) -> str:
     """The two agents' adapters from ``folder``: a whole checkpoint (``pipeline.load``), or
     only its ``agents/`` folders (each agent's PEFT folder, as ``bring RUN adapters`` brings
     them; the optimizers' state is not needed to play). Returns which of the two it was."""
-    from roll.utils.checkpoint import AGENTS_DIR, TRAINER_STATE_FILE, agent_dir
+    from roll.utils.checkpoint import TRAINER_STATE_FILE, agent_dir
 
     if (folder / TRAINER_STATE_FILE).is_file():
         pipeline.load(folder)
         return "checkpoint"
-    root = folder if (folder / AGENTS_DIR).is_dir() else folder.parent
+    root = agents_root(folder)
     for name in pipeline.agent_names:
         if not (agent_dir(root, name) / "adapter_config.json").is_file():
             raise SystemExit(f"--checkpoint {str(folder)!r}: neither a checkpoint nor an agents "
@@ -57,19 +57,24 @@ def load_team(pipeline, folder: Path) -> str:
     return "adapters"
 
 
+def agents_root(folder: Path) -> Path:
+    """The folder holding ``agents/``: ``folder`` itself (a checkpoint, or what ``bring``
+    unpacks) or its parent (``folder`` is the agents/ folder)."""
+    from roll.utils.checkpoint import AGENTS_DIR
+
+    return folder if (folder / AGENTS_DIR).is_dir() else folder.parent
+
+
 def lora_overrides(folder: Path) -> list[str]:
     """``team.lora.rank``/``alpha`` as the saved adapters have them (read from agent_0's
     ``adapter_config.json``), so a run trained at another rank than the example YAML's
     (``learning.py`` trains at r 16, the YAML says 8) loads without naming them again."""
-    import json as json_lib
+    from roll.utils.checkpoint import agent_dir
 
-    from roll.utils.checkpoint import AGENTS_DIR, agent_dir
-
-    root = folder if (folder / AGENTS_DIR).is_dir() else folder.parent
-    config_file = agent_dir(root, "agent_0") / "adapter_config.json"
+    config_file = agent_dir(agents_root(folder), "agent_0") / "adapter_config.json"
     if not config_file.is_file():
         return []  # load_team says what is missing
-    saved = json_lib.loads(config_file.read_text())
+    saved = json.loads(config_file.read_text())
     return [f"team.lora.rank={saved['r']}", f"team.lora.alpha={saved['lora_alpha']}"]
 
 

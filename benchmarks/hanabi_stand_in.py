@@ -46,6 +46,8 @@ from hanabi_baselines import SMALL_HANABI, resolve_chance
 from report import t_interval
 from torch import nn
 
+from roll.agentic.env.renderers import hanabi_playable
+
 
 def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width),
@@ -94,8 +96,6 @@ class Games:
 def features(state, seat: int, playable: bool) -> list[float]:
     """The seat's input: OpenSpiel's observation tensor, and with ``playable`` one flag per
     card (its own first) that the ``hanabi_words`` prompt marks "playable now"."""
-    from roll.agentic.env.renderers import hanabi_playable
-
     tensor = list(state.observation_tensor(seat))
     if not playable:
         return tensor

@@ -260,8 +260,8 @@ def _hanabi_knowledge(hints: str, possible: str) -> str:
     (``"X1"``, ``"RY1"``: told rank 1, it can be red or yellow, rank 1)."""
     told = [HANABI_COLORS[hints[0]]] if hints[0] != "X" else []
     told += [f"rank {hints[1]}"] if hints[1] != "X" else []
-    colors = [HANABI_COLORS[c] for c in possible if c.isalpha()]
-    ranks = [c for c in possible if c.isdigit()]
+    colors, ranks = _split(possible)
+    colors = [HANABI_COLORS[c] for c in colors]
     return (f"hinted {' and '.join(told) if told else 'nothing'}; could be {' or '.join(colors)}, "
             f"rank {' or '.join(ranks)}")
 
@@ -295,6 +295,12 @@ def hanabi_playable(observation: str) -> list[list[bool]]:
     whether the observer can tell it is playable now (its own card: every color and rank it
     can still be is next; another's: by sight). What ``hanabi_words`` marks "playable now"."""
     _, built, hands = hanabi_view(observation)
+    return _playable(built, hands)
+
+
+def _playable(built: dict[str, int], hands: list[list[tuple[str, str, str]]]
+              ) -> list[list[bool]]:
+    """``hanabi_playable`` of an observation already read by ``hanabi_view``."""
 
     def playable(card_colors: str, card_ranks: str) -> bool:
         return all(int(r) == built[c] + 1 for c in card_colors for r in card_ranks)
@@ -313,7 +319,7 @@ def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
     params = env.game.get_parameters()
     colors, ranks = params.get("colors", 5), params.get("ranks", 5)
     fields, built, hands = hanabi_view(env.observation(seat))
-    playable = (flag for hand in hanabi_playable(env.observation(seat)) for flag in hand)
+    playable = _playable(built, hands)  # per hand, per card
     color_names = ", ".join(HANABI_COLORS[c] for c in built)
     rules = (f"Hanabi, cooperative, {env.num_seats} players, {colors} colors ({color_names}), "
              f"ranks 1-{ranks}. Each color's firework is built 1, 2, 3... in order; playing a "
@@ -328,12 +334,12 @@ def render_hanabi_words(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
                                       else f"{HANABI_COLORS[c]} done" for c, n in built.items())
              + ".", "Your cards (hidden from you):"]
     for index, (_, hints, possible) in enumerate(hands[0]):
-        mark = " Playable now." if next(playable) else ""
+        mark = " Playable now." if playable[0][index] else ""
         state.append(f"card {index}: {_hanabi_knowledge(hints, possible)}.{mark}")
     for offset, hand in enumerate(hands[1:], 1):
         state.append(f"Player +{offset}'s cards:")
         for index, (card, hints, possible) in enumerate(hand):
-            mark = ", playable now" if next(playable) else ""
+            mark = ", playable now" if playable[offset][index] else ""
             state.append(f"card {index}: {_hanabi_card(card)}{mark} (they know: "
                          f"{_hanabi_knowledge(hints, possible)}).")
     discards = fields.get("Discards", "").split()
