@@ -60,3 +60,19 @@ def tiny_model_path(tmp_path_factory):
     cache = os.environ.get("ROLL_TEST_MODEL_DIR")
     path = cache if cache else tmp_path_factory.mktemp("models") / "tiny-qwen3"
     return build_tiny_model(path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest modules first, so that the README's two xdist workers end together: the Ray
+    tests (tests/distributed, 40-60 s each on two cores), then every other module with a `slow`
+    test, then the quick modules, whose ~750 short tests fill the gap between the workers at
+    the end (in collection order a slow module could be the last one left, one worker idle).
+    Each module stays whole and in order (its module-scoped fixtures are built once)."""
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
+
+    def weight(item) -> int:
+        if item.module not in slow_modules:
+            return 2
+        return 0 if item.nodeid.startswith("tests/distributed/") else 1
+
+    items.sort(key=weight)  # stable: collection order within each group
