@@ -18,6 +18,10 @@ the prompt: hands, what hints told, fireworks, tokens, discards) instead of a Lo
 - ``grpo``: a seat's trajectory gets (R - group mean) / (group std + 1e-6) on every move, R its
   undiscounted return, the group the 4 games' trajectories of that seat
   (``advantage.estimator=grpo``);
+- ``rtg``: each move gets its seat's discounted reward-to-go G_t = sum_k gamma^k r_{t+k}
+  (``--gamma``), whitened over each agent's moves of the step (``advantage.estimator=reinforce
+  advantage.gamma=G advantage.norm=whiten``): a card played now counts more than a life lost
+  later, where GRPO's undiscounted return credits every move of a game that ends at 0 with 0;
 - ``mappo``: one value MLP over both seats' observation tensors (``critic.mode=shared``,
   ``critic.input=global``), GAE over each seat's moves with gamma 1 and ``--lam``; the value
   fits the returns A + V (squared error, its own Adam at ``--critic_lr``);
@@ -63,6 +67,21 @@ def gae(rewards: list[float], values: list[float], lam: float) -> list[float]:
         running = rewards[t] + following - values[t] + lam * running
         advantages[t] = running
     return advantages
+
+
+def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
+    """G_t = r_t + gamma G_{t+1} over one trajectory's moves (G after the last move = 0)."""
+    returns, running = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        running = rewards[t] + gamma * running
+        returns[t] = running
+    return returns
+
+
+def whiten(values: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """(x - mean) / (population std + eps), as ``advantage.norm=whiten``."""
+    centred = values - values.mean()
+    return centred / (values.std() + eps)
 
 
 def group_relative(returns: np.ndarray) -> np.ndarray:
@@ -191,6 +210,8 @@ def run(setting: str, seed: int, args) -> dict:
                 for k, moves in enumerate(trajectories):
                     if estimator == "grpo":
                         advantages = [float(advantage[k])] * len(moves)
+                    elif estimator == "rtg":
+                        advantages = reward_to_go([m["reward"] for m in moves], args.gamma)
                     else:
                         values = [m["value"] for m in moves]
                         advantages = gae([m["reward"] for m in moves], values, args.lam)
@@ -205,7 +226,10 @@ def run(setting: str, seed: int, args) -> dict:
             obs = torch.stack([r[0] for r in rows[agent]])
             mask = torch.stack([r[1] for r in rows[agent]])
             action = torch.tensor([r[2] for r in rows[agent]])
-            advantage = torch.tensor([r[3] for r in rows[agent]], dtype=torch.float32)
+            advantage = np.array([r[3] for r in rows[agent]])
+            if estimator == "rtg":
+                advantage = whiten(advantage)
+            advantage = torch.tensor(advantage, dtype=torch.float32)
             log_probs = policy(obs).masked_fill(~mask, -math.inf).log_softmax(-1)
             chosen = log_probs.gather(1, action[:, None])[:, 0]
             probs = log_probs.exp()
@@ -231,7 +255,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+",
                         default=["grpo:0.05", "grpo:0", "mappo:0", "mappo:0.05"],
-                        help="ESTIMATOR:BONUS, estimator grpo or mappo, BONUS the legal-move "
+                        help="ESTIMATOR:BONUS, estimator grpo, rtg or mappo, BONUS the legal-move "
                              "entropy weight")
     parser.add_argument("--games", type=int, default=128, help="games a step (groups of 4)")
     parser.add_argument("--steps", type=int, default=150)
@@ -239,6 +263,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--critic_lr", type=float, default=1e-3)
     parser.add_argument("--lam", type=float, default=0.95)
+    parser.add_argument("--gamma", type=float, default=0.9, help="rtg's discount per move")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--eval_games", type=int, default=400)
@@ -248,8 +273,9 @@ def main() -> None:
     if args.games % 4:
         parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")
     for setting in args.settings:
-        if setting.split(":")[0] not in ("grpo", "mappo") or ":" not in setting:
-            parser.error(f"--settings {setting!r}: expected grpo:BONUS or mappo:BONUS")
+        if setting.split(":")[0] not in ("grpo", "rtg", "mappo") or ":" not in setting:
+            parser.error(f"--settings {setting!r}: expected grpo:BONUS, rtg:BONUS or "
+                         f"mappo:BONUS")
     torch.set_num_threads(1)
     for setting in args.settings:
         runs = [run(setting, seed, args) for seed in range(args.seeds)]

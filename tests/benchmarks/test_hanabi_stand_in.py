@@ -23,6 +23,17 @@ def test_gae_with_gamma_one_by_hand():
         [-0.5, -0.25, -1.5])
 
 
+def test_reward_to_go_and_whitening_by_hand():
+    # G_2 = -2, G_1 = 1 + 0.5 * -2 = 0, G_0 = 0 + 0.5 * 0 = 0: a card played (+1) then the last
+    # life lost (-2) nets 0 at gamma 0.5; at gamma 1 the sum to go
+    assert stand_in.reward_to_go([0.0, 1.0, -2.0], 0.5) == pytest.approx([0.0, 0.0, -2.0])
+    assert stand_in.reward_to_go([0.0, 1.0, -2.0], 1.0) == pytest.approx([-1.0, -1.0, -2.0])
+    assert stand_in.reward_to_go([1.0, 0.0, 0.0], 0.9) == pytest.approx([1.0, 0.0, 0.0])
+    # mean 1, centred (-1, -1, 2), population std sqrt(6 / 3)
+    assert stand_in.whiten(np.array([0.0, 0.0, 3.0])) == pytest.approx(
+        np.array([-1.0, -1.0, 2.0]) / math.sqrt(2.0), abs=1e-5)
+
+
 def test_group_relative_by_hand():
     # mean 1, centred (0, -1, -1, 2), population std sqrt(6 / 4)
     expected = np.array([0.0, -1.0, -1.0, 2.0]) / math.sqrt(1.5)
@@ -31,10 +42,11 @@ def test_group_relative_by_hand():
     assert not stand_in.group_relative(np.array([2.0, 2.0, 2.0, 2.0])).any()
 
 
-@pytest.mark.parametrize("setting, playable", [("grpo:0.05", False), ("mappo:0", False),
-                                               ("mappo:0", True)])
+@pytest.mark.parametrize("setting, playable", [("grpo:0.05", False), ("rtg:0", False),
+                                               ("mappo:0", False), ("mappo:0", True)])
 def test_a_short_run_evaluates_before_and_after(setting, playable):
-    args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, width=16,
+    args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, gamma=0.9,
+                              width=16,
                               eval_every=2, eval_games=8, playable=playable)
     result = stand_in.run(setting, 0, args)
     assert [point["step"] for point in result["curve"]] == [0, 2]
