@@ -270,6 +270,8 @@ def main() -> None:
     parser.add_argument("--playable", action="store_true", help="add the flags the "
                         "hanabi_words prompt shows (each card playable now or not)")
     args = parser.parse_args()
+    if not 0.0 <= args.gamma <= 1.0:
+        parser.error(f"--gamma {args.gamma}: must be in [0, 1]")
     if args.games % 4:
         parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")
     for setting in args.settings:
