@@ -27,7 +27,9 @@ the prompt: hands, what hints told, fireworks, tokens, discards) instead of a Lo
   fits the returns A + V (squared error, its own Adam at ``--critic_lr``);
 - loss per agent = mean over its moves of -A log pi(a|s) - h H(pi(.|s)), one Adam step per
   rollout (``trainer.ppo_epochs=1``, one mini-batch: the ratio is 1), h the legal-move entropy
-  bonus (``trainer.action_entropy_coef``), rate decayed linearly to 0 at the last step.
+  bonus (``trainer.action_entropy_coef``), rate decayed linearly to 0 at the last step
+  (``--schedule linear``, the recipe's ``team.optim.lr_scheduler=linear``) or held
+  (``--schedule constant``).
 
 What it leaves out, so its numbers are a guide, not a prediction: an adapter on a pretrained
 LLM starts from a prior (SmolLM2's first moves score 0) and moves its states together; this
@@ -166,6 +168,12 @@ def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, 
     return {"moves": moves, "scores": scores}
 
 
+def rate_factor(done: int, args) -> float:
+    """The rate's multiplier after ``done`` updates: 1 - done / steps (linear, to 0 at the last
+    step) or 1 (constant)."""
+    return 1.0 - done / args.steps if args.schedule == "linear" else 1.0
+
+
 def run(setting: str, seed: int, args) -> dict:
     import pyspiel
 
@@ -181,8 +189,8 @@ def run(setting: str, seed: int, args) -> dict:
     optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
     critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
     critic_optim = torch.optim.Adam(critic.parameters(), lr=args.critic_lr) if critic else None
-    schedules = [torch.optim.lr_scheduler.LambdaLR(optim, lambda done: 1 - done / args.steps)
-                 for optim in optims + ([critic_optim] if critic else [])]  # linear to 0
+    schedules = [torch.optim.lr_scheduler.LambdaLR(optim, lambda done: rate_factor(done, args))
+                 for optim in optims + ([critic_optim] if critic else [])]
     curve, start = [], time.perf_counter()
     for step in range(args.steps + 1):
         if step % args.eval_every == 0:
@@ -264,6 +272,8 @@ def main() -> None:
     parser.add_argument("--critic_lr", type=float, default=1e-3)
     parser.add_argument("--lam", type=float, default=0.95)
     parser.add_argument("--gamma", type=float, default=0.9, help="rtg's discount per move")
+    parser.add_argument("--schedule", choices=("linear", "constant"), default="linear",
+                        help="the rate decayed linearly to 0 at the last step, or held")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--eval_games", type=int, default=400)
