@@ -42,11 +42,18 @@ def test_group_relative_by_hand():
     assert not stand_in.group_relative(np.array([2.0, 2.0, 2.0, 2.0])).any()
 
 
+def test_the_rate_schedules_by_hand():
+    linear, constant = (argparse.Namespace(steps=4, schedule=kind) for kind in ("linear",
+                                                                                 "constant"))
+    assert [stand_in.rate_factor(done, linear) for done in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert [stand_in.rate_factor(done, constant) for done in range(4)] == [1.0] * 4
+
+
 @pytest.mark.parametrize("setting, playable", [("grpo:0.05", False), ("rtg:0", False),
                                                ("mappo:0", False), ("mappo:0", True)])
 def test_a_short_run_evaluates_before_and_after(setting, playable):
     args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, gamma=0.9,
-                              width=16,
+                              width=16, schedule="linear",
                               eval_every=2, eval_games=8, playable=playable)
     result = stand_in.run(setting, 0, args)
     assert [point["step"] for point in result["curve"]] == [0, 2]
