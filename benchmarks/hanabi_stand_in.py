@@ -53,6 +53,8 @@ from report import t_interval
 from torch import nn
 
 from roll.agentic.env.renderers import hanabi_playable
+from roll.algorithms.normalize import normalize_advantages
+from roll.algorithms.trajectories import reverse_discounted_cumsum
 
 
 def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
@@ -72,18 +74,18 @@ def gae(rewards: list[float], values: list[float], lam: float) -> list[float]:
 
 
 def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
-    """G_t = r_t + gamma G_{t+1} over one trajectory's moves (G after the last move = 0)."""
-    returns, running = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        running = rewards[t] + gamma * running
-        returns[t] = running
-    return returns
+    """G_t = r_t + gamma G_{t+1} over one trajectory's moves (G after the last move = 0):
+    roll's own discounted sum (``advantage.estimator=reinforce``), one trajectory."""
+    row = torch.tensor([rewards], dtype=torch.float64)
+    return reverse_discounted_cumsum(row, gamma)[0].tolist()
 
 
-def whiten(values: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """(x - mean) / (population std + eps), as ``advantage.norm=whiten``."""
-    centred = values - values.mean()
-    return centred / (values.std() + eps)
+def whiten(values: np.ndarray) -> np.ndarray:
+    """(x - mean) / (population std + 1e-6) over all of ``values``: roll's
+    ``advantage.norm=whiten``, every move one row of one agent's key."""
+    column = torch.from_numpy(np.asarray(values, dtype=np.float64))[:, None]  # (N, 1)
+    keys = torch.zeros(len(column), dtype=torch.long)
+    return normalize_advantages(column, torch.ones_like(column), keys, "whiten")[:, 0].numpy()
 
 
 def group_relative(returns: np.ndarray) -> np.ndarray:
