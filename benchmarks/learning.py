@@ -55,6 +55,8 @@ RECIPES = {
     # distribution over legal moves.
     "kuhn_nash": ("examples/kuhn_poker", "nash", []),
     "leduc_nash": ("examples/leduc_poker", "nash", []),
+    # The README's real-model quickstart: nash.yaml cut to 100 steps (its rate decays to 0 there).
+    "kuhn_quickstart": ("examples/kuhn_poker", "quickstart_smollm2", []),
     # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
     # random player (its O-against-random seating twice), a critic per agent, the lines prompt,
     # a legal-move entropy bonus of 0.05; evaluated against random (both seats) and, after
@@ -97,7 +99,7 @@ RECIPES = {
 COOPERATIVE = {"hanabi", "hanabi_team"}
 """Recipes whose curves get the small Hanabi's reference scores (benchmarks/hanabi_baselines.py:
 random play and the rule team over the same 2,000 deals)."""
-OWN_YAML = {"nash", "mixed"}
+OWN_YAML = {"nash", "mixed", "quickstart_smollm2"}
 """Config names of recipes that train and evaluate as their YAML says: only the tracking
 backend is set here (the shared settings below would overwrite their seatings)."""
 VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_grpo": "mcts"}

@@ -354,6 +354,24 @@ def test_every_example_config_validates_and_names_its_launch_command(yaml_path):
     assert cfg.max_steps >= 1
 
 
+def test_the_smollm2_quickstart_is_the_nash_recipe_cut_short():
+    """The README's real-model quickstart trains as examples/kuhn_poker/nash.yaml does (plain GRPO
+    self-play, its recipe until 2026-12-06, collapsed to deterministic play): only the length,
+    the evaluation interval, the checkpoints and where it writes differ, and the rate still
+    decays to 0 at the quickstart's own last step."""
+    from dataclasses import asdict
+
+    folder = str(ROOT / "examples" / "kuhn_poker")
+    quick = asdict(load_config(folder, "quickstart_smollm2", []))
+    nash = asdict(load_config(folder, "nash", [
+        f"max_steps={quick['max_steps']}", f"eval.eval_steps={quick['eval']['eval_steps']}",
+        f"save_steps={quick['save_steps']}", f"output_dir={quick['output_dir']}",
+        f"tracking.project={quick['tracking']['project']}"]))
+    assert quick == nash
+    assert quick["max_steps"] < 300 and quick["team"]["optim"]["total_steps"] == quick["max_steps"]
+    assert quick["advantage"]["estimator"] == "rae" and quick["trainer"]["action_entropy_coef"] > 0
+
+
 def test_the_zero3_persistence_default_is_the_strategys():
     """actor_train.zero3_persist_elements and the DeepSpeed strategy share one default (the
     schema holds a literal so the config loads without the trainer's imports)."""
