@@ -155,7 +155,9 @@ def test_adapter_loads_in_stock_peft_and_vllm_cpu(smollm2_path, team, tmp_path):
 
 def test_the_pipeline_runs_on_the_alias(smollm2_path, tmp_path):
     """model.path=smollm2-135m: validated without loading, resolved to the cached folder, and
-    one training step of the Kuhn quickstart runs on it with legal answers only."""
+    one training step of the real-model quickstart (examples/kuhn_poker/quickstart_smollm2.yaml:
+    self-play, RAE, the moves' policy gradient, the legal-move bonus) runs on it with legal
+    answers only, and both adapters move."""
     import json
     from pathlib import Path
 
@@ -165,7 +167,7 @@ def test_the_pipeline_runs_on_the_alias(smollm2_path, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "run"
-    cfg = load_config(str(root / "examples" / "kuhn_poker"), "quickstart_cpu", [
+    cfg = load_config(str(root / "examples" / "kuhn_poker"), "quickstart_smollm2", [
         f"model.path={ALIAS}", "rollout.num_groups=2", "rollout.group_size=2",
         "rollout.sampling.max_new_tokens=24", "max_steps=1", "save_steps=0",
         "eval.eval_steps=0", "tracking.backends=[jsonl]", f"output_dir={out}",
@@ -173,4 +175,6 @@ def test_the_pipeline_runs_on_the_alias(smollm2_path, tmp_path):
     assert Path(model_path(cfg)) == smollm2_path
     AgenticPipeline(cfg).run()
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert row["agent_0/format_error_rate"] == 0.0 and row["agent_0/turns"] > 0
+    for agent in ("agent_0", "agent_1"):  # each plays both seats (self-play)
+        assert row[f"{agent}/format_error_rate"] == 0.0 and row[f"{agent}/turns"] > 0
+        assert row[f"{agent}/grad_norm"] > 0 and row[f"{agent}/action_entropy"] > 0
