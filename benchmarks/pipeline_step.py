@@ -12,7 +12,7 @@ checkpoints) on a Qwen3-0.6B-shaped model with random bf16 weights and the tiny 
 tokenizer (its vocabulary is 1,024 tokens, so the LM head is smaller than Qwen3's), or on the
 model ``--model`` names (a path or alias, e.g. SmolLM2-135M-Instruct with its real tokenizer
 and 49,152-token vocabulary: real prompts, real answer lengths). Reported per
-step: the time split (rollout / reference / train / sync), generated tokens and tok/s inside
+step: the time split (rollout / logprobs / train / sync), generated tokens and tok/s inside
 the rollout, the whole step's tok/s (generated + trained response tokens over the step time),
 decode lanes (rows in flight), CUDA graph captures so far; per setting: the peak GPU memory
 and, as the engine-only reference at the same concurrency, the same engine serving ``lanes``

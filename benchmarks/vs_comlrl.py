@@ -77,7 +77,7 @@ def run_roll(args, agents: int) -> dict:
     seconds = statistics.mean(row["time/step"] for row in later)
     tokens = statistics.mean(row["rollout/generated_tokens"] for row in later)
     split = {key: round(statistics.mean(row.get(key, 0.0) for row in later), 3)
-             for key in ("time/rollout", "time/reference", "time/train", "time/sync")}
+             for key in ("time/rollout", "time/logprobs", "time/train", "time/sync")}
     return {"framework": "roll", "agents": agents, "prompts_per_step": args.prompts,
             "s_per_step": round(seconds, 3), "generated_tokens_per_step": round(tokens, 1),
             "generated_tok_per_s": round(tokens / seconds, 1), "peak_gb": peak_gb(),

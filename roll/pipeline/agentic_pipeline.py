@@ -429,7 +429,7 @@ class AgenticPipeline:
         batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
         metrics.update(logprob_metrics(batch, result.turns, self.engine_logprobs_comparable,
                                        stale=played_before is not None))
-        times["time/reference"] = time.perf_counter() - start
+        times["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
         captured = getattr(self.trainer, "captured", None)  # local trainer.capture only

@@ -8,7 +8,7 @@ Naming convention of metric keys (the plot command and the console line rely on 
   ``{agent: {metric: value}}`` dict);
 - ``team/<metric>``          a figure of the whole team, e.g. ``team/episode_return``;
 - ``time/<phase>``           seconds spent in a phase of the step: ``time/rollout``,
-  ``time/reference``, ``time/train``, ``time/sync``, ``time/eval``, and ``time/wake`` /
+  ``time/logprobs``, ``time/train``, ``time/sync``, ``time/eval``, and ``time/wake`` /
   ``time/sleep`` where the engine sleeps between phases (``rollout.vllm.sleep_between_phases``);
 - ``rollout/<x>``            rollout statistics, e.g. ``rollout/episodes``;
 - ``compile/<x>``            torch.compile's work in the step, ``compile/new_graphs``, and the
@@ -50,7 +50,7 @@ NAMESPACES = ("team", "time", "rollout", "eval", "eval_greedy", "train", "critic
 # Keys a JSON line holds besides the metrics; a metric must not take these names.
 RESERVED_KEYS = ("step", "wall_time")
 # Phases shown first, in this order, on the console line (other time/* keys follow).
-TIME_KEYS = ("time/rollout", "time/reference", "time/train", "time/sync")
+TIME_KEYS = ("time/rollout", "time/logprobs", "time/train", "time/sync")
 # Per-agent figures on the console line: one per slot, the first name of the slot present.
 CONSOLE_AGENT_SLOTS = (
     ("episode_return", "turn_reward", "reward_mean"),
@@ -222,7 +222,7 @@ def _agent_figures(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
 def format_console_line(metrics: dict[str, float], step: int) -> str:
     """One compact line: step, phase times, a few figures per agent and team, non-finite keys.
 
-    Example: ``step 12 | rollout 3.2s reference 0.41s train 5.1s sync 0.2s |
+    Example: ``step 12 | rollout 3.2s logprobs 0.41s train 5.1s sync 0.2s |
     alice episode_return=0.5 policy_loss=0.0123 kl_ref=0.002 | bob ... | team episode_return=0.1``.
     Per agent it shows one figure per ``CONSOLE_AGENT_SLOTS`` slot (or, with none of those, the
     first metrics by name); every NaN/inf key is listed at the end, shown or not.
