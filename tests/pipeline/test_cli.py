@@ -372,6 +372,26 @@ def test_the_smollm2_quickstart_is_the_nash_recipe_cut_short():
     assert quick["advantage"]["estimator"] == "rae" and quick["trainer"]["action_entropy_coef"] > 0
 
 
+@pytest.mark.slow  # a real process (~7 s)
+def test_the_smollm2_quickstart_script_runs_its_recipe_and_warns_without_a_gpu():
+    """The README's real-model launch line with --validate_only: the script picks the device
+    (CPU in CI), says on stderr that CPU takes minutes a step when there is no GPU, and
+    resolves to the quickstart's recipe."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "examples" / "kuhn_poker" / "run_quickstart_smollm2.sh"),
+         "--validate_only"], capture_output=True, text=True, timeout=120)
+    import torch
+
+    assert proc.returncode == 0, proc.stderr
+    if torch.cuda.is_available():
+        assert "no GPU" not in proc.stderr and "device: cuda" in proc.stdout
+    else:
+        assert "no GPU" in proc.stderr and "minutes a step" in proc.stderr
+        assert "device: cpu" in proc.stdout
+    assert "max_steps: 150" in proc.stdout
+    assert "estimator: rae" in proc.stdout
+
+
 def test_the_zero3_persistence_default_is_the_strategys():
     """actor_train.zero3_persist_elements and the DeepSpeed strategy share one default (the
     schema holds a literal so the config loads without the trainer's imports)."""
