@@ -26,6 +26,13 @@
 #   call 4: carry .gpu/smol_ac .gpu/cc_CARD_ac (if any)   stash both && setup && launch ... && watch 480
 # (a compile cache comes in pieces of 14 MB, 2-3 of them, so each fits beside a 31 MB piece of
 # SmolLM2 and the working tree, 16.7 MiB after session 59)
+# The working tree is 20.1 MiB after session 79 (`git ls-files -z | xargs -0 stat -c %s`): a
+# 31 MB piece + a 14 MB cache piece + the tree leave ~1 MiB. Without a compile cache, three
+# calls do (sessions 78-79; SmolLM2 re-cut by hand into .gpu/p/smol_aa 19 MB, _ab 35 MB,
+# _ac 38.9 MB, the whole file's md5 256234ff71d0c933d0cec42b316cd6fc):
+#   call 1: carry .whl .gpu/p/smol_aa    stash .gpu/p/smol_aa                    (58.6 MiB)
+#   call 2: carry .gpu/p/smol_ab         stash .gpu/p/smol_ab                    (53.5 MiB)
+#   call 3: carry .gpu/p/smol_ac         stash .gpu/p/smol_ac && setup && launch ... && watch 480
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh bench NAME 'COMMAND'      # a benchmark chain, detached
 #   bash scripts/device_runs.sh watch SECONDS             # progress every 30 s
