@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import learning_plots as plots  # noqa: E402
 import run_hooks  # noqa: E402
-from report import read_text, t_interval  # noqa: E402
+from report import points_over_runs, read_text  # noqa: E402
 
 RECIPES = {
     "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker", ["rollout.max_turns=4"]),
@@ -55,7 +55,7 @@ RECIPES = {
     # distribution over legal moves.
     "kuhn_nash": ("examples/kuhn_poker", "nash", []),
     "leduc_nash": ("examples/leduc_poker", "nash", []),
-    # The README's real-model quickstart: nash.yaml cut to 100 steps (its rate decays to 0 there).
+    # The README's real-model quickstart: nash.yaml cut to 150 steps (its rate decays to 0 there).
     "kuhn_quickstart": ("examples/kuhn_poker", "quickstart_smollm2", []),
     # examples/tictactoe/mixed.yaml: each agent in both seats against the other agent and the
     # random player (its O-against-random seating twice), a critic per agent, the lines prompt,
@@ -273,22 +273,20 @@ def summarize(files: list[str], model: str) -> list[dict]:
     return results
 
 
+def worse_agent(files: list[str]) -> list[dict]:
+    """At each evaluation step all runs share: the WORSE agent's exact exploitability in each
+    run (``worse_agent``, the goal holds for both agents), their mean and the 95% t-interval of
+    that mean (t with runs - 1 degrees of freedom; 1.96 from 11 runs on)."""
+    runs = [{p["step"]: max(p[f"{agent}/exploitability"] for agent in ("agent_0", "agent_1"))
+             for p in curve_of(Path(file))} for file in files]
+    return points_over_runs(runs, "worse_agent")
+
+
 def across_seeds(files: list[str], name: str) -> dict:
     """Runs of one recipe that differ only in their seed (``--seeds_of NAME`` with
-    ``--from_metrics``): at each evaluation step all runs share, the WORSE agent's exact
-    exploitability in each run (the goal holds for both agents), their mean and the 95%
-    t-interval of that mean (t with seeds - 1 degrees of freedom; 1.96 from 11 seeds on)."""
-    curves = [{p["step"]: p for p in curve_of(Path(file))} for file in files]
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
-    points = []
-    for step in steps:
-        worse = [max(c[step][f"{agent}/exploitability"] for agent in ("agent_0", "agent_1"))
-                 for c in curves]
-        mean, low, high = t_interval(worse)
-        points.append({"step": step, "worse_agent": [round(w, 4) for w in worse],
-                       "mean": round(mean, 4), "low": round(low, 4), "high": round(high, 4)})
+    ``--from_metrics``): ``worse_agent``'s curve, drawn."""
     result = {"recipe": name, "seeds": len(files), "metric": "exploitability of the worse "
-              "agent (OpenSpiel's NashConv / 2)", "curve": points}
+              "agent (OpenSpiel's NashConv / 2)", "curve": worse_agent(files)}
     plots.plot_seeds(result, Path(os.environ.get("OUT", Path(files[0]).parent)))
     return result
 

@@ -22,24 +22,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import read_text, t_interval  # noqa: E402
+import learning  # noqa: E402
+from report import points_over_runs, read_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def worse_exploitability(files: list[Path]) -> list[dict]:
-    """At each evaluation step every file has: the worse agent's exploitability per file, their
-    mean and 95% t-interval (the last record of a step counts: a resumed run replays steps)."""
-    runs = []
-    for file in files:
-        rows = {}
-        for line in read_text(file).splitlines():
-            row = json.loads(line)
-            if "eval/agent_0/exploitability" in row:
-                rows[row["step"]] = max(row[f"eval/{agent}/exploitability"]
-                                        for agent in ("agent_0", "agent_1"))
-        runs.append(rows)
-    return _points(runs)
+    """``learning.worse_agent``'s curve (the worse agent's exploitability per run at each
+    evaluation step all runs share, mean and 95% interval), its per-run values as ``values``."""
+    return [{**{k: v for k, v in point.items() if k != "worse_agent"},
+             "values": point["worse_agent"]} for point in learning.worse_agent(files)]
 
 
 def greedy_wins(files: list[Path], seat: str) -> list[dict]:
@@ -54,7 +47,7 @@ def greedy_wins(files: list[Path], seat: str) -> list[dict]:
             for agent, seats in row["agents"].items():
                 per_agent.setdefault(agent, {})[row["step"]] = seats[seat]["greedy_win"]
         runs.extend(per_agent.values())
-    return _points(runs)
+    return points_over_runs(runs)
 
 
 def team_score(file: Path, window: int) -> list[dict]:
@@ -71,17 +64,6 @@ def team_score(file: Path, window: int) -> list[dict]:
         recent = [rows[s] for s in steps[max(0, i - window + 1):i + 1]]
         points.append({"step": step, "values": [round(rows[step], 4)],
                        "mean": round(sum(recent) / len(recent), 4)})
-    return points
-
-
-def _points(runs: list[dict[int, float]]) -> list[dict]:
-    steps = sorted(set.intersection(*(set(run) for run in runs)))
-    points = []
-    for step in steps:
-        values = [run[step] for run in runs]
-        mean, low, high = t_interval(values)
-        points.append({"step": step, "values": [round(v, 4) for v in values],
-                       "mean": round(mean, 4), "low": round(low, 4), "high": round(high, 4)})
     return points
 
 

@@ -44,3 +44,16 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = T95.get(n - 1, 1.96) * spread / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def points_over_runs(runs: Sequence[dict[int, float]], key: str = "values") -> list[dict]:
+    """At each step every run has (``runs``: one ``{step: value}`` per run): the runs' values
+    under ``key``, their mean and its 95% t-interval (``t_interval``), rounded to 4 places."""
+    steps = sorted(set.intersection(*(set(run) for run in runs)))
+    points = []
+    for step in steps:
+        values = [run[step] for run in runs]
+        mean, low, high = t_interval(values)
+        points.append({"step": step, key: [round(v, 4) for v in values],
+                       "mean": round(mean, 4), "low": round(low, 4), "high": round(high, 4)})
+    return points

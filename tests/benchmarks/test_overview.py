@@ -24,7 +24,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 def _eval(step: int, first: float, second: float) -> dict:
-    return {"step": step, "eval/agent_0/exploitability": first,
+    return {"step": step, "time/eval": 1.0, "eval/agent_0/exploitability": first,
             "eval/agent_1/exploitability": second}
 
 
@@ -52,8 +52,10 @@ def test_greedy_wins_pool_every_agent_of_every_seed_in_one_seat(tmp_path):
             "agent_0": {"X": {"greedy_win": x0, "win": 0.0}, "O": {"greedy_win": o0}},
             "agent_1": {"X": {"greedy_win": x1}, "O": {"greedy_win": o1}}}}
 
-    s0 = _write(tmp_path / "s0.jsonl", [line(50, 0.9, 0.7, 0.8, 0.6), line(100, 1.0, 0.9, 0.9, 0.8)])
-    s1 = _write(tmp_path / "s1.jsonl", [line(50, 0.7, 0.5, 0.6, 0.4), line(100, 0.9, 0.8, 0.8, 0.7)])
+    s0 = _write(tmp_path / "s0.jsonl",
+                [line(50, 0.9, 0.7, 0.8, 0.6), line(100, 1.0, 0.9, 0.9, 0.8)])
+    s1 = _write(tmp_path / "s1.jsonl",
+                [line(50, 0.7, 0.5, 0.6, 0.4), line(100, 0.9, 0.8, 0.8, 0.7)])
     x = overview.greedy_wins([s0, s1], "X")
     o = overview.greedy_wins([s0, s1], "O")
     assert [p["step"] for p in x] == [50, 100]

@@ -377,11 +377,11 @@ def test_the_smollm2_quickstart_script_runs_its_recipe_and_warns_without_a_gpu()
     """The README's real-model launch line with --validate_only: the script picks the device
     (CPU in CI), says on stderr that CPU takes minutes a step when there is no GPU, and
     resolves to the quickstart's recipe."""
+    import torch
+
     proc = subprocess.run(
         ["bash", str(ROOT / "examples" / "kuhn_poker" / "run_quickstart_smollm2.sh"),
          "--validate_only"], capture_output=True, text=True, timeout=120)
-    import torch
-
     assert proc.returncode == 0, proc.stderr
     if torch.cuda.is_available():
         assert "no GPU" not in proc.stderr and "device: cuda" in proc.stdout
