@@ -52,10 +52,16 @@ RESERVED_KEYS = ("step", "wall_time")
 # Phases shown first, in this order, on the console line (other time/* keys follow).
 TIME_KEYS = ("time/rollout", "time/logprobs", "time/train", "time/sync")
 # Per-agent figures on the console line: one per slot, the first name of the slot present.
+# What says whether an agent still learns (invariant 7): its policy's entropy (over legal moves
+# where answers are constrained), the share of its rows with a zero advantage, and its gradient
+# norm. Not the policy loss nor approx_kl: with one optimizer step per rollout they are ~0 by
+# construction (the ratio is 1 and GRPO's advantages are centred), however the agent fares.
 CONSOLE_AGENT_SLOTS = (
     ("episode_return", "turn_reward", "reward_mean"),
-    ("policy_loss", "loss"),
-    ("kl_ref", "approx_kl"),
+    ("action_entropy", "entropy"),
+    ("zero_adv_fraction",),
+    ("grad_norm", "policy_loss", "loss"),
+    ("kl_ref",),
 )
 CONSOLE_TEAM_SHOWN = 3
 
@@ -223,7 +229,8 @@ def format_console_line(metrics: dict[str, float], step: int) -> str:
     """One compact line: step, phase times, a few figures per agent and team, non-finite keys.
 
     Example: ``step 12 | rollout 3.2s logprobs 0.41s train 5.1s sync 0.2s |
-    alice episode_return=0.5 policy_loss=0.0123 kl_ref=0.002 | bob ... | team episode_return=0.1``.
+    alice episode_return=0.5 action_entropy=0.61 zero_adv_fraction=0.25 grad_norm=0.31 |
+    bob ... | team episode_return=0.1``.
     Per agent it shows one figure per ``CONSOLE_AGENT_SLOTS`` slot (or, with none of those, the
     first metrics by name); every NaN/inf key is listed at the end, shown or not.
     """

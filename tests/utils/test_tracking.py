@@ -163,6 +163,27 @@ def test_console_every_still_prints_non_finite_steps(tmp_path):
     assert "team x=!inf!" in stream.getvalue()
 
 
+def test_console_line_shows_whether_each_agent_still_learns():
+    """An agent's line holds its return, entropy (over legal moves where there is one), share
+    of zero-advantage rows and gradient norm: not the policy loss and approx_kl, which one
+    optimizer step per rollout leaves at ~0 whatever the agent does (invariant 7)."""
+    from roll.multi_agent.trainer import METRIC_PARTS
+
+    trainer_parts = dict.fromkeys(METRIC_PARTS, 0.0)  # what a train step logs per agent
+    trainer_parts.pop("kl_ref")  # off with kl_coef 0, the default
+    alice = {**trainer_parts, "episode_return": 0.5, "entropy": 6.4, "action_entropy": 0.61,
+             "zero_adv_fraction": 0.25, "grad_norm": 0.31, "policy_loss": 1e-9}
+    bob = {**alice, "action_entropy": 0.0, "zero_adv_fraction": 1.0, "grad_norm": 0.0}
+    line = format_console_line(agent_metrics({"alice": alice, "bob": bob}), step=3)
+    assert line == ("step 3 | alice episode_return=0.5 action_entropy=0.61 "
+                    "zero_adv_fraction=0.25 grad_norm=0.31 | bob episode_return=0.5 "
+                    "action_entropy=0 zero_adv_fraction=1 grad_norm=0")
+    # free-text answers: the token entropy; a reference KL when one is paid
+    carol = {"episode_return": 1.0, "entropy": 2.5, "kl_ref": 0.002, "policy_loss": 0.1}
+    assert format_console_line(agent_metrics({"carol": carol}), step=4) == (
+        "step 4 | carol episode_return=1 entropy=2.5 policy_loss=0.1 kl_ref=0.002")
+
+
 def test_console_line_falls_back_to_any_agent_metrics():
     line = format_console_line({"carol/zeta": 3.0, "carol/alpha": 2.0}, step=7)
     assert line == "step 7 | carol alpha=2 zeta=3"
