@@ -142,8 +142,13 @@ def policy_divergences(trainer, batch, agent_names: Sequence[str], temperature: 
 
 def team_return(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
     """``team/episode_return``: the mean return of the trained agents' seats over
-    ``episodes`` (nothing when there are none)."""
+    ``episodes``. Nothing when there are none, nor where it is 0 by arithmetic: every seat of
+    every episode trained and each game's returns summing to 0 (zero-sum self-play, e.g.
+    Kuhn's ``nash.yaml``), a constant that would read as "nothing learnt"."""
     if not episodes:
+        return {}
+    if all(spec.is_trained for episode in episodes for spec in episode.seating.seats) and all(
+            abs(sum(episode.returns)) < 1e-9 for episode in episodes):
         return {}
     returns = [episode.returns[seat] for episode in episodes
                for seat, spec in enumerate(episode.seating.seats) if spec.is_trained]

@@ -8,7 +8,12 @@ import pytest
 
 from roll.agentic.env.seating import build_seating
 from roll.agentic.rollout.results import EpisodeResult
-from roll.pipeline.evaluation import mean_interval, summarize_episodes, wilson_interval
+from roll.pipeline.evaluation import (
+    mean_interval,
+    summarize_episodes,
+    team_return,
+    wilson_interval,
+)
 
 
 def test_mean_interval_by_hand():
@@ -60,3 +65,26 @@ def test_summary_counts_each_agent_in_its_own_seats():
     assert metrics["eval/alice/seat0/win_rate"] == 0.5
     assert metrics["eval/bob/seat1/non_loss_rate"] == 1.0
     assert "eval/alice/seat1/win_rate" not in metrics
+
+
+def test_team_return_averages_the_trained_seats_and_is_left_out_where_it_is_zero_by_sum():
+    agents = ["alice", "bob"]
+    vs_random = build_seating(["alice", "random"], 2, agents)
+    self_play = build_seating(["alice", "bob"], 2, agents)
+    # against a random player: alice's seat alone, (1 - 1 + 0.5) / 3
+    assert team_return([EpisodeResult(0, 0, 1, [1.0, -1.0], vs_random),
+                        EpisodeResult(1, 0, 2, [-1.0, 1.0], vs_random),
+                        EpisodeResult(2, 1, 3, [0.5, -0.5], vs_random)]) == {
+        "team/episode_return": 0.5 / 3}
+    # zero-sum self-play: both seats trained, every game sums to 0 -> always 0, left out
+    zero_sum = [EpisodeResult(0, 0, 1, [2.0, -2.0], self_play),
+                EpisodeResult(1, 0, 2, [-1.0, 1.0], self_play)]
+    assert team_return(zero_sum) == {}
+    # a shared score (cooperative): every seat's return, (3 + 3 + 1 + 1) / 4
+    assert team_return([EpisodeResult(0, 0, 1, [3.0, 3.0], self_play),
+                        EpisodeResult(1, 0, 2, [1.0, 1.0], self_play)]) == {
+        "team/episode_return": 2.0}
+    # one self-play game and one against random: kept, over the three trained seats
+    assert team_return([*zero_sum[:1], EpisodeResult(2, 1, 3, [1.0, -1.0], vs_random)]) == {
+        "team/episode_return": 1.0 / 3}
+    assert team_return([]) == {}
