@@ -96,11 +96,12 @@ class TrainRank:
         self.trainer = MultiAgentTrainer(self.model, list(spec.agents), spec.trainer,
                                          temperature=spec.temperature, strategy=strategy)
 
-    def logprob_passes(self, batch: TrajectoryBatch, rows: torch.Tensor) -> dict:
+    def logprob_passes(self, batch: TrajectoryBatch, rows: torch.Tensor,
+                       old: bool = True) -> dict:
         """The no-grad log-prob fields of ``batch``'s ``rows`` (this rank's share), on CPU."""
         with self.compiles.watch("logprobs", f"the log-prob passes of step "
                                  f"{self.trainer.global_step + 1}"):
-            share = self.trainer.logprob_passes(batch.select(rows).to(self.device))
+            share = self.trainer.logprob_passes(batch.select(rows).to(self.device), old=old)
         return {key: getattr(share, key).cpu() for key in PASS_FIELDS
                 if getattr(share, key) is not None}
 
@@ -233,6 +234,9 @@ class RayTrainGroup:
         self.model = model
         self.world_size = world_size
         self.global_step = 0
+        self.config = spec.trainer
+        self.dropout = {agent.name: agent.lora.dropout if agent.lora else 0.0
+                        for agent in spec.agents}  # as the ranks' trainers read it
         self._held: tuple[dict, int] | None = None
         self._published: dict[str, tuple[int, ray.ObjectRef]] = {}
         """agent -> (global step, rank 0's engine copy of its adapter in the object store)."""
@@ -263,10 +267,13 @@ class RayTrainGroup:
     def _get(self, refs: list, what: str) -> list:
         return self.actors.get(refs, what)
 
-    def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+    def logprob_passes(self, batch: TrajectoryBatch, old: bool = True) -> TrajectoryBatch:
         """The no-grad passes on the ranks, each on a contiguous share of the rows (the batch
-        travels once, through the object store), put back together in row order."""
-        parts = self._by_shares(batch, "logprob_passes", "log-prob passes")
+        travels once, through the object store), put back together in row order; ``old``
+        False and no reference pass: nothing to run, ``batch`` as it is."""
+        if not old and self.config.kl_coef == 0:
+            return batch
+        parts = self._by_shares(batch, "logprob_passes", "log-prob passes", old)
         return batch.with_fields(**{key: torch.cat([part[key] for part in parts]).to(
             batch.input_ids.device) for key in parts[0]})
 

@@ -109,8 +109,8 @@ def capture_refusal(config: TrainerConfig, model, strategy) -> str | None:
 
 @dataclass
 class _Bucket:
-    """One (width, window start, legal-token width) shape: the step's static inputs and its
-    graph."""
+    """One (width, window start, legal-token width, old log-probs given) shape: the step's
+    static inputs and its graph."""
 
     first: int
     input_ids: Tensor  # (R, W) long
@@ -118,7 +118,7 @@ class _Bucket:
     agent_id: Tensor  # (R,) long
     mask: Tensor  # (R, W - first) fp32: response tokens of the window; 0 on padding
     advantages: Tensor  # (R, W - first) fp32
-    old: Tensor  # (R, W - first) fp32
+    old: Tensor | None  # (R, W - first) fp32; None: this forward's own (one optimizer step)
     ref: Tensor | None  # (R, W - first) fp32, with a KL term
     weights: Tensor  # (R, len(WEIGHTS)) fp32: the row's agent's
     choices: Tensor | None  # (R, W - first, C) long, -1 padded: legal tokens (constrained)
@@ -205,11 +205,12 @@ class CapturedSteps:
         first = max(1, grid(first, START_BUCKET, up=False))
         legal = 0 if micro.choice_tokens is None else micro.choice_tokens.shape[-1]
         legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
-        key = (width, first, legal)
+        with_old = micro.old_logprobs is not None  # None: plan.skips_old_pass
+        key = (width, first, legal, with_old)
         bucket = self.buckets.get(key)
         new_kept = False
         if bucket is None:
-            bucket = self._bucket(width, first, legal)
+            bucket = self._bucket(width, first, legal, with_old)
             new_kept = len(self.buckets) < MAX_GRAPHS  # (on a CPU too: none kept past it)
             if new_kept:
                 self.buckets[key] = bucket
@@ -223,7 +224,7 @@ class CapturedSteps:
         else:
             self._step(bucket)
 
-    def _bucket(self, width: int, first: int, legal: int) -> _Bucket:
+    def _bucket(self, width: int, first: int, legal: int, with_old: bool) -> _Bucket:
         cfg, rows, window, device = self.config, self.rows, width - first, self.device
 
         def zeros(*shape, dtype=torch.float32):
@@ -231,12 +232,14 @@ class CapturedSteps:
 
         return _Bucket(first, zeros(rows, width, dtype=torch.long),
                        zeros(rows, width, dtype=torch.long), zeros(rows, dtype=torch.long),
-                       zeros(rows, window), zeros(rows, window), zeros(rows, window),
+                       zeros(rows, window), zeros(rows, window),
+                       zeros(rows, window) if with_old else None,
                        zeros(rows, window) if cfg.kl_coef > 0 else None,
                        zeros(rows, len(WEIGHTS)),
                        zeros(rows, window, legal, dtype=torch.long) if legal else None,
                        zeros(rows, window, legal) if legal and cfg.magnet_coef > 0 else None,
-                       zeros(rows, window) if legal and cfg.policy_over == "moves" else None)
+                       zeros(rows, window) if legal and cfg.policy_over == "moves" and with_old
+                       else None)
 
     def _fill(self, bucket: _Bucket, micro: TrajectoryBatch) -> None:
         """The micro-batch's rows into the bucket's inputs; padding rows repeat its first row
@@ -296,8 +299,9 @@ class CapturedSteps:
             choice_logits = window_choice_logits(logits, tokens, self.temperature)
             moves = choice_logprobs(choice_logits, tokens)
         if cfg.policy_over == "tokens":
+            old = logprobs.detach() if bucket.old is None else bucket.old
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
-                logprobs, bucket.old, bucket.advantages, mask, clip_low=cfg.clip_low,
+                logprobs, old, bucket.advantages, mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
             policy = per_row(per_token)
             with torch.no_grad():
@@ -306,8 +310,9 @@ class CapturedSteps:
         elif tokens is not None:  # the moves constrained decoding plays, one weight a decision
             points_mask = points(tokens).float() * mask
             new = move_logprobs(logprobs, choice_logits, tokens, ids[:, first:])
+            old = new.detach() if bucket.old_moves is None else bucket.old_moves
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
-                new, bucket.old_moves, bucket.advantages, points_mask, clip_low=cfg.clip_low,
+                new, old, bucket.advantages, points_mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
             policy = torch.where(points_mask.bool(), per_token, 0.0).sum(-1) * per_decision
             with torch.no_grad():

@@ -314,6 +314,13 @@ class TrainerConfig:
     loss_agg_mode: str = "token-mean"
     """'token-mean' (over all of the agent's response tokens in the step) or
     'seq-mean-token-mean' (mean per row, then over rows)."""
+    old_logprob_pass: str = "auto"
+    """'auto': the no-grad old-log-prob pass runs only in a step where some agent takes more
+    than one optimizer step (several mini-batches or epochs) or has LoRA dropout; in a step
+    where each agent takes one, the weights the loss reads ARE the old policy's, so the
+    training forward's own log-probs, detached, serve as the old ones (the ratio is exactly 1,
+    as TRL does with one iteration) and the pass is skipped. 'always': every step runs it (its
+    ratios then differ from 1 by floating-point noise only)."""
 
     def validate(self) -> TrainerConfig:
         if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:
@@ -380,6 +387,9 @@ class TrainerConfig:
         if self.policy_over not in ("tokens", "moves"):
             raise ConfigError("trainer.policy_over", self.policy_over,
                               "must be 'tokens' or 'moves'")
+        if self.old_logprob_pass not in ("auto", "always"):
+            raise ConfigError("trainer.old_logprob_pass", self.old_logprob_pass,
+                              "must be 'auto' or 'always'")
         if self.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
             raise ConfigError(
                 "trainer.loss_agg_mode",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from roll.multi_agent.config import TrainerConfig
+
 
 def mini_batches(num_rows: int, size: int | None, epochs: int, seed: int) -> list[Tensor]:
     """Positions (among an agent's ``num_rows`` rows) of each of its optimizer steps, epoch by
@@ -23,6 +25,25 @@ def mini_batches(num_rows: int, size: int | None, epochs: int, seed: int) -> lis
     for _ in range(epochs):
         minis.extend(torch.randperm(num_rows, generator=generator).tensor_split(count))
     return minis
+
+
+def optimizer_steps(num_rows: int, size: int | None, epochs: int) -> int:
+    """How many mini-batches ``mini_batches`` cuts ``num_rows`` rows into (0 rows: 0)."""
+    if num_rows <= 0:
+        return 0
+    size = size or num_rows
+    return epochs if size >= num_rows else epochs * -(-num_rows // size)
+
+
+def skips_old_pass(config: TrainerConfig, rows_per_agent: dict[str, int],
+                   dropout: dict[str, float]) -> bool:
+    """True where a train step on these rows (each agent's count) needs no old-log-prob pass
+    (``trainer.old_logprob_pass='auto'``): every agent with rows takes
+    one optimizer step and has no LoRA ``dropout`` (the pass runs without it, the training
+    forward with it), so the training forward's own log-probs are the old policy's."""
+    return config.old_logprob_pass == "auto" and all(
+        optimizer_steps(rows, config.ppo_mini_batch_size, config.ppo_epochs) <= 1
+        and not dropout.get(name, 0.0) for name, rows in rows_per_agent.items())
 
 
 def micro_groups(minis: dict[str, Tensor], size: int,
@@ -51,4 +72,4 @@ def micro_groups(minis: dict[str, Tensor], size: int,
     return groups
 
 
-__all__ = ["micro_groups", "mini_batches"]
+__all__ = ["micro_groups", "mini_batches", "optimizer_steps", "skips_old_pass"]

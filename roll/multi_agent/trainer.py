@@ -8,16 +8,15 @@ no scheduler step — so its weights and optimizer state stay bitwise equal (DES
 
 One train step, per agent: ``ppo_epochs`` passes over its rows; each pass shuffles them with the
 agent's own generator and cuts them into nearly equal mini-batches of at most
-``ppo_mini_batch_size`` rows; each
-mini-batch is one optimizer step (gradients accumulated over micro-batches, the loss normalised
-by the mini-batch). Fused (the default), micro-batches of several agents are packed into ONE
-forward/backward of at most micro_batch_size rows in which each row uses its own agent's
-adapter; each agent's gradient reaches only its own A/B because each agent's loss reads only its
-own rows. The agents advance in
-ROUNDS: round k computes every agent's k-th mini-batch gradient, then checks every agent's loss
-and gradient norm, then steps all of them. A NaN/inf anywhere refuses the whole step: nothing
-is stepped in that round, and adapters, optimizers and schedulers are restored to the start of
-the step if an earlier round had already stepped (invariant 5: no agent half-updated).
+``ppo_mini_batch_size`` rows; each mini-batch is one optimizer step (gradients accumulated
+over micro-batches, the loss normalised by the mini-batch). Fused (the default), micro-batches
+of several agents are packed into ONE forward/backward of at most micro_batch_size rows in
+which each row uses its own agent's adapter; each agent's gradient reaches only its own A/B
+because each agent's loss reads only its own rows. The agents advance in ROUNDS: round k
+computes every agent's k-th mini-batch gradient, then checks every agent's loss and gradient
+norm, then steps all of them. A NaN/inf anywhere refuses the whole step: nothing is stepped in
+that round, and adapters, optimizers and schedulers are restored to the start of the step if
+an earlier round had already stepped (invariant 5: no agent half-updated).
 
 What depends on where the optimizers' state lives (building them, backward, summing gradients
 over ranks, clipping, stepping, state dicts, snapshots) is the ``strategy``'s (strategy.py):
@@ -31,6 +30,8 @@ normalisers). Each rank forwards only its share of each agent's mini-batch (rows
 all-reduce, so clipping, the NaN check and the optimizer steps see the gradient of the whole
 mini-batch and stay identical on every rank. Equal to one process up to the order of the sums
 (exactly so without LoRA dropout: each rank draws its own dropout masks).
+Old log-probs: a no-grad pass first, unless each agent takes one optimizer step (plan.py
+``skips_old_pass``): then the training forward's own, detached, are the old policy's.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from roll.multi_agent.captured import CapturedSteps, capture_refusal
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.logprobs import behaviour_logprobs
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.plan import micro_groups, mini_batches
+from roll.multi_agent.plan import micro_groups, mini_batches, skips_old_pass
 from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
 from roll.utils.transfer import upload
@@ -113,6 +114,7 @@ class MultiAgentTrainer:
         self.strategy: TrainStrategy = strategy if strategy is not None else TorchStrategy()
         self.strategy.setup(model, agents)
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
+        self.dropout = {agent.name: agent.lora.dropout if agent.lora else 0.0 for agent in agents}
         self.global_step = 0
         self._held: tuple[object, int] | None = None
         self.bonus_scale: dict[str, float] = {}  # each agent's, in its last train step
@@ -136,19 +138,17 @@ class MultiAgentTrainer:
         return self.strategy.grad_sync
 
     # ------------------------------------------------------------------ public
-    def logprob_passes(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+    def logprob_passes(self, batch: TrajectoryBatch, old: bool = True) -> TrajectoryBatch:
         """``batch`` with the log-probs this trainer's loss reads (``behaviour_logprobs``: old,
-        over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0)."""
+        over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0); ``old`` False
+        (a step that ``skips_old_pass``): the reference pass alone."""
         return behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
                                   reference=self.config.kl_coef > 0,
-                                  moves=self.config.policy_over == "moves")
+                                  moves=self.config.policy_over == "moves", old=old)
 
     def train_step(self, batch: TrajectoryBatch) -> dict[str, dict[str, float]]:
         """One update of every agent that has rows; returns metrics keyed by agent name."""
         batch.require("advantages")
-        batch = self.logprob_passes(batch)
-        if self.config.magnet_coef > 0:
-            batch = self._with_magnet(batch)
         own: dict[str, Tensor] = {}  # agent -> its rows (indices into batch)
         ids = batch.agent_id.tolist()  # one device->host copy, not one per agent
         for index, name in enumerate(self.agent_names):
@@ -157,6 +157,11 @@ class MultiAgentTrainer:
                 own[name] = upload(rows, torch.long, batch.agent_id.device)  # no wait
         plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
                 for name, rows in own.items()}
+        skip = skips_old_pass(self.config, {name: len(rows) for name, rows in own.items()},
+                              self.dropout)
+        batch = self.logprob_passes(batch, old=not skip)
+        if self.config.magnet_coef > 0:
+            batch = self._with_magnet(batch)
         rounds = max((len(minis) for minis in plan.values()), default=0)
         self.rows_forwarded = 0
         snapshot = self.strategy.snapshot(list(own)) if rounds > 1 else None
@@ -368,8 +373,9 @@ class MultiAgentTrainer:
         elif cfg.policy_over == "moves":  # the constrained policy, one weight per decision
             policy_mask = points(micro.choice_tokens).float() * mask
             new = move_logprobs(logprobs, choice_logits, micro.choice_tokens, micro.input_ids)
+            old = new.detach() if micro.old_move_logprobs is None else micro.old_move_logprobs
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
-                new, micro.old_move_logprobs, micro.advantages, policy_mask,
+                new, old, micro.advantages, policy_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
             policy = aggregate(per_token, policy_mask, "seq-mean-token-sum", decisions)
             with torch.no_grad():  # each decision's own share of its points, over decisions:
@@ -381,8 +387,9 @@ class MultiAgentTrainer:
             share = 1.0
         else:
             share = _share(mask, normaliser, cfg.loss_agg_mode)
+            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
             policy, policy_metrics = ppo_policy_loss(
-                logprobs, micro.old_logprobs, micro.advantages, mask, clip_low=cfg.clip_low,
+                logprobs, old, micro.advantages, mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg_mode,
                 normalizer=normaliser)
         loss = policy
@@ -485,6 +492,9 @@ def _share(mask: Tensor, normaliser: Tensor, mode: str) -> Tensor:
     if mode == "token-mean":
         return mask.sum() / normaliser
     return (mask.sum(-1) > 0).sum() / normaliser
+
+
+
 
 
 __all__ = ["GradSync", "MultiAgentTrainer", "TorchStrategy", "TrainStrategy"]

@@ -66,10 +66,10 @@ from roll.pipeline.env_setup import build_env_setup, check_first_prompts, run_se
 from roll.pipeline.eval_phase import evaluate_now
 from roll.pipeline.evaluation import before_after, team_return
 from roll.pipeline.overlap import NextRollout
-from roll.pipeline.policy_update import SnapshotMagnet, update_agents
+from roll.pipeline.policy_update import SnapshotMagnet, behaviour_passes, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
-from roll.pipeline.step_metrics import capture_metrics, logprob_metrics, rollout_phase_metrics
+from roll.pipeline.step_metrics import capture_metrics, rollout_phase_metrics
 from roll.pipeline.step_plan import StepPlan
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.recompiles import CompileWatch
@@ -426,9 +426,10 @@ class AgenticPipeline:
         batch = batch.to(self.device)
 
         start = time.perf_counter()
-        batch = self.trainer.logprob_passes(batch)  # on the train ranks in Ray mode
-        metrics.update(logprob_metrics(batch, result.turns, self.engine_logprobs_comparable,
-                                       stale=played_before is not None))
+        batch, passes = behaviour_passes(self.cfg, self.trainer, batch, result.turns,
+                                         self.engine_logprobs_comparable,
+                                         stale=played_before is not None)
+        metrics.update(passes)
         times["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()

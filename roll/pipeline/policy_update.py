@@ -1,6 +1,6 @@
-"""The learning half of a train step, after the rows are scored (old/reference log-probs and
-critic values): advantages → zero-advantage rows → the magnet's log-probs → every agent's update
-(fused, or HAPPO's one agent after another) and every critic's.
+"""The learning half of a train step: the no-grad passes it needs (``behaviour_passes``), then,
+after the critics' values: advantages → zero-advantage rows → the magnet's log-probs → every
+agent's update (fused, or HAPPO's one agent after another) and every critic's.
 
 One refusal rule (invariant 5): every agent and every critic steps, or none does. The critics'
 gradients are formed and checked first (their targets do not depend on the agents' update), the
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from roll.agentic.rollout.results import Turn
 from roll.algorithms.advantages import (
     RunningBaselines,
     compute_advantages,
@@ -34,8 +35,36 @@ from roll.errors import NonFiniteLossError, RoleFailed
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.critics import Critics
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.plan import skips_old_pass
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.happo_update import happo_update
+from roll.pipeline.step_metrics import logprob_metrics
+
+PROBE_ROWS = 16
+"""Rows of the old-log-prob pass run for the step's metrics alone when the update skips it."""
+
+
+def behaviour_passes(cfg: PipelineConfig, trainer: TrainGroup, batch: TrajectoryBatch,
+                     turns: list[Turn], comparable: bool,
+                     stale: bool) -> tuple[TrajectoryBatch, dict[str, float]]:
+    """``batch`` with the no-grad log-probs its update reads, and their metrics
+    (``logprob_metrics``). The old-log-prob pass is skipped where the update needs none
+    (plan.py ``skips_old_pass``: each agent takes one optimizer step; HAPPO's ratios always
+    need it); the engine gap and ``team/kl_ref`` then come from that pass over the first
+    ``PROBE_ROWS`` rows only."""
+    counts = torch.bincount(batch.agent_id, minlength=len(trainer.agent_names)).tolist()
+    rows = {name: count for name, count in zip(trainer.agent_names, counts, strict=True)
+            if count}
+    old = (cfg.advantage.estimator == "happo"
+           or not skips_old_pass(trainer.config, rows, trainer.dropout))
+    batch = trainer.logprob_passes(batch, old=old)  # on the train ranks in Ray mode
+    probe = batch
+    if not old and (comparable or batch.ref_logprobs is not None):
+        count = min(PROBE_ROWS, len(batch))
+        probe = trainer.logprob_passes(batch.select(torch.arange(count,
+                                                                 device=batch.agent_id.device)))
+        turns = [turn for turn in turns if turn.trained_agent is not None][:count]
+    return batch, logprob_metrics(probe, turns, comparable, stale)
 
 
 class SnapshotMagnet:
