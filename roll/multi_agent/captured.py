@@ -81,10 +81,11 @@ def grid(columns: int, step: int, up: bool) -> int:
 PARTS = ("loss", "policy_loss", "kl_ref", "entropy", "action_entropy", "magnet_kl",
          "clip_frac", "approx_kl")
 """The per-agent sums one replay adds to (trainer.py METRIC_PARTS' terms of this loss)."""
-WEIGHTS = ("scale", "bonus", "per_decision", "action_bonus")
+WEIGHTS = ("scale", "bonus", "per_decision", "action_bonus", "own_old")
 """Each agent's weights in a round: 1 / its response tokens in the mini-batch, its token
 entropy's weight, 1 / its decisions (rows with a branching point), its legal-move entropy's
-weight; a row reads its own agent's (0 on padding rows)."""
+weight, 1 where its old log-probs are the forward's own (one optimizer step: trainer.py);
+a row reads its own agent's (0 on padding rows)."""
 
 
 def capture_refusal(config: TrainerConfig, model, strategy) -> str | None:
@@ -109,8 +110,8 @@ def capture_refusal(config: TrainerConfig, model, strategy) -> str | None:
 
 @dataclass
 class _Bucket:
-    """One (width, window start, legal-token width, old log-probs given) shape: the step's
-    static inputs and its graph."""
+    """One (width, window start, legal-token width) shape: the step's static inputs and its
+    graph."""
 
     first: int
     input_ids: Tensor  # (R, W) long
@@ -118,7 +119,7 @@ class _Bucket:
     agent_id: Tensor  # (R,) long
     mask: Tensor  # (R, W - first) fp32: response tokens of the window; 0 on padding
     advantages: Tensor  # (R, W - first) fp32
-    old: Tensor | None  # (R, W - first) fp32; None: this forward's own (one optimizer step)
+    old: Tensor  # (R, W - first) fp32
     ref: Tensor | None  # (R, W - first) fp32, with a KL term
     weights: Tensor  # (R, len(WEIGHTS)) fp32: the row's agent's
     choices: Tensor | None  # (R, W - first, C) long, -1 padded: legal tokens (constrained)
@@ -154,13 +155,15 @@ class CapturedSteps:
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, batch: TrajectoryBatch, groups: list, normalisers: dict[str, Tensor],
-                  decisions: dict[str, Tensor], bonus: dict[str, float]) -> int:
+                  decisions: dict[str, Tensor], bonus: dict[str, float],
+                  own_old: set[str] = frozenset()) -> int:
         """One round's micro-batches (``groups`` of (agent, rows), trainer.py's plan), each
         agent's loss normalised by ``normalisers[agent]`` (its legal-move terms by
         ``decisions[agent]``, when the batch has choices), its entropy bonuses weighed by
-        ``bonus[agent]`` (the bonus decay's scale); returns the rows run. ``sums`` then holds
-        the round's metrics."""
-        self.open_round(normalisers, decisions, bonus)
+        ``bonus[agent]`` (the bonus decay's scale), the agents of ``own_old`` reading their
+        old log-probs from the forward itself; returns the rows run. ``sums`` then holds the
+        round's metrics."""
+        self.open_round(normalisers, decisions, bonus, own_old)
         selected = [torch.cat([agent_rows for _, agent_rows in group]) for group in groups]
         # each micro-batch's first response column, all in one host read (not one a replay)
         scored = batch.response_mask.bool()
@@ -173,14 +176,14 @@ class CapturedSteps:
         return sum(len(rows) for rows in selected)
 
     def open_round(self, normalisers: dict[str, Tensor], decisions: dict[str, Tensor],
-                   bonus: dict[str, float]) -> None:
+                   bonus: dict[str, float], own_old: set[str] = frozenset()) -> None:
         """This round's per-agent weights (``WEIGHTS``); the metric sums start at 0."""
         cfg, names = self.config, self.model.agent_names
         self.acc.zero_()
         self.weights.zero_()
         coefs = upload([[0.0, cfg.entropy_coef * bonus.get(name, 0.0), 0.0,
-                         cfg.action_entropy_coef * bonus.get(name, 0.0)] for name in names],
-                       torch.float32, self.device)
+                         cfg.action_entropy_coef * bonus.get(name, 0.0),
+                         float(name in own_old)] for name in names], torch.float32, self.device)
         self.weights.copy_(coefs)
         for name, normaliser in normalisers.items():
             self.weights[names.index(name), 0] = 1.0 / normaliser
@@ -205,12 +208,11 @@ class CapturedSteps:
         first = max(1, grid(first, START_BUCKET, up=False))
         legal = 0 if micro.choice_tokens is None else micro.choice_tokens.shape[-1]
         legal = 1 << (legal - 1).bit_length() if legal else 0  # a power of two
-        with_old = micro.old_logprobs is not None  # None: plan.skips_old_pass
-        key = (width, first, legal, with_old)
+        key = (width, first, legal)
         bucket = self.buckets.get(key)
         new_kept = False
         if bucket is None:
-            bucket = self._bucket(width, first, legal, with_old)
+            bucket = self._bucket(width, first, legal)
             new_kept = len(self.buckets) < MAX_GRAPHS  # (on a CPU too: none kept past it)
             if new_kept:
                 self.buckets[key] = bucket
@@ -224,7 +226,7 @@ class CapturedSteps:
         else:
             self._step(bucket)
 
-    def _bucket(self, width: int, first: int, legal: int, with_old: bool) -> _Bucket:
+    def _bucket(self, width: int, first: int, legal: int) -> _Bucket:
         cfg, rows, window, device = self.config, self.rows, width - first, self.device
 
         def zeros(*shape, dtype=torch.float32):
@@ -232,14 +234,12 @@ class CapturedSteps:
 
         return _Bucket(first, zeros(rows, width, dtype=torch.long),
                        zeros(rows, width, dtype=torch.long), zeros(rows, dtype=torch.long),
-                       zeros(rows, window), zeros(rows, window),
-                       zeros(rows, window) if with_old else None,
+                       zeros(rows, window), zeros(rows, window), zeros(rows, window),
                        zeros(rows, window) if cfg.kl_coef > 0 else None,
                        zeros(rows, len(WEIGHTS)),
                        zeros(rows, window, legal, dtype=torch.long) if legal else None,
                        zeros(rows, window, legal) if legal and cfg.magnet_coef > 0 else None,
-                       zeros(rows, window) if legal and cfg.policy_over == "moves" and with_old
-                       else None)
+                       zeros(rows, window) if legal and cfg.policy_over == "moves" else None)
 
     def _fill(self, bucket: _Bucket, micro: TrajectoryBatch) -> None:
         """The micro-batch's rows into the bucket's inputs; padding rows repeat its first row
@@ -262,6 +262,8 @@ class CapturedSteps:
             if static is None:
                 continue
             static.fill_(pad)
+            if value is None:  # old log-probs of agents that read the forward's own
+                continue
             part = value[:, first:]
             target = static[:rows, :columns - first]
             if part.dim() == 3:  # legal tokens: the batch's own width of them
@@ -285,7 +287,8 @@ class CapturedSteps:
         logprobs, entropy = logprobs.view(rows, window), entropy.view(rows, window)
         mask = bucket.mask
         keep = mask.bool()
-        scale, bonus, per_decision, action_bonus = bucket.weights.unbind(-1)  # (R,) each
+        scale, bonus, per_decision, action_bonus, own_old = bucket.weights.unbind(-1)  # (R,)
+        own_old = own_old[:, None] > 0  # (R, 1): this forward's log-probs are the old ones
 
         def per_row(values: Tensor) -> Tensor:  # (R,): each row's share of its agent's mean
             return torch.where(keep, values, torch.zeros((), device=values.device)).sum(-1) \
@@ -299,7 +302,7 @@ class CapturedSteps:
             choice_logits = window_choice_logits(logits, tokens, self.temperature)
             moves = choice_logprobs(choice_logits, tokens)
         if cfg.policy_over == "tokens":
-            old = logprobs.detach() if bucket.old is None else bucket.old
+            old = torch.where(own_old, logprobs.detach(), bucket.old)
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
                 logprobs, old, bucket.advantages, mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
@@ -310,7 +313,7 @@ class CapturedSteps:
         elif tokens is not None:  # the moves constrained decoding plays, one weight a decision
             points_mask = points(tokens).float() * mask
             new = move_logprobs(logprobs, choice_logits, tokens, ids[:, first:])
-            old = new.detach() if bucket.old_moves is None else bucket.old_moves
+            old = torch.where(own_old, new.detach(), bucket.old_moves)
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
                 new, old, bucket.advantages, points_mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)

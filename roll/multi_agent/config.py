@@ -315,12 +315,12 @@ class TrainerConfig:
     """'token-mean' (over all of the agent's response tokens in the step) or
     'seq-mean-token-mean' (mean per row, then over rows)."""
     old_logprob_pass: str = "auto"
-    """'auto': the no-grad old-log-prob pass runs only in a step where some agent takes more
-    than one optimizer step (several mini-batches or epochs) or has LoRA dropout; in a step
-    where each agent takes one, the weights the loss reads ARE the old policy's, so the
-    training forward's own log-probs, detached, serve as the old ones (the ratio is exactly 1,
-    as TRL does with one iteration) and the pass is skipped. 'always': every step runs it (its
-    ratios then differ from 1 by floating-point noise only)."""
+    """'auto': the no-grad old-log-prob pass runs only for the rows of agents that take more
+    than one optimizer step in the step (several mini-batches or epochs) or have LoRA dropout;
+    an agent that takes one reads its loss under the very weights of the old policy, so its
+    training forward's own log-probs, detached, are the old ones (ratio exactly 1, as TRL does
+    with one iteration) and its rows skip the pass (plan.py ``old_pass_agents``). 'always':
+    every row gets the pass (its ratios then differ from 1 by floating-point noise only)."""
 
     def validate(self) -> TrainerConfig:
         if not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1:

@@ -152,8 +152,8 @@ def behaviour_logprobs(model: MultiAgentLoRAModel, batch: TrajectoryBatch, tempe
     ``reference``, ``ref_logprobs`` (B, T) under the base with adapters off. The one place
     these are computed (the pipeline before the advantages, the trainer for a batch that comes
     without them); fields the batch already has are kept. Zero outside ``response_mask``.
-    ``old`` False: no old log-probs (a step whose training forward gives them:
-    trainer.py ``skips_old_pass``), the reference pass alone."""
+    ``old`` False: the reference pass alone (``with_old_of_rows`` adds the old log-probs of
+    the agents that need them)."""
     passes = dict(positions=batch.response_mask.bool(), temperature=temperature,
                   forward_rows=forward_rows)
     moves = moves and batch.choice_tokens is not None
@@ -172,6 +172,21 @@ def behaviour_logprobs(model: MultiAgentLoRAModel, batch: TrajectoryBatch, tempe
         batch = batch.with_fields(ref_logprobs=model.reference_logprobs(
             batch.input_ids, batch.attention_mask, **passes))
     return batch
+
+
+def with_old_of_rows(batch: TrajectoryBatch, rows: Tensor,
+                     part: TrajectoryBatch) -> TrajectoryBatch:
+    """``batch`` with the old log-probs (and over moves) of ``part`` (its ``rows``, after the
+    old pass) in those rows and 0 in the others: the rows of agents whose training forward
+    gives their own (plan.py ``old_pass_agents``)."""
+    fields = {}
+    for key in ("old_logprobs", "old_move_logprobs"):
+        value = getattr(part, key)
+        if value is not None:
+            full = value.new_zeros((len(batch), *value.shape[1:]))
+            full[rows.to(value.device)] = value
+            fields[key] = full
+    return batch.with_fields(**fields)
 
 
 def response_window(positions: Tensor) -> tuple[int, int]:
@@ -248,4 +263,5 @@ def window_choice_logits(window_logits: Tensor, tokens: Tensor, temperature: flo
 
 
 __all__ = ["CHUNK_BYTES", "FusedTokenLogProb", "TokenLogProb", "behaviour_logprobs",
-           "choice_logits", "response_window", "sequence_logprobs", "window_choice_logits"]
+           "choice_logits", "response_window", "sequence_logprobs", "window_choice_logits",
+           "with_old_of_rows"]

@@ -35,15 +35,17 @@ def optimizer_steps(num_rows: int, size: int | None, epochs: int) -> int:
     return epochs if size >= num_rows else epochs * -(-num_rows // size)
 
 
-def skips_old_pass(config: TrainerConfig, rows_per_agent: dict[str, int],
-                   dropout: dict[str, float]) -> bool:
-    """True where a train step on these rows (each agent's count) needs no old-log-prob pass
-    (``trainer.old_logprob_pass='auto'``): every agent with rows takes
-    one optimizer step and has no LoRA ``dropout`` (the pass runs without it, the training
-    forward with it), so the training forward's own log-probs are the old policy's."""
-    return config.old_logprob_pass == "auto" and all(
-        optimizer_steps(rows, config.ppo_mini_batch_size, config.ppo_epochs) <= 1
-        and not dropout.get(name, 0.0) for name, rows in rows_per_agent.items())
+def old_pass_agents(config: TrainerConfig, rows_per_agent: dict[str, int],
+                    dropout: dict[str, float]) -> set[str]:
+    """The agents (of those with rows) whose loss needs the no-grad old-log-prob pass in a
+    train step on these rows (each agent's count). ``trainer.old_logprob_pass='always'``: every
+    one; 'auto': those that take more than one optimizer step or have LoRA ``dropout`` (the
+    pass runs without it, the training forward with it). For the others the weights their
+    loss reads ARE the old policy's, so the training forward's own log-probs, detached, are the
+    old ones (ratio exactly 1). Each agent's own: the same alone or in any team."""
+    return {name for name, rows in rows_per_agent.items() if rows and (
+        config.old_logprob_pass == "always" or dropout.get(name, 0.0)
+        or optimizer_steps(rows, config.ppo_mini_batch_size, config.ppo_epochs) > 1)}
 
 
 def micro_groups(minis: dict[str, Tensor], size: int,
@@ -72,4 +74,4 @@ def micro_groups(minis: dict[str, Tensor], size: int,
     return groups
 
 
-__all__ = ["micro_groups", "mini_batches", "optimizer_steps", "skips_old_pass"]
+__all__ = ["micro_groups", "mini_batches", "old_pass_agents", "optimizer_steps"]

@@ -30,8 +30,8 @@ normalisers). Each rank forwards only its share of each agent's mini-batch (rows
 all-reduce, so clipping, the NaN check and the optimizer steps see the gradient of the whole
 mini-batch and stay identical on every rank. Equal to one process up to the order of the sums
 (exactly so without LoRA dropout: each rank draws its own dropout masks).
-Old log-probs: a no-grad pass first, unless each agent takes one optimizer step (plan.py
-``skips_old_pass``): then the training forward's own, detached, are the old policy's.
+Old log-probs: a no-grad pass first for the agents taking several optimizer steps; for one
+taking one, its training forward's own, detached (plan.py ``old_pass_agents``).
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ from roll.batch import TrajectoryBatch
 from roll.errors import ConfigError, NonFiniteLossError
 from roll.multi_agent.captured import CapturedSteps, capture_refusal
 from roll.multi_agent.config import AgentConfig, TrainerConfig
-from roll.multi_agent.logprobs import behaviour_logprobs
+from roll.multi_agent.logprobs import behaviour_logprobs, with_old_of_rows
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.plan import micro_groups, mini_batches, skips_old_pass
+from roll.multi_agent.plan import micro_groups, mini_batches, old_pass_agents
 from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
 from roll.utils.transfer import upload
@@ -121,6 +121,7 @@ class MultiAgentTrainer:
         self.captured = self._captured_steps()
         """The micro-batches' captured graphs (captured.py), None when ``capture`` is off."""
         self.rows_forwarded = 0  # rows this process ran forward/backward on in its last step
+        self.own_old: set[str] = set()  # agents whose last step read the forward's own old
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -141,7 +142,7 @@ class MultiAgentTrainer:
     def logprob_passes(self, batch: TrajectoryBatch, old: bool = True) -> TrajectoryBatch:
         """``batch`` with the log-probs this trainer's loss reads (``behaviour_logprobs``: old,
         over moves when ``policy_over=moves``, reference when ``kl_coef`` > 0); ``old`` False
-        (a step that ``skips_old_pass``): the reference pass alone."""
+        (``old_pass_agents``): the reference pass alone."""
         return behaviour_logprobs(self.model, batch, self.temperature, self.config.forward_rows,
                                   reference=self.config.kl_coef > 0,
                                   moves=self.config.policy_over == "moves", old=old)
@@ -157,9 +158,12 @@ class MultiAgentTrainer:
                 own[name] = upload(rows, torch.long, batch.agent_id.device)  # no wait
         plan = {name: [rows[mini.to(rows.device)] for mini in self._mini_batches(name, len(rows))]
                 for name, rows in own.items()}
-        skip = skips_old_pass(self.config, {name: len(rows) for name, rows in own.items()},
-                              self.dropout)
-        batch = self.logprob_passes(batch, old=not skip)
+        need = old_pass_agents(self.config, {n: len(r) for n, r in own.items()}, self.dropout)
+        self.own_old = set(own) - need  # their training forward gives their old log-probs
+        batch = self.logprob_passes(batch, old=False)  # the reference's, where it is paid
+        if need and batch.old_logprobs is None:
+            rows = torch.cat([own[name] for name in need])
+            batch = with_old_of_rows(batch, rows, self.logprob_passes(batch.select(rows)))
         if self.config.magnet_coef > 0:
             batch = self._with_magnet(batch)
         rounds = max((len(minis) for minis in plan.values()), default=0)
@@ -200,8 +204,7 @@ class MultiAgentTrainer:
         self.strategy.restore(snapshot)
         self._held = None
 
-    def release(self) -> None:
-        """Forget what ``hold`` remembered (the steps stand)."""
+    def release(self) -> None:  # forget what ``hold`` remembered (the steps stand)
         self._held = None
 
     def state_dict(self) -> dict:
@@ -216,7 +219,7 @@ class MultiAgentTrainer:
         """Overwrite agents' adapters (resume: the checkpoint's tensors)."""
         self.strategy.load_adapters(adapters)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # state_dict's
         self.global_step = state["global_step"]
         self.strategy.load_state_dict(state)
 
@@ -285,7 +288,8 @@ class MultiAgentTrainer:
         with self.model.training_forward(steps, stream):
             if captured is not None:  # each micro-batch replayed from its graph: captured.py
                 self.rows_forwarded += captured.run_round(batch, groups, normalisers,
-                                                          decisions, self.bonus_scale)
+                                                          decisions, self.bonus_scale,
+                                                          self.own_old)
             else:
                 self._forward_backward(batch, groups, normalisers, decisions, parts_of)
             for _ in range(padding):
@@ -329,7 +333,8 @@ class MultiAgentTrainer:
                 start += len(rows)
                 parts = self._loss(micro.select(part), logprobs[part], entropy[part],
                                    normalisers[name], choices[0][part] if choices else None,
-                                   decisions.get(name), self.bonus_scale[name])
+                                   decisions.get(name), self.bonus_scale[name],
+                                   name in self.own_old)
                 total = total + parts["loss"]
                 for key, value in parts.items():
                     parts_of[name][key] = parts_of[name][key] + value.detach()
@@ -357,7 +362,7 @@ class MultiAgentTrainer:
     def _loss(
         self, micro: TrajectoryBatch, logprobs: Tensor, entropy: Tensor, normaliser: Tensor,
         choice_logits: Tensor | None = None, decisions: Tensor | None = None,
-        bonus_scale: float = 1.0,
+        bonus_scale: float = 1.0, own_old: bool = False,
     ) -> dict[str, Tensor]:
         """One agent's loss on its rows of a micro-batch, scaled by its mini-batch normaliser
         (so micro-batch parts sum to the mini-batch's value); ``loss`` keeps its graph. The
@@ -373,7 +378,7 @@ class MultiAgentTrainer:
         elif cfg.policy_over == "moves":  # the constrained policy, one weight per decision
             policy_mask = points(micro.choice_tokens).float() * mask
             new = move_logprobs(logprobs, choice_logits, micro.choice_tokens, micro.input_ids)
-            old = new.detach() if micro.old_move_logprobs is None else micro.old_move_logprobs
+            old = new.detach() if own_old else micro.old_move_logprobs
             per_token, is_clipped, _, log_ratio = ppo_token_terms(
                 new, old, micro.advantages, policy_mask,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
@@ -386,8 +391,9 @@ class MultiAgentTrainer:
                     / decisions}
             share = 1.0
         else:
-            share = _share(mask, normaliser, cfg.loss_agg_mode)
-            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+            # the micro-batch's fraction of the mini-batch (to sum token-weighted metrics)
+            share = aggregate(torch.ones_like(mask), mask, cfg.loss_agg_mode, normaliser)
+            old = logprobs.detach() if own_old else micro.old_logprobs
             policy, policy_metrics = ppo_policy_loss(
                 logprobs, old, micro.advantages, mask, clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg_mode,
@@ -484,16 +490,6 @@ class MultiAgentTrainer:
                 metrics["bonus_scale"] = self.bonus_scale[name]
             result[name] = metrics
         return result
-
-
-def _share(mask: Tensor, normaliser: Tensor, mode: str) -> Tensor:
-    """Fraction of the mini-batch's normaliser this micro-batch holds (to sum token-weighted
-    metrics), as a device tensor."""
-    if mode == "token-mean":
-        return mask.sum() / normaliser
-    return (mask.sum(-1) > 0).sum() / normaliser
-
-
 
 
 

@@ -34,37 +34,50 @@ from roll.distributed.roles import TrainGroup
 from roll.errors import NonFiniteLossError, RoleFailed
 from roll.models.peft_io import ADAPTER_WEIGHTS, write_peft_folder
 from roll.multi_agent.critics import Critics
+from roll.multi_agent.logprobs import with_old_of_rows
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.plan import skips_old_pass
+from roll.multi_agent.plan import old_pass_agents
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.happo_update import happo_update
 from roll.pipeline.step_metrics import logprob_metrics
 
 PROBE_ROWS = 16
-"""Rows of the old-log-prob pass run for the step's metrics alone when the update skips it."""
+"""Fresh rows (and rows played ahead) of the old-log-prob pass run for the step's metrics alone
+when the update skips it."""
 
 
 def behaviour_passes(cfg: PipelineConfig, trainer: TrainGroup, batch: TrajectoryBatch,
                      turns: list[Turn], comparable: bool,
                      stale: bool) -> tuple[TrajectoryBatch, dict[str, float]]:
     """``batch`` with the no-grad log-probs its update reads, and their metrics
-    (``logprob_metrics``). The old-log-prob pass is skipped where the update needs none
-    (plan.py ``skips_old_pass``: each agent takes one optimizer step; HAPPO's ratios always
-    need it); the engine gap and ``team/kl_ref`` then come from that pass over the first
-    ``PROBE_ROWS`` rows only."""
+    (``logprob_metrics``). Old log-probs only for the rows of agents that need them (plan.py
+    ``old_pass_agents``; HAPPO's ratios: every agent), 0 in the others' rows; where a row has
+    none, the engine gap and ``team/kl_ref`` come from the pass over ``PROBE_ROWS`` fresh rows
+    and as many played ahead (``Turn.ahead``) alone."""
     counts = torch.bincount(batch.agent_id, minlength=len(trainer.agent_names)).tolist()
-    rows = {name: count for name, count in zip(trainer.agent_names, counts, strict=True)
-            if count}
-    old = (cfg.advantage.estimator == "happo"
-           or not skips_old_pass(trainer.config, rows, trainer.dropout))
-    batch = trainer.logprob_passes(batch, old=old)  # on the train ranks in Ray mode
-    probe = batch
-    if not old and (comparable or batch.ref_logprobs is not None):
-        count = min(PROBE_ROWS, len(batch))
-        probe = trainer.logprob_passes(batch.select(torch.arange(count,
-                                                                 device=batch.agent_id.device)))
-        turns = [turn for turn in turns if turn.trained_agent is not None][:count]
-    return batch, logprob_metrics(probe, turns, comparable, stale)
+    rows_of = dict(zip(trainer.agent_names, counts, strict=True))
+    need = (set(trainer.agent_names) if cfg.advantage.estimator == "happo"
+            else old_pass_agents(trainer.config, rows_of, trainer.dropout))
+    ids = [trainer.agent_names.index(name) for name in need]
+    rows = torch.isin(batch.agent_id, torch.tensor(ids, dtype=batch.agent_id.dtype,
+                                                   device=batch.agent_id.device))
+    if bool(rows.all()):
+        batch = trainer.logprob_passes(batch)  # on the train ranks in Ray mode
+        return batch, logprob_metrics(batch, turns, comparable, stale)
+    batch = trainer.logprob_passes(batch, old=False)  # the reference's, where it is paid
+    if bool(rows.any()):
+        rows = rows.nonzero().squeeze(-1)
+        batch = with_old_of_rows(batch, rows, trainer.logprob_passes(batch.select(rows)))
+    if not (comparable or batch.ref_logprobs is not None):
+        return batch, {}
+    trained = [turn for turn in turns if turn.trained_agent is not None]  # batch order
+    ahead = [stale or turn.ahead for turn in trained]
+    picked = sorted([row for row, late in enumerate(ahead) if not late][:PROBE_ROWS]
+                    + [row for row, late in enumerate(ahead) if late][:PROBE_ROWS])
+    probe = trainer.logprob_passes(
+        batch.select(torch.tensor(picked, device=batch.agent_id.device))
+        .with_fields(old_logprobs=None, old_move_logprobs=None))
+    return batch, logprob_metrics(probe, [trained[row] for row in picked], comparable, stale)
 
 
 class SnapshotMagnet:

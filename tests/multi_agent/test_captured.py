@@ -94,15 +94,10 @@ def test_captured_steps_give_the_compiled_trainers_updates_and_metrics(tiny_mode
     # buckets: widths multiples of BUCKET, window starts of START_BUCKET (0 is column 1);
     # the long prompts' responses start at columns 70-89
     keys = set(captured.captured.buckets)
-    assert {legal for _, _, legal, _ in keys} == {0}, keys  # no constrained answers
-    # alice's 5 and 4 rows are two mini-batches: the old log-probs come from the no-grad pass,
-    # into the graph; the long prompts' step (at most 3 rows an agent) is one mini-batch each,
-    # so the graph's own forward gives them (plan.skips_old_pass), and still equals the plain
-    assert {(width, with_old) for width, *_, with_old in keys} == {(BUCKET, True),
-                                                                   (3 * BUCKET, False)}, keys
-    assert {width for width, *_ in keys} == {BUCKET, 3 * BUCKET}, keys
-    assert {start for width, start, *_ in keys if width == BUCKET} == {1}, keys
-    assert {start for width, start, *_ in keys if width > BUCKET} <= {
+    assert {legal for _, _, legal in keys} == {0}, keys  # no constrained answers
+    assert {width for width, _, _ in keys} == {BUCKET, 3 * BUCKET}, keys
+    assert {start for width, start, _ in keys if width == BUCKET} == {1}, keys
+    assert {start for width, start, _ in keys if width > BUCKET} <= {
         70 // START_BUCKET * START_BUCKET, 89 // START_BUCKET * START_BUCKET}, keys
     assert all(bucket.graph is None for bucket in captured.captured.buckets.values())
 
@@ -156,10 +151,7 @@ def test_captured_legal_move_terms_equal_the_compiled_trainers(tiny_model_path, 
                 torch.testing.assert_close(model.export_adapter(name)[key], value,
                                            rtol=0, atol=1e-5, msg=f"{index} {name} {key}")
     if cap:
-        # each agent's <= 4 rows are one mini-batch: no old-log-prob pass, the graph's own
-        # forward gives them (plan.skips_old_pass), as in the compiled trainer it equals
-        assert {(legal, with_old) for _, _, legal, with_old in captured.captured.buckets} == {
-            (4, False)}
+        assert {legal for _, _, legal in captured.captured.buckets} == {4}
         assert captured.captured.uncaptured == 0
     else:  # fused micro-batches of <= 4 rows: alice's 3 and bob's 3 rows apart (3 + 3 > 4),
         # then alice 1 + bob 2 + carol 1 in one: 3 micro-batches, each past the cap

@@ -99,6 +99,7 @@ BAD_TRAINER = [
     (TrainerConfig(logprob_micro_batch_size=0), "trainer.logprob_micro_batch_size"),
     (TrainerConfig(loss_agg_mode="sum"), "trainer.loss_agg_mode"),
     (TrainerConfig(policy_over="actions"), "trainer.policy_over"),
+    (TrainerConfig(old_logprob_pass="never"), "trainer.old_logprob_pass"),
 ]
 
 

@@ -8,6 +8,7 @@ import torch
 from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
 from roll.multi_agent.optim import lr_lambda
+from roll.multi_agent.plan import old_pass_agents, optimizer_steps
 from roll.multi_agent.trainer import MultiAgentTrainer
 
 from .helpers import make_rows, make_team
@@ -279,3 +280,58 @@ def test_mini_batches_are_balanced_and_cover_every_row_once_per_epoch(tiny_model
     for epoch in (minis[:3], minis[3:]):
         assert sorted(torch.cat(epoch).tolist()) == list(range(10))
     assert [len(m) for m in trainer._mini_batches("alice", 8)] == [4, 4, 4, 4]
+
+
+def test_old_pass_agents_by_hand():
+    # mini-batches of 4: 10 rows -> ceil(10 / 4) = 3 a pass; no size -> one; 0 rows -> none
+    assert optimizer_steps(10, 4, 1) == 3 and optimizer_steps(10, None, 2) == 2
+    assert optimizer_steps(4, 4, 3) == 3 and optimizer_steps(0, 4, 1) == 0
+    rows = {"alice": 3, "bob": 6, "carol": 0}
+    no_dropout = {"alice": 0.0, "bob": 0.0, "carol": 0.0}
+    one_step = TrainerConfig(ppo_mini_batch_size=8)
+    assert old_pass_agents(one_step, rows, no_dropout) == set()
+    assert old_pass_agents(TrainerConfig(ppo_mini_batch_size=4), rows, no_dropout) == {"bob"}
+    assert old_pass_agents(TrainerConfig(ppo_epochs=2), rows, no_dropout) == {"alice", "bob"}
+    # dropout: the no-grad pass runs without it, the training forward with it
+    assert old_pass_agents(one_step, rows, {**no_dropout, "alice": 0.1}) == {"alice"}
+    always = TrainerConfig(ppo_mini_batch_size=8, old_logprob_pass="always")
+    assert old_pass_agents(always, rows, no_dropout) == {"alice", "bob"}  # carol: no rows
+
+
+def test_an_agent_taking_one_optimizer_step_reads_its_forwards_own_old_logprobs(
+        tiny_model_path):
+    """``old_logprob_pass='auto'``: alice (3 rows, one mini-batch of <= 4) skips the no-grad
+    pass, bob (6 rows: two) gets it for his rows alone; the update equals the one with the
+    pass for every row (SGD at rate 1: the adapters' change is the gradient), and alice's is
+    what she gets training alone."""
+    agents = [AgentConfig("alice"), AgentConfig("bob")]
+    batch = make_rows([0, 1, 1, 0, 1, 1, 0, 1, 1], seed=11)
+    sgd = OptimConfig(name="sgd", lr=1.0)
+    adapters, passes = {}, {}
+    for mode, ids in (("always", None), ("auto", None), ("alone", [0, 3, 6])):
+        model, resolved = make_team(tiny_model_path, agents, optim=sgd)
+        config = TrainerConfig(micro_batch_size=4, ppo_mini_batch_size=4, kl_coef=0.0,
+                               old_logprob_pass="always" if mode == "always" else "auto")
+        trainer = MultiAgentTrainer(model, resolved, config)
+        passed: list[int] = []
+
+        def counted(input_ids, *args, _forward=model.logprobs, _passed=passed, **kwargs):
+            _passed.append(len(input_ids))  # rows through the no-grad old-log-prob pass
+            return _forward(input_ids, *args, **kwargs)
+
+        model.logprobs = counted
+        rows = batch if ids is None else batch.select(torch.tensor(ids))
+        trainer.train_step(rows)
+        passes[mode] = (sum(passed), trainer.own_old)
+        adapters[mode] = {name: model.export_adapter(name) for name in model.agent_names}
+    assert passes["always"] == (9, set())  # every row through the no-grad pass
+    assert passes["auto"] == (6, {"alice"})  # bob's rows alone
+    assert passes["alone"] == (0, {"alice"})
+    for name in ("alice", "bob"):
+        for key, value in adapters["always"][name].items():
+            torch.testing.assert_close(adapters["auto"][name][key], value, rtol=0, atol=1e-6)
+    for key, value in adapters["auto"]["alice"].items():
+        torch.testing.assert_close(adapters["alone"]["alice"][key], value, rtol=0, atol=1e-6)
+    assert any(float((adapters["auto"]["alice"][key] - value).abs().max()) > 1e-3
+               for key, value in make_team(tiny_model_path, agents, optim=sgd)[0]
+               .export_adapter("alice").items())  # alice did move
