@@ -41,7 +41,7 @@ from roll.pipeline.config import PipelineConfig
 from roll.pipeline.happo_update import happo_update
 from roll.pipeline.step_metrics import logprob_metrics
 
-PROBE_ROWS = 16
+PROBE_ROWS = 8
 """Fresh rows (and rows played ahead) of the old-log-prob pass run for the step's metrics alone
 when the update skips it."""
 
