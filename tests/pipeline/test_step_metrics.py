@@ -96,3 +96,35 @@ def test_each_step_counts_the_graphs_it_compiled_and_a_later_compile_is_said(tmp
     assert len(said) == 1 and said[0].split("] ", 1)[1].startswith(
         f"pipeline: torch.compile built {metrics['compile/new_graphs']:.0f} new graph(s) in "
         "step 3 ")
+
+
+def test_behaviour_passes_give_old_logprobs_to_the_agents_that_need_them(tiny_model_path):
+    """alice's 3 rows are one mini-batch of <= 4 (her training forward gives her old
+    log-probs: zeros here), bob's 6 are two (the pass, for his rows alone, equal to the pass
+    over every row); the engine gap comes from the pass over the probe rows (the first 8 fresh
+    ones, 1 played ahead); HAPPO gets the pass for every row."""
+    from roll.distributed.roles import LocalTrainGroup
+    from roll.multi_agent.config import AgentConfig, TrainerConfig
+    from roll.pipeline.policy_update import PROBE_ROWS, behaviour_passes
+
+    from ..multi_agent.helpers import make_rows, make_team
+
+    model, resolved = make_team(tiny_model_path, [AgentConfig("alice"), AgentConfig("bob")])
+    trainer = LocalTrainGroup(model, resolved, TrainerConfig(ppo_mini_batch_size=4))
+    ids = [0, 1, 1, 0, 1, 1, 0, 1, 1, 1]
+    batch = make_rows(ids, seed=5)
+    full = trainer.logprob_passes(batch).old_logprobs
+    batch = batch.with_fields(engine_logprobs=full + 0.25 * batch.response_mask)
+    turns = [SimpleNamespace(ahead=row == 9, trained_agent="ab"[agent])
+             for row, agent in enumerate(ids)]
+    grpo = SimpleNamespace(advantage=SimpleNamespace(estimator="grpo"))
+    out, metrics = behaviour_passes(grpo, trainer, batch, turns, comparable=True, stale=False)
+    bob = torch.tensor(ids) == 1
+    torch.testing.assert_close(out.old_logprobs[bob], full[bob], rtol=0, atol=1e-6)
+    assert not out.old_logprobs[~bob].any()
+    assert PROBE_ROWS == 8  # rows 0-7 fresh, row 9 ahead: every gap is the 0.25 put in
+    assert metrics == pytest.approx({"rollout/engine_logprob_gap": 0.25,
+                                     "rollout/ahead_logprob_gap": 0.25}, abs=1e-5)
+    happo = SimpleNamespace(advantage=SimpleNamespace(estimator="happo"))
+    out, _ = behaviour_passes(happo, trainer, batch, turns, comparable=False, stale=False)
+    torch.testing.assert_close(out.old_logprobs, full, rtol=0, atol=1e-6)
