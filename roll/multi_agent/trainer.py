@@ -161,7 +161,8 @@ class MultiAgentTrainer:
         need = old_pass_agents(self.config, {n: len(r) for n, r in own.items()}, self.dropout)
         self.own_old = set(own) - need  # their training forward gives their old log-probs
         batch = self.logprob_passes(batch, old=False)  # the reference's, where it is paid
-        if need and batch.old_logprobs is None:
+        moves = self.config.policy_over == "moves" and batch.choice_tokens is not None
+        if need and (batch.old_logprobs is None or moves and batch.old_move_logprobs is None):
             rows = torch.cat([own[name] for name in need])
             batch = with_old_of_rows(batch, rows, self.logprob_passes(batch.select(rows)))
         if self.config.magnet_coef > 0:
