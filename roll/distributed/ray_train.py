@@ -33,6 +33,7 @@ from roll.distributed.roles import (
 from roll.models import load_model, resolve_dtype
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.plan import agent_dropout
 from roll.multi_agent.strategy import TorchStrategy
 from roll.multi_agent.trainer import MultiAgentTrainer
 from roll.utils.recompiles import CompileWatch
@@ -235,8 +236,7 @@ class RayTrainGroup:
         self.world_size = world_size
         self.global_step = 0
         self.config = spec.trainer
-        self.dropout = {agent.name: agent.lora.dropout if agent.lora else 0.0
-                        for agent in spec.agents}  # as the ranks' trainers read it
+        self.dropout = agent_dropout(list(spec.agents))  # as the ranks' trainers read it
         self._held: tuple[dict, int] | None = None
         self._published: dict[str, tuple[int, ray.ObjectRef]] = {}
         """agent -> (global step, rank 0's engine copy of its adapter in the object store)."""

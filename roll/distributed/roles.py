@@ -75,13 +75,13 @@ class TrainGroup(Protocol):
 
     config: TrainerConfig
     dropout: dict[str, float]
-    """Each agent's LoRA dropout (plan.py ``skips_old_pass`` reads it)."""
+    """Each agent's LoRA dropout (plan.py ``old_pass_agents`` reads it)."""
 
     def logprob_passes(self, batch: TrajectoryBatch, old: bool = True) -> TrajectoryBatch:
         """``batch`` with its old log-probs (and over moves, and reference ones, as the trainer
         config asks) under the adapters as they are now: the no-grad passes, run where the
         train role runs (Ray: each rank on its share of the rows); ``old`` False: the
-        reference pass alone (a step that plan.py ``skips_old_pass``)."""
+        reference pass alone (plan.py ``old_pass_agents`` says whose rows need the old one)."""
         ...
 
     agent_names: list[str]

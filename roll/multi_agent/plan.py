@@ -7,7 +7,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from roll.multi_agent.config import TrainerConfig
+from roll.multi_agent.config import AgentConfig, TrainerConfig
+
+
+def optimizer_steps(num_rows: int, size: int | None, epochs: int) -> int:
+    """How many mini-batches ``mini_batches`` cuts ``num_rows`` rows into (0 rows: 0)."""
+    if num_rows <= 0:
+        return 0
+    size = size or num_rows
+    return epochs if size >= num_rows else epochs * -(-num_rows // size)
 
 
 def mini_batches(num_rows: int, size: int | None, epochs: int, seed: int) -> list[Tensor]:
@@ -20,19 +28,11 @@ def mini_batches(num_rows: int, size: int | None, epochs: int, seed: int) -> lis
     generator = torch.Generator().manual_seed(seed)
     # ceil(rows / size) mini-batches of nearly equal size (10 rows, size 4: 4, 3, 3): a last
     # mini-batch of a few rows would take as large an Adam step on far more noise
-    count = -(-num_rows // size)
+    count = optimizer_steps(num_rows, size, 1)
     minis: list[Tensor] = []
     for _ in range(epochs):
         minis.extend(torch.randperm(num_rows, generator=generator).tensor_split(count))
     return minis
-
-
-def optimizer_steps(num_rows: int, size: int | None, epochs: int) -> int:
-    """How many mini-batches ``mini_batches`` cuts ``num_rows`` rows into (0 rows: 0)."""
-    if num_rows <= 0:
-        return 0
-    size = size or num_rows
-    return epochs if size >= num_rows else epochs * -(-num_rows // size)
 
 
 def old_pass_agents(config: TrainerConfig, rows_per_agent: dict[str, int],
@@ -46,6 +46,11 @@ def old_pass_agents(config: TrainerConfig, rows_per_agent: dict[str, int],
     return {name for name, rows in rows_per_agent.items() if rows and (
         config.old_logprob_pass == "always" or dropout.get(name, 0.0)
         or optimizer_steps(rows, config.ppo_mini_batch_size, config.ppo_epochs) > 1)}
+
+
+def agent_dropout(agents: list[AgentConfig]) -> dict[str, float]:
+    """Each resolved agent's LoRA dropout (what ``old_pass_agents`` reads)."""
+    return {agent.name: agent.lora.dropout if agent.lora else 0.0 for agent in agents}
 
 
 def micro_groups(minis: dict[str, Tensor], size: int,
@@ -74,4 +79,5 @@ def micro_groups(minis: dict[str, Tensor], size: int,
     return groups
 
 
-__all__ = ["micro_groups", "mini_batches", "old_pass_agents", "optimizer_steps"]
+__all__ = ["agent_dropout", "micro_groups", "mini_batches", "old_pass_agents",
+           "optimizer_steps"]

@@ -66,7 +66,7 @@ from roll.multi_agent.captured import CapturedSteps, capture_refusal
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.logprobs import behaviour_logprobs, with_old_of_rows
 from roll.multi_agent.model import MultiAgentLoRAModel
-from roll.multi_agent.plan import micro_groups, mini_batches, old_pass_agents
+from roll.multi_agent.plan import agent_dropout, micro_groups, mini_batches, old_pass_agents
 from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
 from roll.utils.transfer import upload
@@ -114,7 +114,7 @@ class MultiAgentTrainer:
         self.strategy: TrainStrategy = strategy if strategy is not None else TorchStrategy()
         self.strategy.setup(model, agents)
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
-        self.dropout = {agent.name: agent.lora.dropout if agent.lora else 0.0 for agent in agents}
+        self.dropout = agent_dropout(list(agents))
         self.global_step = 0
         self._held: tuple[object, int] | None = None
         self.bonus_scale: dict[str, float] = {}  # each agent's, in its last train step
