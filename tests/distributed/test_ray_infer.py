@@ -27,8 +27,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def team_and_group(ray_cluster, tiny_model_path):
+    """Two hf engine actors, shared by the module's tests (each start is two processes that
+    import torch, transformers and PEFT: ~13 core-seconds): each test pushes the adapters it
+    serves under a version of its own first, and the test that kills an engine comes last."""
     model, agents = make_team(tiny_model_path, [AgentConfig("a"), AgentConfig("b")])
     with torch.no_grad():  # adapters that differ from the base and from each other
         gen = torch.Generator().manual_seed(0)
@@ -79,8 +82,8 @@ def test_engine_actors_serve_continuously_and_balance_follow_ups(
 
     model, group = team_and_group
     local = hf_engine_for(model, load_tokenizer(tiny_model_path), max_batch_size=8)
-    push_adapters(local, model, version=2)
-    push_adapters(group, model, version=2)
+    push_adapters(local, model, version=4)
+    push_adapters(group, model, version=4)
     tokenizer = load_tokenizer(tiny_model_path)
 
     def request(i: int, tokens: int) -> GenerationRequest:
@@ -108,7 +111,7 @@ def test_engine_actors_serve_continuously_and_balance_follow_ups(
     assert group.last_serve["engines"] == 2 and group.last_serve["per_engine"] == 8
     for key, request_made in enumerate(made):
         assert outputs[key].token_ids == local.generate([request_made])[0].token_ids, key
-        assert outputs[key].adapter_version == (2 if request_made.adapter else None)
+        assert outputs[key].adapter_version == (4 if request_made.adapter else None)
 
     late_requests = [request(10 + i, 3 + (i % 2) * 5) for i in range(9)]
     late = LateFollowUps(late_requests, ahead=3, delay=2)
@@ -132,8 +135,8 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
     model, group = team_and_group
     tokenizer = load_tokenizer(tiny_model_path)
     local = hf_engine_for(model, tokenizer, max_batch_size=8)
-    push_adapters(local, model, version=4)
-    push_adapters(group, model, version=4)
+    push_adapters(local, model, version=5)
+    push_adapters(group, model, version=5)
 
     def scheduler(engine):
         return RolloutScheduler(
@@ -152,7 +155,7 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
 def test_a_dead_engine_stops_the_call_with_one_line(tiny_model_path, team_and_group,
                                                     ray_cluster):
     model, group = team_and_group
-    push_adapters(group, model, version=1)
+    push_adapters(group, model, version=6)
     ray_cluster.kill(group.ranks[1])
     with pytest.raises(RoleFailed, match=r"^actor_infer engine 1 of 2 failed during generate: "
                                          r"ActorDiedError"):
