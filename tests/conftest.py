@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+
+# This machine's environment sets PYTHONDONTWRITEBYTECODE=1, so every process the suite starts
+# (~100 Ray actors, CLI runs, benchmark children) compiled roll's modules from source again
+# (~0.3 s each). The suite writes their bytecode once, into the checkout's git-ignored
+# __pycache__ folders, for itself and every process it starts.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Under pytest-xdist (the README's `-n 2`: two workers on two cores) idle OpenMP threads sleep
 # instead of spinning, so a worker's waiting threads (Ray's and vLLM's own) do not take the
