@@ -51,7 +51,7 @@ def rollout_scheduler(engine, tokenizer, env_factory, num_groups: int, episodes=
     from roll.agentic.env.actions import ActionConfig
     from roll.agentic.env.renderers import render_prompt
     from roll.agentic.env.seating import build_seating
-    from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+    from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
     from roll.inference.base import SamplingParams
 
     return RolloutScheduler(

@@ -19,7 +19,7 @@ from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.openspiel_env import OpenSpielEnv
 from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
-from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
 from roll.inference.base import SamplingParams
 from roll.models import build_tiny_model, load_model, load_tokenizer
 from roll.multi_agent.config import AgentConfig, LoRAConfig

@@ -7,9 +7,6 @@
 - ``ray_infer.py``: engine actors; ``ray_env.py``: env workers; ``ray_actors.py``: what they share.
 
 The pipeline's builders (roll/pipeline/builders.py) pick the backend from ``cluster.backend``.
-Ray and DeepSpeed are imported only where used.
+Ray and DeepSpeed are imported only where used. This package's top level imports nothing: an
+env worker (``ray_env.py``) loads its module without torch or the learning side.
 """
-
-from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec, push_adapters
-
-__all__ = ["LocalTrainGroup", "TrainGroup", "TrainSpec", "push_adapters"]

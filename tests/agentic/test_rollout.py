@@ -12,7 +12,7 @@ from roll.agentic.env.actions import ActionConfig
 from roll.agentic.env.openspiel_env import OpenSpielEnv
 from roll.agentic.env.renderers import render_prompt
 from roll.agentic.env.seating import build_seating
-from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
 from roll.inference.base import GenerationOutput, RoundsEngine, SamplingParams
 from roll.models import load_tokenizer
 from roll.multi_agent.config import AgentConfig

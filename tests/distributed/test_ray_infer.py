@@ -129,7 +129,7 @@ def test_engine_actors_play_the_next_rollouts_episodes_ahead(tiny_model_path, te
     from roll.agentic.env.openspiel_env import OpenSpielEnv
     from roll.agentic.env.renderers import render_prompt
     from roll.agentic.env.seating import build_seating
-    from roll.agentic.rollout import RolloutConfig, RolloutScheduler
+    from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
     from tests.agentic.test_rollout import lookahead_plays_the_plain_rollouts
 
     model, group = team_and_group

@@ -1,6 +1,9 @@
-"""Episode loop and scheduler: many envs in flight, turns batched continuously across agents."""
+"""Episode loop and scheduler: many envs in flight, turns batched continuously across agents.
 
-from roll.agentic.rollout.results import EpisodeResult, RolloutResult, Turn
-from roll.agentic.rollout.scheduler import RolloutConfig, RolloutScheduler
+- ``episode.py``: one episode's env side (env, opponents, prompts, parsing), torch-free: what an
+  env worker runs (roll/distributed/ray_env.py);
+- ``scheduler.py``: ``RolloutScheduler`` and ``RolloutConfig``, the loop over the engine;
+- ``results.py``: ``EpisodeResult``, ``RolloutResult``, ``Turn`` and the batch they become.
 
-__all__ = ["EpisodeResult", "RolloutConfig", "RolloutResult", "RolloutScheduler", "Turn"]
+This package's top level imports nothing, so that an env worker needs no torch.
+"""
