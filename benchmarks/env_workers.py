@@ -8,7 +8,9 @@ CPU-heavy env. Each answer's env step starts on its episode's worker (episode i 
 i mod k) and the rollout takes the result when it is ready, so the steps of k workers run side
 by side and beside the decoding (roll/distributed/ray_env.py, ``Later`` in
 roll/inference/base.py). Prints one JSON line per setting: rollout seconds (median of
-``--repeats``), env steps, and the speed-up over in-process play (``--workers 0``).
+``--repeats``), env steps, the speed-up over in-process play (``--workers 0``), and each
+worker's peak resident memory with the heavy modules (torch, the engines...) its process
+imported (none: a worker holds the env side alone).
 Kuhn poker, both seats played by the tiny model's two agents, greedy-free sampling at 1.0.
 """
 
@@ -95,11 +97,22 @@ def main() -> None:
     for name in AGENTS:
         engine.load_adapter(name, team.export_adapter(name), team.peft_config(name), 1)
     factory = sleepy_env_factory("kuhn_poker", args.step_seconds)
+
+    def worker_process(worker) -> tuple[int, list[str]]:
+        """A worker's peak resident memory (MB) and which heavy modules it has imported
+        (made here, so that Ray pickles it by value: workers need not import this file)."""
+        import resource
+
+        heavy = ("torch", "transformers", "peft", "roll.multi_agent", "roll.inference")
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                sorted(name for name in heavy if name in sys.modules))
+
     ray.init(num_cpus=max(2, max(args.workers)), include_dashboard=False, log_to_driver=False)
     baseline = None
     try:
         for workers in args.workers:
             host = RayEpisodes(workers, cpus_per_worker=0.5) if workers else None
+            processes = []
             try:
                 seconds, steps = [], 0
                 for repeat in range(args.repeats):
@@ -108,6 +121,9 @@ def main() -> None:
                     result = scheduler.rollout(seed=repeat)
                     seconds.append(time.perf_counter() - start)
                     steps = len(result.turns)  # one env step per LLM answer
+                if host is not None:
+                    processes = ray.get([worker.__ray_call__.remote(worker_process)
+                                         for worker in host.workers])
             finally:
                 if host is not None:
                     host.close()
@@ -119,7 +135,10 @@ def main() -> None:
                 "rollout_seconds": round(median, 3),
                 "env_seconds_in_sequence": round(steps * args.step_seconds, 2),
                 "speedup_vs_in_process": (None if baseline is None
-                                          else round(baseline / median, 2))}), flush=True)
+                                          else round(baseline / median, 2)),
+                "worker_peak_rss_mb": [rss for rss, _ in processes],
+                "worker_heavy_modules": sorted({name for _, names in processes
+                                                for name in names})}), flush=True)
     finally:
         ray.shutdown()
 
