@@ -236,7 +236,7 @@ class RayTrainGroup:
         self.world_size = world_size
         self.global_step = 0
         self.config = spec.trainer
-        self.dropout = agent_dropout(list(spec.agents))  # as the ranks' trainers read it
+        self.dropout = agent_dropout(spec.agents)  # as the ranks' trainers read it
         self._held: tuple[dict, int] | None = None
         self._published: dict[str, tuple[int, ray.ObjectRef]] = {}
         """agent -> (global step, rank 0's engine copy of its adapter in the object store)."""

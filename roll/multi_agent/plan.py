@@ -4,6 +4,8 @@ sizes and a seed: the same plan alone or in any team, and after a resume."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 
@@ -48,7 +50,7 @@ def old_pass_agents(config: TrainerConfig, rows_per_agent: dict[str, int],
         or optimizer_steps(rows, config.ppo_mini_batch_size, config.ppo_epochs) > 1)}
 
 
-def agent_dropout(agents: list[AgentConfig]) -> dict[str, float]:
+def agent_dropout(agents: Iterable[AgentConfig]) -> dict[str, float]:
     """Each resolved agent's LoRA dropout (what ``old_pass_agents`` reads)."""
     return {agent.name: agent.lora.dropout if agent.lora else 0.0 for agent in agents}
 

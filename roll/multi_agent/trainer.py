@@ -114,7 +114,7 @@ class MultiAgentTrainer:
         self.strategy: TrainStrategy = strategy if strategy is not None else TorchStrategy()
         self.strategy.setup(model, agents)
         self.max_grad_norm = {agent.name: agent.optim.max_grad_norm for agent in agents}
-        self.dropout = agent_dropout(list(agents))
+        self.dropout = agent_dropout(agents)
         self.global_step = 0
         self._held: tuple[object, int] | None = None
         self.bonus_scale: dict[str, float] = {}  # each agent's, in its last train step
