@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -91,6 +92,7 @@ def main() -> None:
         "last": {key: series[-1][key] for key in keys},
         "series": series,
     }
+    shutil.rmtree(out, ignore_errors=True)  # the run's checkpoints: measured above
     text = json.dumps(result)
     print(json.dumps({k: v for k, v in result.items() if k != "series"}, indent=2))
     if os.environ.get("OUT"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -94,6 +95,7 @@ def main() -> None:
                     "grad_norm": round(metrics.get(f"{agent}/grad_norm", float("nan")), 4)}
             print(json.dumps(record), flush=True)
             before = after
+    shutil.rmtree(out, ignore_errors=True)  # the run's folder (its metrics are printed above)
 
 
 if __name__ == "__main__":

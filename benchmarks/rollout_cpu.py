@@ -76,7 +76,7 @@ def main() -> None:
         "wall_s": round(wall, 3),
         "generated_tok_per_s": round(generated / wall, 1),
         "turns_per_s": round(len(result.turns) / wall, 2),
-        "format_error_rate": {a: result.metrics.get(f"agent_{a}/format_error_rate")
+        "format_error_rate": {a: result.metrics.get(f"{a}/format_error_rate")
                               for a in names},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
