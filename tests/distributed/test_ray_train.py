@@ -49,12 +49,15 @@ would keep this whole tiny model gathered through a step)."""
 PERSIST = 1024
 """ZeRO-3 with tensors of at most this many elements kept whole: every adapter tensor and norm
 of the tiny model (LoRA A/B: 128-512 elements), none of its weight matrices (2,048 or more),
-as the default (100k) splits a 0.6B-8B base. The other ZeRO-3 cases keep nothing whole (0), so
+as the default (100k) splits a 0.6B-8B base. The per-projection case keeps nothing whole (0), so
 that each rank's memory is its half of every tensor."""
+# ZeRO-3 gathers per decoder layer (the default) with small tensors kept whole, as the default
+# keeps them, and per projection with nothing kept. (A layer gather with nothing kept, its
+# peak of ~2 layers beside the rank's half, is measured in tests/benchmarks/
+# test_train_data_parallel.py on an 8-layer base.)
 STRATEGIES = [pytest.param(("torch", 2), id="torch"),
               pytest.param(("deepspeed", 2), id="zero2"),
               pytest.param(("deepspeed", 3, "projection"), id="zero3"),
-              pytest.param(("deepspeed", 3, "layer"), id="zero3_layer"),
               pytest.param(("deepspeed", 3, "layer", PERSIST), id="zero3_persist")]
 
 
@@ -141,13 +144,6 @@ def test_two_ray_ranks_equal_one_local_process(ray_cluster, spec_and_team, one_t
         for held in resident:
             assert 0.45 * whole < held["held"] < 0.55 * whole + kept, (resident, whole, kept)
             assert held["peak"] <= 0.55 * whole + kept + 2 * layer + embedding, resident
-    elif strategy == ("deepspeed", 3, "layer"):
-        # Gathered a decoder layer at a time (its base weights and every agent's A/B): at
-        # most the half, one layer and the next one prefetched, and the embedding.
-        for held in resident:
-            assert 0.45 * whole < held["held"] < 0.55 * whole, (resident, whole)
-            assert held["load_peak"] <= 0.55 * whole + embedding < whole, resident
-            assert held["peak"] <= 0.55 * whole + 2 * layer + embedding, (resident, layer)
     elif strategy[:2] == ("deepspeed", 3):
         # Each rank holds its half of base and adapters at rest. It never held the whole base,
         # neither while loading nor while stepping: at most its half plus one module gathered
