@@ -103,9 +103,10 @@ def main() -> None:
         (made here, so that Ray pickles it by value: workers need not import this file)."""
         import resource
 
-        heavy = ("torch", "transformers", "peft", "roll.multi_agent", "roll.inference")
+        from roll.distributed.ray_env import loaded_unused_modules
+
         return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-                sorted(name for name in heavy if name in sys.modules))
+                loaded_unused_modules())
 
     ray.init(num_cpus=max(2, max(args.workers)), include_dashboard=False, log_to_driver=False)
     baseline = None

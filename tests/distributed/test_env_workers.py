@@ -105,15 +105,6 @@ def test_env_workers_play_the_same_episodes_as_the_rollouts_process(ray_cluster,
     assert host.workers == []
 
 
-HEAVY = ("torch", "transformers", "peft", "roll.multi_agent", "roll.inference",
-         "roll.algorithms", "roll.pipeline", "roll.batch")
-"""Modules an env worker has no use for."""
-# Which of them a worker's process has imported. A lambda: Ray pickles it by value, so the
-# worker does not import this test module (and with it torch) to run it.
-_heavy_modules = lambda worker: sorted(  # noqa: E731
-    name for name in HEAVY if name in __import__("sys").modules)
-
-
 def _overlaps(log: Path) -> int:
     """Pairs of env steps (from the spans a sleepy env logged) that ran at the same time in
     different processes."""
@@ -168,15 +159,18 @@ WORKERS = ("cluster.backend=ray", "env_workers.num_workers=2", "env_workers.cpus
 
 def test_pipeline_with_env_workers_trains_what_the_local_run_trains(ray_cluster, tmp_path,
                                                                      one_thread, monkeypatch):
-    from roll.distributed.ray_env import RayEpisodes
+    from roll.distributed.ray_env import RayEpisodes, loaded_unused_modules
 
     # What the workers' processes imported, looked at as the run closes them
     loaded, close = [], RayEpisodes.close
 
     def looked_at_then_closed(host) -> None:
         if host.workers:
-            loaded.extend(ray_cluster.get([worker.__ray_call__.remote(_heavy_modules)
-                                           for worker in host.workers]))
+            # a lambda: Ray pickles it by value, so the worker does not import this test
+            # module (and with it torch) to run it
+            loaded.extend(ray_cluster.get([
+                worker.__ray_call__.remote(lambda _: loaded_unused_modules())
+                for worker in host.workers]))
         close(host)
 
     monkeypatch.setattr(RayEpisodes, "close", looked_at_then_closed)
