@@ -69,6 +69,7 @@ from roll.pipeline.overlap import NextRollout
 from roll.pipeline.policy_update import SnapshotMagnet, behaviour_passes, update_agents
 from roll.pipeline.run_state import load_run, resume_if_asked, save_run
 from roll.pipeline.snapshot_pool import pool_for_seatings
+from roll.pipeline.stalls import StallWatch
 from roll.pipeline.step_metrics import capture_metrics, rollout_phase_metrics
 from roll.pipeline.step_plan import StepPlan
 from roll.utils.checkpoint import resolve_resume
@@ -326,6 +327,7 @@ class AgenticPipeline:
                 tracker.log(first_eval, step=0)
             quiet = "console" not in cfg.tracking.backends  # the console prints each step
             plan = self.plan
+            stalls = StallWatch(self.agent_names)  # says when an agent has nothing to learn
             while self.step < cfg.max_steps:
                 self.step += 1
                 scheduler = train_schedulers[plan.scheduler_of(self.step)]
@@ -349,6 +351,8 @@ class AgenticPipeline:
                         last_eval = self.evaluate(eval_scheduler, tracker)
                     metrics.update(last_eval)
                 tracker.log(metrics, step=self.step)
+                for line in stalls.observe(metrics, self.step):
+                    log_line(line)
                 last = metrics
                 if plan.saves_after(self.step):
                     self.save()
