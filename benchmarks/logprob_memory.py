@@ -2,7 +2,6 @@
 
     python benchmarks/logprob_memory.py                 # GPU: Qwen3-0.6B shape, random bf16
     python benchmarks/logprob_memory.py --tiny          # CPU smoke check (seconds)
-    PYTHONPATH=/path/to/older/roll python benchmarks/logprob_memory.py   # the same, older code
 
 A Qwen3-0.6B-shaped model (vocabulary 151,936) with random bf16 weights, ``--agents`` agents with
 LoRA r=32 on all 7 projections, ``--rows`` rows of ``--tokens`` tokens split evenly among the
@@ -13,16 +12,14 @@ untimed warm-up:
                 metric; ``--micro`` rows per forward/backward) on rows with old and reference
                 log-probs already filled in.
 Peak memory is ``torch.cuda.max_memory_allocated`` over the measured call, minus what was
-allocated before it. Works with the current API and with the older one (no ``positions`` /
-``temperature`` / ``forward_rows`` keywords; ``forward_rows`` was ``micro_batch_size``), so one
-script measures before and after.
+allocated before it. (The "before" rows of benchmarks/README.md were measured by an earlier
+version of this script that also drove the older, unchunked API.)
 Prints one JSON object; writes it to ``$OUT/logprob_memory[_<label>].json`` when OUT is set.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
@@ -124,12 +121,8 @@ def main() -> None:
     args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     device = torch.device(args.device)
     model, trainer, batch = build(args)
-    parameters = inspect.signature(model.logprobs).parameters
-    new_api = "positions" in parameters
     forward_rows = args.logprob_micro or args.micro
-    rows_keyword = "forward_rows" if "forward_rows" in parameters else "micro_batch_size"
-    keywords = ({"positions": batch.response_mask.bool(), rows_keyword: forward_rows}
-                if new_api else {})
+    keywords = {"positions": batch.response_mask.bool(), "forward_rows": forward_rows}
 
     def old_logprob():
         return model.logprobs(batch.input_ids, batch.attention_mask, batch.agent_id, **keywords)
@@ -139,12 +132,12 @@ def main() -> None:
         ref_logprobs=model.reference_logprobs(batch.input_ids, batch.attention_mask, **keywords),
     )
     results = {
-        "api": "positions/micro-batched" if new_api else "unchunked (older)",
+        "api": "positions/micro-batched",
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "rows": args.rows, "tokens": args.tokens, "prompt": args.prompt,
         "agents": args.agents, "micro_batch_size": args.micro,
-        "logprob_micro_batch_size": forward_rows if new_api else None,
+        "logprob_micro_batch_size": forward_rows,
         "response_tokens": int(batch.response_mask.sum()),
         "old_logprob": measure(old_logprob, device),
         "train_step": measure(lambda: trainer.train_step(filled), device),
