@@ -8,6 +8,7 @@ from pathlib import Path
 
 from roll.agentic.rollout.scheduler import RolloutConfig
 from roll.distributed.roles import LocalTrainGroup, TrainGroup, TrainSpec
+from roll.errors import ConfigError
 from roll.inference.base import SamplingParams
 from roll.models import load_model, load_shape
 from roll.models.aliases import resolve_model_path
@@ -28,8 +29,13 @@ def start_ray(cfg: PipelineConfig) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
-                 include_dashboard=False)
+        try:
+            ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
+                     include_dashboard=False)
+        except (ValueError, ConnectionError) as error:  # a malformed address, or no cluster
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ConfigError("cluster.address", cfg.cluster.address,
+                              f"Ray could not start or join a cluster there: {reason}") from None
     check_ray_resources(cfg, ray.cluster_resources())
 
 

@@ -404,4 +404,4 @@ class PipelineConfig:
     """null, 'latest' (the newest checkpoint in output_dir; none yet: start fresh, and say so)
     or a checkpoint folder (must exist)."""
     seed: int = 0
-    """Seed of everything (env seeds, sampling, adapter init)."""
+    """Seed of everything (env seeds, sampling, adapter init); an integer >= 0."""

@@ -43,6 +43,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
     ``check_paths`` also checks what lies outside the config: the model folder, the resume
     checkpoint, installed packages and visible devices."""
     require_int("max_steps", cfg.max_steps)
+    require_int("seed", cfg.seed, 0)  # numpy seeds take no negative integer
     require_int("save_steps", cfg.save_steps, 0)
     require_int("keep_last", cfg.keep_last)
     require_int("eval.eval_steps", cfg.eval.eval_steps, 0)

@@ -38,6 +38,7 @@ BAD = [
     (["--num_agents", "0"], "num_agents"),
     (["--lora_rank", "-8"], "lora.rank"),
     (["eval.opponent=mcts:x"], "eval.opponent"),
+    (["seed=-1"], "seed=-1"),  # numpy's seeds are non-negative: once a traceback after loading
     (["rollout.engine=trt"], "rollout.engine"),
     (["keep_last=0"], "keep_last"),
     (["env.swap_roles_every=-1"], "env.swap_roles_every=-1"),
@@ -339,6 +340,20 @@ def test_exit_code_from_a_real_process(tmp_path):
     assert proc.returncode == 2
     assert "env.seat_to_agent" in proc.stderr and "ghost" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("address", ["bogus", "auto"])  # malformed; no Ray instance running
+def test_a_ray_address_that_cannot_be_joined_is_one_line_naming_it(address, tmp_path, capsys):
+    """Found once Ray starts (the pipeline's first act in Ray mode): it was a traceback."""
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+
+    out = tmp_path / "run"
+    code = run_cli(lambda cfg: AgenticPipeline(cfg).run(), CONFIG + [
+        "cluster.backend=ray", f"cluster.address={address}", f"output_dir={out}"], "test")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith(f"config error: cluster.address='{address}': Ray could not start")
     assert not out.exists()
 
 
