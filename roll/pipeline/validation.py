@@ -7,7 +7,9 @@ key and the value; it writes nothing. The game or task and the seatings come fro
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,11 +39,29 @@ if TYPE_CHECKING:
     from roll.agentic.env.seating import Seating
 
 
+def _check_finite(value: Any, key: str = "") -> None:
+    """ConfigError at the first NaN or infinite number anywhere in the config (nested configs,
+    lists, game parameters): NaN passes every ``x < 0`` check and would surface mid-run as a
+    NaN loss or a broken sampler, and no setting means anything at infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, value, "must be a finite number")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            _check_finite(getattr(value, field.name), f"{key}.{field.name}".lstrip("."))
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _check_finite(item, f"{key}.{name}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_finite(item, f"{key}[{index}]")
+
+
 def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineConfig:
     """Value and cross-field checks; raises ConfigError naming the key. Loads no weights.
 
     ``check_paths`` also checks what lies outside the config: the model folder, the resume
     checkpoint, installed packages and visible devices."""
+    _check_finite(cfg)
     require_int("max_steps", cfg.max_steps)
     require_int("seed", cfg.seed, 0)  # numpy seeds take no negative integer
     require_int("save_steps", cfg.save_steps, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,11 @@ BAD = [
     (["--lora_rank", "-8"], "lora.rank"),
     (["eval.opponent=mcts:x"], "eval.opponent"),
     (["seed=-1"], "seed=-1"),  # numpy's seeds are non-negative: once a traceback after loading
+    # NaN passed every "x < 0" check and surfaced mid-run (a NaN loss, a broken sampler)
+    (["team.optim.lr=nan"], "team.optim.lr=nan: must be a finite number"),
+    (["trainer.kl_coef=nan"], "trainer.kl_coef=nan: must be a finite number"),
+    (["rollout.sampling.temperature=inf"], "rollout.sampling.temperature=inf: must be a finite"),
+    (["team.optim.betas=[0.9,nan]"], "team.optim.betas[1]=nan: must be a finite number"),
     (["rollout.engine=trt"], "rollout.engine"),
     (["keep_last=0"], "keep_last"),
     (["env.swap_roles_every=-1"], "env.swap_roles_every=-1"),
@@ -355,6 +361,26 @@ def test_a_ray_address_that_cannot_be_joined_is_one_line_naming_it(address, tmp_
     assert code == 2
     assert err[-1].startswith(f"config error: cluster.address='{address}': Ray could not start")
     assert not out.exists()
+
+
+def test_constrained_answers_longer_than_the_token_budget_are_refused_before_the_model(
+        tmp_path, capsys):
+    """Found with the tokenizer, before the weights load: it was a traceback from the first
+    rollout."""
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+
+    out = tmp_path / "run"
+    code = run_cli(lambda cfg: AgenticPipeline(cfg).run(), CONFIG + [
+        "rollout.constrained_decoding=true", "rollout.sampling.max_new_tokens=2",
+        f"output_dir={out}"], "test")
+    captured = capsys.readouterr()
+    assert code == 2
+    (line,) = captured.err.strip().splitlines()
+    found = re.fullmatch(r"config error: rollout.sampling.max_new_tokens=2: a constrained answer "
+                         r"of the first turn \(tic_tac_toe\) takes (\d+) tokens: every such "
+                         r"turn would be cut off; raise it", line)
+    assert found and int(found.group(1)) > 2, line
+    assert "step 1" not in captured.out and not out.exists()
 
 
 @pytest.mark.parametrize("yaml_path", sorted((ROOT / "examples").glob("*/*.yaml")),

@@ -47,7 +47,7 @@ from roll.agentic.rollout.results import (
     rollout_metrics,
     turns_to_batch,
 )
-from roll.errors import require_int
+from roll.errors import ConfigError, require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams
 from roll.models.loading import prompt_ids
 from roll.utils.memo import memoized
@@ -309,11 +309,10 @@ class RolloutScheduler:
         longest = max(completions, key=len)
         if len(longest) > self.sampling.max_new_tokens:
             # Cut off, it could never be parsed: every such turn would be a format error.
-            raise ValueError(
-                f"rollout.sampling.max_new_tokens={self.sampling.max_new_tokens}: the "
-                f"constrained answer {self.tokenizer.decode(longest)!r} of {ask.env_name} needs "
-                f"{len(longest)} tokens"
-            )
+            raise ConfigError(
+                "rollout.sampling.max_new_tokens", self.sampling.max_new_tokens,
+                f"the constrained answer {self.tokenizer.decode(longest)!r} of {ask.env_name} "
+                f"needs {len(longest)} tokens")
         return tuple(map(tuple, completions))
 
 
