@@ -181,12 +181,13 @@ def run(setting: str, seed: int, args) -> dict:
 
     estimator, bonus = setting.split(":")
     bonus = float(bonus)
-    game = pyspiel.load_game("hanabi", SMALL_HANABI)
+    params = {**SMALL_HANABI, **args.params}
+    game = pyspiel.load_game("hanabi", params)
     rng, torch_rng = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     width, n_obs = args.width, game.observation_tensor_shape()[0]
     if args.playable:  # one flag per card of every hand
-        n_obs += SMALL_HANABI["players"] * SMALL_HANABI["hand_size"]
+        n_obs += params["players"] * params["hand_size"]
     policies = [mlp(n_obs, game.num_distinct_actions(), width) for _ in range(2)]
     optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
     critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
@@ -258,6 +259,7 @@ def run(setting: str, seed: int, args) -> dict:
         for schedule in schedules:
             schedule.step()
     return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
+            "params": args.params,
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 
@@ -281,7 +283,11 @@ def main() -> None:
     parser.add_argument("--eval_games", type=int, default=400)
     parser.add_argument("--playable", action="store_true", help="add the flags the "
                         "hanabi_words prompt shows (each card playable now or not)")
+    parser.add_argument("--params", type=json.loads, default={},
+                        help='game parameters over the example\'s, e.g. \'{"max_life_tokens": 3}\'')
     args = parser.parse_args()
+    if args.playable and "hand_size" in args.params:
+        parser.error("--playable reads the example's hand size: leave hand_size out of --params")
     if not 0.0 <= args.gamma <= 1.0:
         parser.error(f"--gamma {args.gamma}: must be in [0, 1]")
     if args.games % 4:

@@ -49,13 +49,15 @@ def test_the_rate_schedules_by_hand():
     assert [stand_in.rate_factor(done, constant) for done in range(4)] == [1.0] * 4
 
 
-@pytest.mark.parametrize("setting, playable", [("grpo:0.05", False), ("rtg:0", False),
-                                               ("mappo:0", False), ("mappo:0", True)])
-def test_a_short_run_evaluates_before_and_after(setting, playable):
+@pytest.mark.parametrize("setting, playable, params", [
+    ("grpo:0.05", False, {}), ("rtg:0", False, {}), ("mappo:0", False, {}),
+    ("mappo:0", True, {}), ("grpo:0", False, {"max_life_tokens": 3})])
+def test_a_short_run_evaluates_before_and_after(setting, playable, params):
     args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, gamma=0.9,
                               width=16, schedule="linear",
-                              eval_every=2, eval_games=8, playable=playable)
+                              eval_every=2, eval_games=8, playable=playable, params=params)
     result = stand_in.run(setting, 0, args)
+    assert result["params"] == params
     assert [point["step"] for point in result["curve"]] == [0, 2]
     for point in result["curve"]:
         assert 0.0 <= point["sampled"] <= 6.0 and 0.0 <= point["greedy"] <= 6.0
