@@ -226,6 +226,8 @@ def test_four_writers_share_one_joint_reward_over_four_parts():
         task_factory("writing_team", {"scores": ["style"]}, [{"prompt": "P"}])
     with pytest.raises(ValueError, match=r"env.params.parts=\['a', 'a'\]: must name two"):
         task_factory("writing_team", {"parts": ["a", "a"]}, [{"prompt": "P"}])
+    with pytest.raises(ValueError, match=r"env.params.parts=\[0\]: must name two"):
+        task_factory("writing_team", {"parts": 0}, [{"prompt": "P"}])  # was a TypeError
 
 
 def test_an_empty_writing_part_zeroes_the_joint_reward():

@@ -91,7 +91,7 @@ class WritingTeam(TranscriptTask):
                  see_partner: bool = False, parts: Sequence[str] = PARTS,
                  scores: Sequence[str] = SCORES) -> None:
         check_flags(see_partner=see_partner)
-        parts = tuple(parts) if not isinstance(parts, str) else (parts,)
+        parts = tuple(parts) if isinstance(parts, list | tuple) else (parts,)  # a str, or 0
         if len(parts) < 2 or len(set(parts)) != len(parts) or not all(
                 isinstance(part, str) and part.strip() for part in parts):
             raise ConfigError("env.params.parts", list(parts),
