@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from roll.errors import ConfigError
 from roll.utils.checkpoint import (
     agent_dir,
     capture_rng_state,
@@ -77,7 +78,11 @@ def load_run(p: AgenticPipeline, path: Path) -> None:
             f"the config's {p.agent_names}"
         )
     for name in p.agent_names:
-        p.model.load_agent(name, agent_dir(path, name))
+        try:
+            p.model.load_agent(name, agent_dir(path, name))
+        except ValueError as error:  # saved for another base (its layers or widths differ)
+            raise ConfigError("resume", p.cfg.resume, f"{path}: {name}'s adapter does not fit "
+                              f"this model ({p.cfg.model.path}): {error}") from None
         if p.engine.adapter_version(name) is not None:
             # The loaded weights may carry a version the engine already holds (or an older
             # one, which vLLM refuses): forget the slot so the next sync pushes them.

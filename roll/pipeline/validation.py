@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -398,6 +399,27 @@ def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
     if saved != set(agents):
         raise ConfigError("resume", cfg.resume,
                           f"{path} holds agents {sorted(saved)}, the config has {agents}")
+    _check_saved_lora(cfg, path)
+
+
+def _check_saved_lora(cfg: PipelineConfig, path: Path) -> None:
+    """Each saved adapter's rank, alpha and target modules (its adapter_config.json) must be
+    the config's: they decide what the saved weights mean (a changed alpha alone would rescale
+    every update silently; a changed rank or target failed once the weights had loaded)."""
+    for index, agent in enumerate(cfg.team.resolved_agents()):
+        saved = json.loads((path / AGENTS_DIR / agent.name / "adapter_config.json").read_text())
+        own = index < len(cfg.team.agents) and cfg.team.agents[index].lora is not None
+        where = f"team.agents[{index}].lora" if own else "team.lora"
+        lora = agent.lora
+        for field, ours, theirs in (
+                ("rank", lora.rank, saved.get("r")),
+                ("alpha", float(lora.alpha), saved.get("lora_alpha")),
+                ("target_modules", sorted(lora.target_modules),
+                 sorted(saved.get("target_modules") or []))):
+            if ours != theirs:
+                raise ConfigError(f"{where}.{field}", getattr(lora, field),
+                                  f"{path} holds {agent.name}'s adapter with {field} {theirs}: "
+                                  "resume with the same LoRA, or start a new output_dir")
 
 
 def _check_task(cfg: PipelineConfig) -> None:

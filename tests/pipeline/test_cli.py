@@ -196,6 +196,40 @@ def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
     assert err.startswith("config error: resume='latest'") and "ghost" in err
 
 
+@pytest.mark.parametrize("override, refused", [
+    (None, None),  # the example's LoRA (rank 8, alpha 16, every linear layer): resumes
+    ("team.lora.rank=4", "team.lora.rank=4: {ckpt} holds agent_0's adapter with rank 8"),
+    ("team.lora.alpha=32", "team.lora.alpha=32.0: {ckpt} holds agent_0's adapter with alpha 16.0"),
+    ("team.lora.target_modules=[q_proj,v_proj]",
+     "team.lora.target_modules=['q_proj', 'v_proj']: {ckpt} holds agent_0's adapter with "
+     "target_modules ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', "
+     "'v_proj']"),
+    ("team.lora.dropout=0.1", None),  # a training setting, not what the weights mean
+])
+def test_resume_with_another_lora_shape_is_refused_before_the_model(override, refused,
+                                                                     tmp_path, capsys):
+    """A changed rank or target failed once the weights had loaded; a changed alpha ran on,
+    every saved update rescaled."""
+    from roll.utils.checkpoint import save_checkpoint
+
+    def adapters(folder):  # as PEFT writes them, by hand: the fields the check reads
+        for name in ("agent_0", "agent_1"):
+            (folder / name).mkdir()
+            (folder / name / "adapter_model.safetensors").write_bytes(b"x")
+            (folder / name / "adapter_config.json").write_text(
+                '{"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": '
+                '["v_proj", "q_proj", "k_proj", "o_proj", "up_proj", "gate_proj", "down_proj"]}')
+
+    ckpt = save_checkpoint(tmp_path / "old", 3, {"step": 3}, adapters, keep_last=1)
+    args = [f"resume={ckpt}", f"output_dir={tmp_path / 'run'}"] + ([override] if override else [])
+    if refused is None:
+        assert run_cli(lambda cfg: None, CONFIG + args, "test") == 0
+        return
+    err = _refused(args, capsys)
+    assert err.startswith("config error: " + refused.format(ckpt=ckpt)), err
+    assert err.endswith("resume with the same LoRA, or start a new output_dir")
+
+
 def test_good_config_validates_and_flags_become_overrides(capsys):
     code = run_cli(lambda cfg: None, CONFIG + ["--validate_only", "--num_agents", "2",
                                                "--lora_rank", "32", "--lora_alpha", "64",

@@ -150,3 +150,25 @@ def test_rae_baselines_survive_a_checkpoint_bit_exactly(tmp_path):
     for name in straight.agent_names:
         ours, theirs = resumed.model.export_adapter(name), straight.model.export_adapter(name)
         assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_resume_on_another_base_is_one_config_error_naming_resume(tmp_path):
+    """Adapters saved on the tiny model, resumed on a deeper one (3 blocks, not 2): the
+    tensors cannot load. It was a traceback from inside the model; it is the one line the CLI
+    prints."""
+    from roll.errors import ConfigError
+    from roll.models.tiny import TinyModelSpec, build_tiny_model
+
+    deeper = build_tiny_model(tmp_path / "deeper", TinyModelSpec(num_hidden_layers=3))
+
+    def cfg(*extra: str):
+        return load_config(str(ROOT / "examples" / "kuhn_poker"), "quickstart_cpu", [
+            "rollout.num_groups=2", "eval.eval_steps=0", "tracking.backends=[jsonl]",
+            f"output_dir={tmp_path / 'run'}", *extra])
+
+    AgenticPipeline(cfg("max_steps=1")).run()
+    with pytest.raises(ConfigError, match=r"^config error: resume='latest': .*step_00000001: "
+                                          r"agent_0's adapter does not fit this model "
+                                          r"\(.*deeper\): "):
+        AgenticPipeline(cfg("max_steps=2", "resume=latest", f"model.path={deeper}")).run()
+    assert latest_checkpoint(tmp_path / "run").name == "step_00000001"  # left as it was
