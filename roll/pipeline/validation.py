@@ -30,6 +30,7 @@ from roll.pipeline.config import (
 from roll.pipeline.env_setup import build_env_setup, run_seatings
 from roll.utils.checkpoint import (
     AGENTS_DIR,
+    CRITICS_DIR,
     CheckpointError,
     latest_checkpoint,
     verify_checkpoint,
@@ -404,12 +405,25 @@ def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
 
 def _check_saved_lora(cfg: PipelineConfig, path: Path) -> None:
     """Each saved adapter's rank, alpha and target modules (its adapter_config.json) must be
-    the config's: they decide what the saved weights mean (a changed alpha alone would rescale
-    every update silently; a changed rank or target failed once the weights had loaded)."""
+    the config's, the agents' and the critics': they decide what the saved weights mean (a
+    changed alpha alone would rescale every update silently; a changed rank or target failed
+    once the weights had loaded)."""
+    from roll.multi_agent.critics import critic_agents
+
+    saved_as = []  # (adapter folder, its LoRA in the config, that LoRA's key)
     for index, agent in enumerate(cfg.team.resolved_agents()):
-        saved = json.loads((path / AGENTS_DIR / agent.name / "adapter_config.json").read_text())
         own = index < len(cfg.team.agents) and cfg.team.agents[index].lora is not None
-        where = f"team.agents[{index}].lora" if own else "team.lora"
+        saved_as.append((path / AGENTS_DIR / agent.name, agent,
+                         f"team.agents[{index}].lora" if own else "team.lora"))
+    for critic in critic_agents(cfg.critic, cfg.team.agent_names):
+        folder = path / CRITICS_DIR / critic.name
+        if not folder.is_dir():  # was a traceback from critics.load, after the model loaded
+            raise ConfigError("critic.mode", cfg.critic.mode,
+                              f"{path} holds no {critic.name}: resume with the critics it was "
+                              "saved with, or start a new output_dir")
+        saved_as.append((folder, critic, "critic.lora"))
+    for folder, agent, where in saved_as:
+        saved = json.loads((folder / "adapter_config.json").read_text())
         lora = agent.lora
         for field, ours, theirs in (
                 ("rank", lora.rank, saved.get("r")),

@@ -230,6 +230,36 @@ def test_resume_with_another_lora_shape_is_refused_before_the_model(override, re
     assert err.endswith("resume with the same LoRA, or start a new output_dir")
 
 
+@pytest.mark.parametrize("critics_saved, override, refused", [
+    (True, [], None),
+    (True, ["critic.lora.rank=4"],
+     "critic.lora.rank=4: {ckpt} holds critic_agent_0's adapter with rank 8"),
+    (False, [], "critic.mode='per_agent': {ckpt} holds no critic_agent_0"),  # saved without
+])
+def test_resume_checks_the_critics_adapters_too(critics_saved, override, refused, tmp_path,
+                                                capsys):
+    from roll.utils.checkpoint import save_checkpoint
+
+    config = ('{"r": 8, "lora_alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", '
+              '"o_proj", "gate_proj", "up_proj", "down_proj"]}')
+
+    def adapters(folder):
+        names = ["agent_0", "agent_1"]
+        for name in names + (["critic_agent_0", "critic_agent_1"] if critics_saved else []):
+            where = folder / name if name in names else folder.parent / "critics" / name
+            where.mkdir(parents=True)
+            (where / "adapter_model.safetensors").write_bytes(b"x")
+            (where / "adapter_config.json").write_text(config)
+
+    ckpt = save_checkpoint(tmp_path / "old", 3, {"step": 3}, adapters, keep_last=1)
+    args = [f"resume={ckpt}", f"output_dir={tmp_path / 'run'}", "advantage.estimator=ippo",
+            "critic.mode=per_agent", *override]
+    if refused is None:
+        assert run_cli(lambda cfg: None, CONFIG + args, "test") == 0
+        return
+    assert _refused(args, capsys).startswith("config error: " + refused.format(ckpt=ckpt))
+
+
 def test_good_config_validates_and_flags_become_overrides(capsys):
     code = run_cli(lambda cfg: None, CONFIG + ["--validate_only", "--num_agents", "2",
                                                "--lora_rank", "32", "--lora_alpha", "64",
@@ -383,9 +413,11 @@ def test_exit_code_from_a_real_process(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("address", ["bogus", "auto"])  # malformed; no Ray instance running
-def test_a_ray_address_that_cannot_be_joined_is_one_line_naming_it(address, tmp_path, capsys):
-    """Found once Ray starts (the pipeline's first act in Ray mode): it was a traceback."""
+def test_a_ray_address_that_cannot_be_joined_is_one_line_naming_it(tmp_path, capsys):
+    """Found once Ray starts (the pipeline's first act in Ray mode): it was a traceback. (The
+    other case, 'auto' with no cluster running, is refused the same way, but here it would join
+    the cluster of a Ray test running beside it.)"""
+    address = "bogus"
     from roll.pipeline.agentic_pipeline import AgenticPipeline
 
     out = tmp_path / "run"
