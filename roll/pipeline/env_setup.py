@@ -251,7 +251,7 @@ def check_first_prompts(cfg: PipelineConfig, setup: EnvSetup, seatings: list[Sea
     turn; and one naming ``rollout.sampling.max_new_tokens`` when, with constrained answers, a
     legal move's answer at that turn takes more tokens (the scheduler checks later turns as
     they come). Needs the tokenizer only, so it runs before the model loads."""
-    from roll.agentic.env.actions import answer_token_ids
+    from roll.agentic.env.actions import budgeted_answer_ids
     from roll.agentic.rollout.episode import EpisodeSetup, EpisodeSpec, LocalEpisodes
     from roll.models.loading import prompt_ids
 
@@ -271,9 +271,5 @@ def check_first_prompts(cfg: PipelineConfig, setup: EnvSetup, seatings: list[Sea
                               f"is already {tokens} tokens: every episode would end there; "
                               "raise it")
         if cfg.rollout.constrained_decoding and ask.legal:
-            longest = max(map(len, answer_token_ids(tokenizer, ask.legal)))
-            if longest > cfg.rollout.sampling.max_new_tokens:
-                raise ConfigError(
-                    "rollout.sampling.max_new_tokens", cfg.rollout.sampling.max_new_tokens,
-                    f"a constrained answer of the first turn ({setup.name}) takes {longest} "
-                    "tokens: every such turn would be cut off; raise it")
+            budgeted_answer_ids(tokenizer, ask.legal, cfg.rollout.sampling.max_new_tokens,
+                                ask.env_name)

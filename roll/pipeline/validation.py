@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 def _check_finite(value: Any, key: str = "") -> None:
     """ConfigError at the first NaN or infinite number anywhere in the config (nested configs,
-    lists, game parameters): NaN passes every ``x < 0`` check and would surface mid-run as a
-    NaN loss or a broken sampler, and no setting means anything at infinity."""
+    lists, game parameters): NaN passes every ``x < 0`` check, then failed after the model had
+    loaded (lr: AdamW's own check; temperature: the sampler's) or switched a term off silently
+    (kl_coef=nan: no KL at all); and no setting means anything at infinity."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(key, value, "must be a finite number")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

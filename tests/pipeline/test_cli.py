@@ -442,9 +442,9 @@ def test_constrained_answers_longer_than_the_token_budget_are_refused_before_the
     captured = capsys.readouterr()
     assert code == 2
     (line,) = captured.err.strip().splitlines()
-    found = re.fullmatch(r"config error: rollout.sampling.max_new_tokens=2: a constrained answer "
-                         r"of the first turn \(tic_tac_toe\) takes (\d+) tokens: every such "
-                         r"turn would be cut off; raise it", line)
+    found = re.fullmatch(r"config error: rollout.sampling.max_new_tokens=2: the constrained "
+                         r"answer '.+' of tic_tac_toe needs (\d+) tokens: every such turn would "
+                         r"be cut off; raise it", line)
     assert found and int(found.group(1)) > 2, line
     assert "step 1" not in captured.out and not out.exists()
 

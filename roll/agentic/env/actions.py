@@ -293,3 +293,18 @@ def answer_token_ids(tokenizer, moves: list[str]) -> list[list[int]]:
     eos = tokenizer.eos_token_id
     return [tokenizer.encode(f"<answer>{move}</answer>", add_special_tokens=False) + [eos]
             for move in moves]
+
+
+def budgeted_answer_ids(tokenizer, moves: list[str], max_new_tokens: int,
+                        game: str) -> list[list[int]]:
+    """``answer_token_ids``, refused (ConfigError naming ``rollout.sampling.max_new_tokens``)
+    when the longest answer is cut off by the token budget: it could never be parsed, so every
+    such turn would be a format error."""
+    answers = answer_token_ids(tokenizer, moves)
+    longest = max(answers, key=len)
+    if len(longest) > max_new_tokens:
+        raise ConfigError("rollout.sampling.max_new_tokens", max_new_tokens,
+                          f"the constrained answer {tokenizer.decode(longest)!r} of {game} "
+                          f"needs {len(longest)} tokens: every such turn would be cut off; "
+                          "raise it")
+    return answers

@@ -29,7 +29,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from roll.agentic.env.actions import ActionConfig, answer_token_ids
+from roll.agentic.env.actions import ActionConfig, budgeted_answer_ids
 from roll.agentic.env.seating import Seating, SeatSpec
 from roll.agentic.rollout.episode import (
     Ask,
@@ -47,7 +47,7 @@ from roll.agentic.rollout.results import (
     rollout_metrics,
     turns_to_batch,
 )
-from roll.errors import ConfigError, require_int
+from roll.errors import require_int
 from roll.inference.base import GenerationOutput, GenerationRequest, SamplingParams
 from roll.models.loading import prompt_ids
 from roll.utils.memo import memoized
@@ -305,14 +305,8 @@ class RolloutScheduler:
     def _answer_ids(self, ask: Ask) -> tuple[tuple[int, ...], ...]:
         """The constrained answers to ``ask``'s legal moves, checked against the token budget
         once per set of moves."""
-        completions = answer_token_ids(self.tokenizer, ask.legal)
-        longest = max(completions, key=len)
-        if len(longest) > self.sampling.max_new_tokens:
-            # Cut off, it could never be parsed: every such turn would be a format error.
-            raise ConfigError(
-                "rollout.sampling.max_new_tokens", self.sampling.max_new_tokens,
-                f"the constrained answer {self.tokenizer.decode(longest)!r} of {ask.env_name} "
-                f"needs {len(longest)} tokens")
+        completions = budgeted_answer_ids(self.tokenizer, ask.legal,
+                                          self.sampling.max_new_tokens, ask.env_name)
         return tuple(map(tuple, completions))
 
 
