@@ -88,10 +88,11 @@ def panels(results: Path) -> list[dict]:
          "points": worse_exploitability(files(
              "learning_kuhn_nash_tiny_wide_1000_compile_s{}_metrics.jsonl.gz", (0, 1, 2, 3))),
          "lines": kuhn_lines},
-        {"title": "Leduc, nash.yaml, SmolLM2 (H100, 2 seeds)", "ylabel": "exploitability",
+        {"title": "Leduc, nash.yaml, SmolLM2 (H100, 3 seeds)", "ylabel": "exploitability",
          "points": worse_exploitability([
              results / "learning_leduc_nash_g256_rkl_lr21_130_s0_smollm2_h100_metrics.jsonl.gz",
-             results / "learning_leduc_nash_s1_smollm2_h100_metrics.jsonl.gz"]),
+             results / "learning_leduc_nash_s1_smollm2_h100_metrics.jsonl.gz",
+             results / "learning_leduc_nash_s2_smollm2_h100_metrics.jsonl.gz"]),
          "lines": [(2.37, "uniform"), (1.2, "goal 1.2")]},
         {"title": "TicTacToe, mixed.yaml, SmolLM2 (2 seeds x 2 agents)",
          "ylabel": "greedy win rate vs random",
