@@ -17,6 +17,10 @@ LR_SCHEDULERS = ("constant", "linear", "cosine")
 OPTIMIZERS = ("adamw", "sgd")
 CRITIC_MODES = ("none", "per_agent", "shared")
 CRITIC_INPUTS = ("local", "global")
+MAX_AGENTS = 4096
+"""More agents than this is a typo, not a team: each is a LoRA adapter (and an optimizer) on
+the one base, built before step 1; the bound turns 1e9 into a config error instead of minutes
+spent listing agents and a MemoryError."""
 
 
 @dataclass
@@ -177,6 +181,9 @@ class MultiAgentConfig:
         the full key under ``prefix`` (``team.optim.lr``)."""
         if not isinstance(self.num_agents, int) or self.num_agents < 1:
             raise ConfigError(f"{prefix}.num_agents", self.num_agents, "must be an integer >= 1")
+        if self.num_agents > MAX_AGENTS:
+            raise ConfigError(f"{prefix}.num_agents", self.num_agents,
+                              f"must be <= {MAX_AGENTS} (one LoRA adapter per agent on one base)")
         if self.agents and len(self.agents) != self.num_agents:
             named = [getattr(a, "name", a) for a in self.agents]
             raise ConfigError(

@@ -20,6 +20,7 @@ from roll.inference.hf.engine import LORA_KERNELS
 from roll.inference.hf.ring import ATTENTION_KERNELS
 from roll.inference.vllm_checks import model_lora_warmup_error
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
+from roll.models.hub import check_hub_id
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
     ENGINES,
@@ -454,6 +455,11 @@ def _check_model_path(path: str) -> None:
     looks_local = path.startswith((".", "/", "~")) or local.exists()
     if looks_local and not (local / "config.json").is_file():
         raise ConfigError("model.path", path, "is not a model folder (no config.json there)")
+    if not looks_local:
+        try:
+            check_hub_id(path)
+        except FileNotFoundError as error:
+            raise ConfigError("model.path", path, str(error)) from None
 
 
 def _module_names(cfg: PipelineConfig) -> set[str] | None:

@@ -18,6 +18,7 @@ MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 BAD_CONFIGS = [
     (lambda: MultiAgentConfig(num_agents=0), "team.num_agents", "0"),
     (lambda: MultiAgentConfig(num_agents=-2), "team.num_agents", "-2"),
+    (lambda: MultiAgentConfig(num_agents=10**9), "team.num_agents", "1000000000"),
     (lambda: MultiAgentConfig(lora=LoRAConfig(rank=0)), "team.lora.rank", "0"),
     (lambda: MultiAgentConfig(lora=LoRAConfig(alpha=-1.0)), "team.lora.alpha", "-1.0"),
     (lambda: MultiAgentConfig(lora=LoRAConfig(dropout=1.5)), "team.lora.dropout", "1.5"),

@@ -533,3 +533,21 @@ def test_a_vllm_that_cannot_capture_the_models_lora_is_refused_from_its_config(t
     check_vllm_lora_widths(rollout, "tiny", "0.26.0")
     rollout.vllm.enforce_eager = True
     check_vllm_lora_widths(rollout, str(tmp_path), "0.26.0")
+
+
+def test_a_hub_id_that_cannot_be_downloaded_is_refused_before_the_model(tmp_path, monkeypatch,
+                                                                        capsys):
+    """No cache and no network: refused in a line naming model.path, not after the Hub
+    client's retries (~25 s here) ended in the same message from inside the loader."""
+    with __import__("socket").socket() as probe:  # a local port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "run"
+    err = _refused(["model.path=someorg/no-such-model", f"output_dir={out}"], capsys)
+    assert err.startswith("config error: model.path='someorg/no-such-model': is not a local")
+    assert f"127.0.0.1:{port} cannot be reached" in err
+    assert not out.exists()
