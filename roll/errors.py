@@ -1,8 +1,11 @@
-"""The three refusals of invariant 5 (DESIGN.md: nothing silent), one home for each.
+"""The three refusals of invariant 5 (DESIGN.md: nothing silent), one home for each, and the
+one way a run stops on request.
 
 - ``ConfigError``: a bad setting, raised before any model loads, naming the field and value.
 - ``NonFiniteLossError``: a NaN/inf loss or gradient norm; the whole step is refused.
 - ``RoleFailed``: a role's actor (train rank, engine, env worker) died or raised.
+- ``RunInterrupted``: Ctrl-C or SIGTERM (a scheduler's preemption) stopped the run; the message
+  names the step and the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -29,3 +32,9 @@ class NonFiniteLossError(FloatingPointError):
 
 class RoleFailed(RuntimeError):
     """A role's actor died or raised; the message is one line naming the role and rank."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped (Ctrl-C, SIGTERM); one line naming the step it was in and the last
+    good checkpoint to continue from. A KeyboardInterrupt, so whatever catches those still
+    does."""

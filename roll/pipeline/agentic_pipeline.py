@@ -42,7 +42,7 @@ from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutSchedule
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import RunningBaselines
 from roll.distributed.roles import TrainGroup, adapter_payloads, load_adapters
-from roll.errors import RoleFailed
+from roll.errors import RoleFailed, RunInterrupted
 from roll.models import load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -278,7 +278,8 @@ class AgenticPipeline:
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, float]:
         """Train ``max_steps`` steps (resuming first if asked); the last step's metrics. A
-        dead or failed role stops the run with one line naming it and the last checkpoint."""
+        dead or failed role, or an interruption, stops the run with one line naming it and the
+        last checkpoint."""
         try:
             return self._run()
         except RoleFailed as error:
@@ -286,6 +287,13 @@ class AgenticPipeline:
             last_good = resolve_resume("latest", self.output_dir)
             raise RoleFailed(f"{error} -- last good checkpoint: {last_good or 'none yet'} "
                              f"(continue with resume=latest)") from error
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI
+            self.close_roles()  # the tracker's files were closed on the way out of _run
+            last_good = resolve_resume("latest", self.output_dir)
+            raise RunInterrupted(f"interrupted during step {self.step} of {self.cfg.max_steps} "
+                                 f"-- last good checkpoint: {last_good or 'none yet'}"
+                                 + (" (continue with resume=latest)" if last_good else "")
+                                 ) from None
 
     def close_roles(self) -> None:
         """Release the roles' Ray actors (train ranks, env workers, engine actors); local

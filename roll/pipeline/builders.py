@@ -4,6 +4,8 @@ base model's folder, the rollout engine and the env workers."""
 from __future__ import annotations
 
 import dataclasses
+import signal
+import threading
 from pathlib import Path
 
 from roll.agentic.rollout.scheduler import RolloutConfig
@@ -29,6 +31,10 @@ def start_ray(cfg: PipelineConfig) -> None:
     import ray
 
     if not ray.is_initialized():
+        # ray.init replaces the SIGTERM handler with sys.exit; the CLI's stops the run as
+        # Ctrl-C does (roles closed, one line naming the last checkpoint): keep that one.
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         try:
             ray.init(address=cfg.cluster.address, num_cpus=cfg.cluster.num_cpus,
                      include_dashboard=False)
@@ -36,6 +42,9 @@ def start_ray(cfg: PipelineConfig) -> None:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ConfigError("cluster.address", cfg.cluster.address,
                               f"Ray could not start or join a cluster there: {reason}") from None
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
     check_ray_resources(cfg, ray.cluster_resources())
 
 

@@ -12,10 +12,12 @@ exit code 2 before any model loads or anything is written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from roll.errors import ConfigError
+from roll.errors import ConfigError, RunInterrupted
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.validation import validate_config
 
@@ -137,9 +139,38 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
         return 0
+    previous = _sigterm_interrupts()
     try:
         main(cfg)
     except ConfigError as error:  # found once the cluster is up (e.g. too few GPUs in Ray)
         print(str(error), file=sys.stderr)
         return 2
+    except RunInterrupted as error:  # the pipeline names the step and the last checkpoint
+        print(str(error), file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:  # before the training loop (loading, building the roles)
+        print("interrupted before the training loop started: this run saved nothing",
+              file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+INTERRUPTED = 128 + signal.SIGINT
+"""The exit code of a run stopped by Ctrl-C or SIGTERM, as a shell reports Ctrl-C."""
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _sigterm_interrupts():
+    """SIGTERM (what a cluster scheduler sends before it kills a job) stops the run as Ctrl-C
+    does: roles closed, the tracker's files flushed, one line naming the last checkpoint.
+    Python's default would end the process at once. The handler it replaces, or None where
+    signals cannot be set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -219,3 +219,28 @@ def test_every_example_trains_with_two_ray_ranks(ray_cluster, tmp_path, example)
     if example != "hanabi":
         assert any(moved.values())
     assert latest_checkpoint(tmp_path).name == "step_00000001"
+
+
+def test_starting_ray_keeps_the_clis_sigterm_handler(tmp_path):
+    """ray.init sets SIGTERM to sys.exit; the CLI's handler (stop as Ctrl-C does: roles
+    closed, one line naming the last checkpoint) must survive it. A fresh interpreter: Ray
+    must really start there (here another test's cluster may be up)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import signal
+from roll.pipeline.builders import start_ray
+from tests.distributed.helpers import kuhn_config
+def mine(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, mine)
+start_ray(kuhn_config({str(tmp_path / 'run')!r}, 'cluster.backend=ray', 'cluster.num_cpus=1'))
+import ray
+print('kept' if signal.getsignal(signal.SIGTERM) is mine else 'replaced')
+ray.shutdown()
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "kept"
