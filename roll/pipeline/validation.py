@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -377,6 +378,12 @@ def _check_output_dir(output_dir: str) -> None:
     for folder in (path, *path.parents):
         if folder.exists() and not folder.is_dir():
             raise ConfigError("output_dir", output_dir, f"{folder} is a file, not a folder")
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    try:  # a folder made and removed: the first checkpoint would fail there after loading
+        os.rmdir(tempfile.mkdtemp(prefix=".roll-write-check-", dir=existing))
+    except OSError as error:
+        raise ConfigError("output_dir", output_dir, f"cannot write in {existing}: "
+                          f"{error.strerror or error}") from None
 
 
 def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:

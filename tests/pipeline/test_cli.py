@@ -177,6 +177,14 @@ def test_output_dir_naming_a_file_is_refused(below, tmp_path, capsys):
     assert existing.read_text() == "mine"
 
 
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_model(capsys):
+    """/proc takes no new folders, even from root (chmod would not stop root): the first
+    checkpoint used to fail there, after the model had loaded, in a traceback."""
+    err = _refused(["output_dir=/proc/roll_run/x"], capsys)
+    assert err.startswith("config error: output_dir='/proc/roll_run/x': cannot write in /proc")
+    assert not any(p.name.startswith(".roll-write-check-") for p in Path("/proc").iterdir())
+
+
 def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
     from roll.utils.checkpoint import save_checkpoint
 
