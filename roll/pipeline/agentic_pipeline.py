@@ -74,6 +74,7 @@ from roll.pipeline.step_metrics import capture_metrics, rollout_phase_metrics
 from roll.pipeline.step_plan import StepPlan
 from roll.utils.checkpoint import resolve_resume
 from roll.utils.recompiles import CompileWatch
+from roll.utils.run_lock import RunLock
 from roll.utils.stages import log_line, stage
 from roll.utils.tracking import Tracker, agent_metrics
 
@@ -281,7 +282,8 @@ class AgenticPipeline:
         dead or failed role, or an interruption, stops the run with one line naming it and the
         last checkpoint."""
         try:
-            return self._run()
+            with RunLock(self.output_dir):  # re-entrant: the CLI took it before loading
+                return self._run()
         except RoleFailed as error:
             self.close_roles()  # the others may wait on the dead one (or hold its resources)
             last_good = resolve_resume("latest", self.output_dir)

@@ -20,6 +20,7 @@ from pathlib import Path
 from roll.errors import ConfigError, RunInterrupted
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.validation import validate_config
+from roll.utils.run_lock import RunLock
 
 # Short flags users know from launch scripts, and the config key each one sets.
 FLAG_KEYS = {
@@ -141,7 +142,8 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
         return 0
     previous = _sigterm_interrupts()
     try:
-        main(cfg)
+        with RunLock(cfg.output_dir):  # one run per output_dir, taken before the model loads
+            main(cfg)
     except ConfigError as error:  # found once the cluster is up (e.g. too few GPUs in Ray)
         print(str(error), file=sys.stderr)
         return 2
