@@ -83,7 +83,9 @@ class CompletionTrie:
         try:
             return self.children[node][token]
         except KeyError:
-            raise ValueError(f"token {token} is not allowed here ({self.allowed(node)})") from None
+            raise ValueError(f"token {token} is not allowed here ({self.allowed(node)}): masked "
+                             "sampling picks an allowed token unless the logits are not finite "
+                             "(NaN/inf: an adapter whose weights diverged)") from None
 
     def is_complete(self, node: int) -> bool:
         """Whether an allowed sequence ends at this node (nothing may follow it)."""

@@ -42,7 +42,7 @@ from roll.agentic.rollout.scheduler import EnvFactory, Renderer, RolloutSchedule
 from roll.agentic.tasks.datasets import ItemSampler
 from roll.algorithms.advantages import RunningBaselines
 from roll.distributed.roles import TrainGroup, adapter_payloads, load_adapters
-from roll.errors import RoleFailed, RunInterrupted
+from roll.errors import NonFiniteLossError, RoleFailed, RunInterrupted
 from roll.models import load_tokenizer
 from roll.multi_agent.critics import Critics, critic_agents
 from roll.multi_agent.model import MultiAgentLoRAModel
@@ -286,16 +286,24 @@ class AgenticPipeline:
                 return self._run()
         except RoleFailed as error:
             self.close_roles()  # the others may wait on the dead one (or hold its resources)
-            last_good = resolve_resume("latest", self.output_dir)
-            raise RoleFailed(f"{error} -- last good checkpoint: {last_good or 'none yet'} "
-                             f"(continue with resume=latest)") from error
+            raise RoleFailed(f"{error} -- {self._last_good()}") from error
+        except NonFiniteLossError as error:  # the step was refused; the run cannot go on
+            self.close_roles()
+            latest = resolve_resume("latest", self.output_dir)
+            raise NonFiniteLossError(
+                f"{error} -- latest checkpoint: {latest} (its weights may be the ones that "
+                "diverged: resume=<an earlier checkpoint> with a lower learning rate)" if latest
+                else f"{error} -- no checkpoint yet") from error
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI
             self.close_roles()  # the tracker's files were closed on the way out of _run
-            last_good = resolve_resume("latest", self.output_dir)
             raise RunInterrupted(f"interrupted during step {self.step} of {self.cfg.max_steps} "
-                                 f"-- last good checkpoint: {last_good or 'none yet'}"
-                                 + (" (continue with resume=latest)" if last_good else "")
-                                 ) from None
+                                 f"-- {self._last_good()}") from None
+
+    def _last_good(self) -> str:
+        """Where a stopped run continues from, said at the end of its one line."""
+        last_good = resolve_resume("latest", self.output_dir)
+        return (f"last good checkpoint: {last_good} (continue with resume=latest)" if last_good
+                else "last good checkpoint: none yet")
 
     def close_roles(self) -> None:
         """Release the roles' Ray actors (train ranks, env workers, engine actors); local

@@ -1,7 +1,7 @@
-"""Ctrl-C or SIGTERM (a scheduler's preemption) stops a run with one line naming the step and
+"""How a run stops. Ctrl-C or SIGTERM (a scheduler's preemption): one line naming the step and
 the last good checkpoint, exit code 130, the files it wrote whole; ``resume=latest`` goes on.
 Before, Ctrl-C printed a traceback from wherever the step was, and SIGTERM ended the process
-with no line at all."""
+with no line at all. A diverged adapter: an error naming it and the checkpoints."""
 
 from __future__ import annotations
 
@@ -77,3 +77,23 @@ def test_an_interrupt_before_the_loop_is_one_line_and_sigterm_is_restored(tmp_pa
     assert capsys.readouterr().err.strip() == ("interrupted before the training loop started: "
                                                "this run saved nothing")
     assert signal.getsignal(signal.SIGTERM) is before  # put back once the run is over
+
+
+def test_a_diverged_adapter_stops_the_run_naming_it_and_the_checkpoints(tmp_path):
+    """A rate so high that step 1's update overflows every later forward: the next rollout's
+    constrained sampling met NaN logits and failed with 'token 0 is not allowed here'."""
+    from roll.errors import NonFiniteLossError
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+
+    out = tmp_path / "run"
+    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "quickstart_cpu", [
+        f"output_dir={out}", "save_steps=1", "max_steps=4", "eval.eval_steps=0",
+        "team.optim.lr=1e30"])
+    with pytest.raises(NonFiniteLossError) as caught:
+        AgenticPipeline(cfg).run()
+    message = str(caught.value)
+    assert re.match(r"adapter 'agent_[01]' decodes non-finite logits \(token \d+, log-prob nan\)",
+                    message), message
+    assert f"latest checkpoint: {out / 'checkpoints' / 'step_00000001'} (its weights may be" \
+        in message and "with a lower learning rate" in message

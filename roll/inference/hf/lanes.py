@@ -3,6 +3,7 @@ ends and what it returns, and the steps the host has launched but not read yet."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from roll.errors import NonFiniteLossError
 from roll.inference.base import (
     FinishReason,
     GenerationOutput,
@@ -52,7 +54,16 @@ class Lane:
             self.stop_matched = True
             return "stop"
         if self.trie is not None:
-            self.node = self.trie.advance(self.node, token)
+            try:
+                self.node = self.trie.advance(self.node, token)
+            except ValueError:  # masked sampling picks a forbidden token only from NaN/inf
+                logprob = self.logprobs[-1] if self.logprobs else math.nan
+                if math.isfinite(logprob):
+                    raise
+                raise NonFiniteLossError(
+                    f"adapter {self.request.adapter!r} decodes non-finite logits (token "
+                    f"{token}, log-prob {logprob}): its weights are not finite, the last "
+                    "update diverged (a learning rate too high?)") from None
             if self.trie.is_complete(self.node):
                 return "stop"
         if len(self.tokens) >= sampling.max_new_tokens:
