@@ -100,4 +100,6 @@ def load_run(p: AgenticPipeline, path: Path) -> None:
     restore_rng_state(state["rng"])
     p.step = state["step"]
     p.run_id = state.get("tracking_run_id")
-    print(f"resumed from {path} at step {p.step}", flush=True)
+    print(f"resumed from {path} at step {p.step}" + (
+        f"; max_steps={p.cfg.max_steps}: nothing left to train" if p.step >= p.cfg.max_steps
+        else ""), flush=True)

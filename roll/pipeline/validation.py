@@ -404,6 +404,9 @@ def _check_resume(cfg: PipelineConfig, agents: list[str]) -> None:
         meta = verify_checkpoint(path)
     except CheckpointError as error:
         raise ConfigError("resume", cfg.resume, f"not a complete checkpoint: {error}") from None
+    if meta["step"] > cfg.max_steps:  # the loop would not run: a silent exit 0 before
+        raise ConfigError("max_steps", cfg.max_steps, f"resume={cfg.resume!r} ({path}) is at "
+                          f"step {meta['step']}, past it: raise max_steps to train on")
     saved = {entry["path"].split("/")[1] for entry in meta["files"]
              if entry["path"].startswith(f"{AGENTS_DIR}/") and entry["path"].count("/") >= 2}
     if saved != set(agents):

@@ -204,6 +204,21 @@ def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
     assert err.startswith("config error: resume='latest'") and "ghost" in err
 
 
+def test_resume_of_a_checkpoint_past_max_steps_is_refused(tmp_path, capsys):
+    """The loop would not run: it was a silent exit 0 after the model had loaded."""
+    from roll.utils.checkpoint import save_checkpoint
+
+    def adapters(folder):
+        for name in ("agent_0", "agent_1"):
+            (folder / name).mkdir()
+            (folder / name / "adapter_model.safetensors").write_bytes(b"x")
+
+    ckpt = save_checkpoint(tmp_path / "old", 30, {"step": 30}, adapters, keep_last=1)
+    err = _refused([f"resume={ckpt}", "max_steps=20", f"output_dir={tmp_path / 'run'}"], capsys)
+    assert err == (f"config error: max_steps=20: resume='{ckpt}' ({ckpt}) is at step 30, past "
+                   "it: raise max_steps to train on")
+
+
 @pytest.mark.parametrize("override, refused", [
     (None, None),  # the example's LoRA (rank 8, alpha 16, every linear layer): resumes
     ("team.lora.rank=4", "team.lora.rank=4: {ckpt} holds agent_0's adapter with rank 8"),

@@ -152,7 +152,7 @@ def test_rae_baselines_survive_a_checkpoint_bit_exactly(tmp_path):
         assert all(torch.equal(ours[key], theirs[key]) for key in ours)
 
 
-def test_resume_on_another_base_is_one_config_error_naming_resume(tmp_path):
+def test_resume_on_another_base_is_one_config_error_naming_resume(tmp_path, capsys):
     """Adapters saved on the tiny model, resumed on a deeper one (3 blocks, not 2): the
     tensors cannot load. It was a traceback from inside the model; it is the one line the CLI
     prints."""
@@ -167,6 +167,9 @@ def test_resume_on_another_base_is_one_config_error_naming_resume(tmp_path):
             f"output_dir={tmp_path / 'run'}", *extra])
 
     AgenticPipeline(cfg("max_steps=1")).run()
+    # A requeued job whose run had ended: it says so (it used to exit in silence).
+    assert AgenticPipeline(cfg("max_steps=1", "resume=latest")).run() == {}
+    assert "at step 1; max_steps=1: nothing left to train" in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"^config error: resume='latest': .*step_00000001: "
                                           r"agent_0's adapter does not fit this model "
                                           r"\(.*deeper\): "):
