@@ -7,6 +7,7 @@ other key: ``team/``, ``rollout/``, ``time/``, ``eval/team/``, ...) into ``--out
 global backend is switched and no display is needed).
 
 A step logged twice (a run resumed from an earlier checkpoint) is drawn with its last value.
+An evaluation's ``X_low``/``X_high`` (its 95% interval) is drawn as a band around ``X``.
 NaN/inf points are left out of a curve and counted in its subplot title.
 """
 
@@ -71,8 +72,22 @@ def group_series(series: dict[str, Series]) -> dict[str, dict[str, Series]]:
     return figures
 
 
-def draw_figure(curves: dict[str, Series], title: str, path: Path) -> None:
-    """One PNG with a grid of subplots, one curve each, x = step."""
+def fold_intervals(curves: dict[str, Series]) -> tuple[dict[str, Series],
+                                                     dict[str, tuple[Series, Series]]]:
+    """``X_low`` and ``X_high`` beside ``X`` (the evaluations' 95% intervals) become X's band
+    instead of two subplots of their own: (the curves left, ``{X: (low, high)}``). A bound
+    without its curve or its other bound stays a curve."""
+    bands = {title: (curves[f"{title}_low"], curves[f"{title}_high"]) for title in curves
+             if f"{title}_low" in curves and f"{title}_high" in curves}
+    folded = {f"{title}{suffix}" for title in bands for suffix in ("_low", "_high")}
+    return {t: points for t, points in curves.items() if t not in folded}, bands
+
+
+def draw_figure(curves: dict[str, Series], title: str, path: Path,
+                bands: dict[str, tuple[Series, Series]] | None = None) -> None:
+    """One PNG with a grid of subplots, one curve each, x = step; a curve with a band (its
+    95% interval) has it shaded."""
+    bands = bands or {}
     columns = min(_COLUMNS, len(curves))
     rows = math.ceil(len(curves) / columns)
     figure = Figure(figsize=(4.8 * columns, 3.2 * rows), layout="constrained")
@@ -86,7 +101,14 @@ def draw_figure(curves: dict[str, Series], title: str, path: Path) -> None:
         if finite:
             xs, ys = zip(*finite, strict=True)
             axes.plot(xs, ys, marker="." if len(finite) <= 50 else None, linewidth=1.2)
-        axes.set_title(name + (f"  ({non_finite} non-finite)" if non_finite else ""), fontsize=9)
+        low, high = bands.get(name, ({}, {}))
+        shaded = [(s, low[s], high[s]) for s in sorted(set(low) & set(high))
+                  if math.isfinite(low[s]) and math.isfinite(high[s])]
+        if shaded:
+            xs, lows, highs = zip(*shaded, strict=True)
+            axes.fill_between(xs, lows, highs, alpha=0.25, linewidth=0)
+        axes.set_title(name + ("  (band: 95% interval)" if shaded else "")
+                       + (f"  ({non_finite} non-finite)" if non_finite else ""), fontsize=9)
         axes.set_xlabel("step", fontsize=8)
         axes.tick_params(labelsize=7)
         axes.grid(alpha=0.3)
@@ -114,7 +136,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     written = []
     for name, curves in figures.items():
         path = out / f"{_file_stem(name)}.png"
-        draw_figure(curves, f"{run_dir.name}: {name}", path)
+        kept, bands = fold_intervals(curves)
+        draw_figure(kept, f"{run_dir.name}: {name}", path, bands=bands)
         written.append(path)
     return written
 

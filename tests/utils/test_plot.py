@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.utils.plot import group_series, main, read_metrics
+from roll.utils.plot import fold_intervals, group_series, main, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,6 +26,9 @@ def _write_metrics(run_dir: Path) -> None:
             "alice/episode_return": step * 0.1,
             "bob/policy_loss": float("nan") if step == 4 else 0.5,
             "eval/alice/win_rate": 0.5,
+            "eval/alice/win_rate_low": 0.25,
+            "eval/alice/win_rate_high": 0.75,
+            "eval/alice/lone_low": 0.1,  # a bound without its curve stays a curve
             "eval_greedy/alice/win_rate": 0.75,
             "eval/team/score": 1.0,
             "team/episode_return": step * 0.05,
@@ -70,8 +73,15 @@ def test_each_agent_figure_holds_its_training_and_evaluation_curves(tmp_path):
     _write_metrics(tmp_path / "run")
     figures = group_series(read_metrics(tmp_path / "run" / "metrics.jsonl"))
     assert sorted(figures) == ["alice", "bob", "team"]
-    assert sorted(figures["alice"]) == ["episode_return", "eval/win_rate",
+    assert sorted(figures["alice"]) == ["episode_return", "eval/lone_low", "eval/win_rate",
+                                        "eval/win_rate_high", "eval/win_rate_low",
                                         "eval_greedy/win_rate", "policy_loss"]
+    curves, bands = fold_intervals(figures["alice"])
+    assert sorted(curves) == ["episode_return", "eval/lone_low", "eval/win_rate",
+                              "eval_greedy/win_rate", "policy_loss"]
+    assert list(bands) == ["eval/win_rate"]
+    low, high = bands["eval/win_rate"]
+    assert low[2] == 0.25 and high[2] == 0.75
     assert figures["alice"]["eval_greedy/win_rate"][3] == 0.75
     assert "eval/team/score" in figures["team"] and "time/rollout" in figures["team"]
 
