@@ -82,3 +82,23 @@ def test_item_sampler_deals_each_epoch_as_a_permutation_and_resumes_exactly():
     assert ItemSampler(4, 0, shuffle=False).take(6) == [0, 1, 2, 3, 0, 1]
     with pytest.raises(ValueError, match=r"dataset of 5 items; env.data now has 6"):
         ItemSampler(6, 0).load_state_dict({"position": 1, "num_items": 5})
+
+
+def test_a_hub_dataset_that_cannot_be_had_here_is_refused_at_once(tmp_path, monkeypatch):
+    """No cache, no network: one error naming the source, not ~25 s of the Hub client's
+    retries before 'Couldn't reach ... on the Hub'."""
+    import socket
+
+    with socket.socket() as probe:  # a local port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "tables"))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=rf"^config error: env.data.source='someorg/no-such-"
+                                          rf"set': is not a local file or folder, the Hugging "
+                                          rf"Face cache does not hold it, and the Hub "
+                                          rf"127.0.0.1:{port} cannot be reached"):
+        load_items("someorg/no-such-set", "train", {}, ())

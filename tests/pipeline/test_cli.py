@@ -571,6 +571,7 @@ def test_a_hub_id_that_cannot_be_downloaded_is_refused_before_the_model(tmp_path
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "run"
     err = _refused(["model.path=someorg/no-such-model", f"output_dir={out}"], capsys)
-    assert err.startswith("config error: model.path='someorg/no-such-model': is not a local")
+    assert err.startswith("config error: model.path='someorg/no-such-model': is not a local "
+                          "folder, the Hugging Face cache does not hold it")
     assert f"127.0.0.1:{port} cannot be reached" in err
     assert not out.exists()

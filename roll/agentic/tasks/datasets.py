@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from roll.errors import ConfigError
+from roll.utils.hub import check_hub_id
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_SOURCES = ("arithmetic", "writing")
@@ -88,6 +89,11 @@ def _from_datasets(source: str, split: str) -> tuple[Any, set[str]]:
     looks_local = path.suffix in FILE_FORMATS or source.startswith((".", "/", "~"))
     if looks_local and not path.exists():
         raise ConfigError("env.data.source", source, "no such file or folder")
+    if not path.exists():  # a hub id: refused at once when it cannot be had here
+        try:
+            check_hub_id(source, "dataset")
+        except FileNotFoundError as error:
+            raise ConfigError("env.data.source", source, str(error)) from None
     try:
         import datasets
     except ImportError as error:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.models.hub import check_hub_id, endpoint_unreachable
+from roll.utils.hub import check_hub_id, endpoint_unreachable
 
 CLOSED = "http://127.0.0.1:{port}"
 
@@ -35,7 +35,7 @@ def test_unreachable_endpoint_is_refused_naming_host_and_port(monkeypatch):
         check_hub_id("someorg/no-such-model")
     message = str(caught.value)
     assert f"127.0.0.1:{port} cannot be reached" in message
-    assert "not in the Hugging Face cache" in message
+    assert "the Hugging Face cache does not hold it" in message
 
 
 def test_reachable_endpoint_and_offline_mode_are_left_to_the_loader(monkeypatch):
@@ -69,7 +69,7 @@ def test_an_id_in_the_local_cache_is_not_probed(tmp_path):
     for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
                  "ALL_PROXY", "all_proxy"):
         env.pop(name, None)
-    code = ("from roll.models.hub import check_hub_id\n"
+    code = ("from roll.utils.hub import check_hub_id\n"
             "check_hub_id('someorg/cached-model')\n"
             "try:\n    check_hub_id('someorg/other-model')\n"
             "except FileNotFoundError:\n    print('refused')\n")
@@ -77,3 +77,21 @@ def test_an_id_in_the_local_cache_is_not_probed(tmp_path):
                             text=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "refused"
+
+
+def test_a_dataset_is_probed_unless_some_of_it_is_cached_or_offline(tmp_path, monkeypatch):
+    """A table ``datasets`` built earlier (HF_DATASETS_CACHE/org___name) is what it falls
+    back to when the Hub is away: not refused. Nothing cached: refused."""
+    monkeypatch.setenv("HF_ENDPOINT", CLOSED.format(port=_closed_port()))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(FileNotFoundError, match="is not a local file or folder"):
+        check_hub_id("someorg/some-set", "dataset")
+    (tmp_path / "someorg___some-set").mkdir()
+    check_hub_id("someorg/some-set", "dataset")
+    with pytest.raises(FileNotFoundError):  # a model of that name is another thing
+        check_hub_id("someorg/some-set")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    check_hub_id("someorg/other-set", "dataset")  # datasets fails fast by itself offline
