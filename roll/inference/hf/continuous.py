@@ -29,7 +29,8 @@ pinned memory without waiting and read after the next step is launched, so the h
 (finishing requests, the caller's ``follow``, admissions) overlaps the device's. A request that
 ends at a token the host cannot foresee (EOS, a stop string) thus runs one decode step more,
 for nothing; lanes with constrained answers are read before each step (their trie decides
-what they may sample).
+what they may sample), and then the callers' follow-ups of the requests that ended wait until
+the next step is launched, so that they overlap it (the admissions they bring come after).
 
 Sampling and log-probs follow the lock-step path exactly (same per-row seeded Gumbel noise by
 the row's own token index, log-probs at the row's temperature, constraint masks on sampling
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from roll.inference.base import Follow, GenerationRequest, Later
+from roll.inference.base import Follow, GenerationOutput, GenerationRequest, Later
 from roll.inference.constrained import CompletionTrie
 from roll.inference.hf.cuda_graph import CapturedStep, compile_step
 from roll.inference.hf.lanes import Lane, Step, constrain
@@ -229,10 +230,19 @@ class ContinuousDecoder:
                 self.host_s["admit"] += perf_counter() - start
             needed = self._decoding()
             # Constrained lanes sample from their trie node: their tokens must be read first.
+            # The callers' follow-ups (env steps, next prompts) wait until the next step is
+            # launched, so that they overlap it instead of leaving the device idle.
             if pending and (not needed or any(lane.trie is not None for lane in needed)):
+                ended: list[tuple[int, GenerationOutput]] = []
                 for step in pending:
-                    submit(self._finish(step, follow))
+                    self._finish(step, follow, ended)
                 pending = []
+                needed = self._decoding()
+                start = perf_counter()
+                with profiled("roll.decode_step"):
+                    pending = [self._decode_step()] if needed else []
+                self.host_s["launch"] += perf_counter() - start
+                submit(self._follow(ended, follow))
                 continue
             start = perf_counter()
             with profiled("roll.decode_step"):
@@ -409,9 +419,24 @@ class ContinuousDecoder:
         done.record()
         return Step(lane_list, states, host, done)
 
-    def _finish(self, step: Step, follow: Follow) -> list[GenerationRequest]:
+    def _follow(self, ended: list[tuple[int, GenerationOutput]],
+                follow: Follow) -> list[GenerationRequest]:
+        """``follow`` each ended request's output (kept by ``_finish``); the requests they
+        return."""
+        start = perf_counter()
+        new: list[GenerationRequest] = []
+        with profiled("roll.follow"):  # the caller: env step, next prompt
+            for key, output in ended:
+                new += follow(key, output)
+        self.host_s["follow"] += perf_counter() - start
+        return new
+
+    def _finish(self, step: Step, follow: Follow,
+                ended: list[tuple[int, GenerationOutput]] | None = None
+                ) -> list[GenerationRequest]:
         """Read a step's tokens (waiting for it), record them, finish lanes that are done and
-        hand their outputs to ``follow``; the requests it returns."""
+        hand their outputs to ``follow``; the requests it returns. With ``ended``, the outputs
+        go there instead, for ``_follow`` once the next step is launched (returns [])."""
         start = perf_counter()
         if step.done is not None:
             with profiled("roll.wait"):  # the host idle until the device is done
@@ -436,6 +461,9 @@ class ContinuousDecoder:
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True
+            if ended is not None:
+                ended.append((state.key, state.output(reason, engine)))
+                continue
             called = perf_counter()
             with profiled("roll.follow"):  # the caller: env step, next prompt
                 new += follow(state.key, state.output(reason, engine))

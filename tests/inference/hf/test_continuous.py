@@ -331,3 +331,34 @@ def test_the_serve_loops_host_time_is_split_by_part(tiny_model_path, team, engin
     assert parts["follow"] >= 12 * 0.02
     assert parts["admit"] > 0 and parts["launch"] > 0
     assert sum(parts.values()) <= wall
+
+
+def test_constrained_follow_ups_come_after_the_next_step_is_launched(tiny_model_path, team,
+                                                                     engine):
+    """Constrained lanes are read before each step; the caller's follow of a request that
+    ended there runs after the next step of the other lanes is launched, so that the env step
+    and the next prompt overlap it (before, the device idled through them). The outputs stay
+    the lock-step path's."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    prompts = chat_prompts(tiny_model_path)
+
+    def only(answer: str) -> list[list[int]]:  # one allowed completion: its length is known
+        return [tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]]
+
+    short, long = only("<answer>Pass</answer>"), only("<answer>x(1,1) then x(2,2)</answer>")
+    assert len(short[0]) + 2 < len(long[0])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=32)
+    requests = [GenerationRequest(prompts[0], "alice", greedy, short),
+                GenerationRequest(prompts[1], "bob", greedy, long)]
+    steps_at_follow = {}
+
+    def follow(key, output):
+        steps_at_follow[key] = engine._decoder.decode_steps
+        assert output.token_ids == (short if key == 0 else long)[0]
+        return []
+
+    engine.serve(requests, follow)
+    # The first token comes from the prefill: len - 1 decode steps each. The short one ends
+    # while the long one runs: its follow comes after the long one's next step is launched.
+    assert steps_at_follow == {0: len(short[0]), 1: len(long[0]) - 1}
+    assert [o.token_ids for o in engine.generate(requests)] == [short[0], long[0]]
