@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import IO
 
 from roll.errors import ConfigError
+from roll.utils.stages import log_line
 
 LOCK_FILE = ".roll.lock"
-_held: dict[Path, tuple[IO[str], int, list[Path]]] = {}
+_held: dict[Path, tuple[IO[str] | None, int, list[Path]]] = {}
 """resolved folder -> (its locked file, how many holders in this process, the folders the first
 made, deepest first)"""
 
@@ -50,6 +51,14 @@ class RunLock:
                 raise ConfigError("output_dir", self.output_dir,
                                   f"another run is writing there ({holder}): wait for it to "
                                   "end, or choose another output_dir") from None
+            except OSError as error:  # a filesystem without locks (some network mounts)
+                handle.close()
+                path.unlink(missing_ok=True)
+                log_line(f"output_dir={self.output_dir!r}: its filesystem takes no locks "
+                         f"({error.strerror or error}): a second run launched into it would "
+                         "not be refused")
+                _held[self.folder] = (None, 1, made)
+                return self
             try:  # the holder before us removes the file as it lets go: lock the one there now
                 if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                     break
@@ -70,9 +79,10 @@ class RunLock:
             _held[self.folder] = (handle, depth - 1, made)
             return
         del _held[self.folder]
-        (self.folder / LOCK_FILE).unlink(missing_ok=True)  # still held: no one else's file
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        if handle is not None:  # None: the filesystem took no lock
+            (self.folder / LOCK_FILE).unlink(missing_ok=True)  # still held: no one else's
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
         for folder in made:  # a run refused before it wrote anything leaves no folder behind
             try:
                 folder.rmdir()

@@ -78,3 +78,21 @@ def test_the_lock_is_reentrant_in_a_process_and_released_after(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_filesystem_without_locks_runs_unlocked_and_says_so(tmp_path, monkeypatch, capsys):
+    """Some network mounts refuse flock (ENOLCK): the run goes on, and says a second run
+    there would not be refused, instead of failing at its start. (The refusal is injected:
+    no such mount here.)"""
+    import errno
+    import fcntl
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "run"
+    with RunLock(out):
+        (out / "metrics.jsonl").write_text("{}\n")
+    assert "its filesystem takes no locks (No locks available)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
