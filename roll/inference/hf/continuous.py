@@ -237,11 +237,11 @@ class ContinuousDecoder:
                 for step in pending:
                     self._finish(step, follow, ended)
                 pending = []
-                needed = self._decoding()
-                start = perf_counter()
-                with profiled("roll.decode_step"):
-                    pending = [self._decode_step()] if needed else []
-                self.host_s["launch"] += perf_counter() - start
+                if self._decoding():
+                    start = perf_counter()
+                    with profiled("roll.decode_step"):
+                        pending = [self._decode_step()]
+                    self.host_s["launch"] += perf_counter() - start
                 submit(self._follow(ended, follow))
                 continue
             start = perf_counter()
@@ -425,8 +425,8 @@ class ContinuousDecoder:
         return."""
         start = perf_counter()
         new: list[GenerationRequest] = []
-        with profiled("roll.follow"):  # the caller: env step, next prompt
-            for key, output in ended:
+        for key, output in ended:
+            with profiled("roll.follow"):  # the caller: env step, next prompt
                 new += follow(key, output)
         self.host_s["follow"] += perf_counter() - start
         return new
