@@ -205,17 +205,19 @@ def run_recipe(args, name: str) -> dict:
                 scored, name + args.tag,
                 Path(os.environ.get("OUT", out), f"learning_{name}{args.tag}_tactics.png"))
     if name in COOPERATIVE:
-        result["baselines"] = hanabi_reference()
+        result["baselines"] = hanabi_reference(dict(cfg.env.params))
     plots.plot(result, Path(os.environ.get("OUT", out)))
     return result
 
 
-def hanabi_reference(games: int = 2000) -> dict[str, float]:
-    """The small Hanabi's reference team scores: random play and the rule team
+def hanabi_reference(params: dict | None = None, games: int = 2000) -> dict[str, float]:
+    """The reference team scores of the small Hanabi (with ``params`` over its defaults: the
+    run's ``env.params``, e.g. 3 lives): random play and the rule team
     (benchmarks/hanabi_baselines.py) over the same ``games`` deals."""
     import hanabi_baselines
 
-    scores = hanabi_baselines.baselines(hanabi_baselines.SMALL_HANABI, games)
+    scores = hanabi_baselines.baselines({**hanabi_baselines.SMALL_HANABI, **(params or {})},
+                                        games)
     return {team: scores[team]["score"] for team in ("random", "rules")}
 
 
