@@ -233,23 +233,13 @@ class ContinuousDecoder:
             # The callers' follow-ups (env steps, next prompts) wait until the next step is
             # launched, so that they overlap it instead of leaving the device idle.
             if pending and (not needed or any(lane.trie is not None for lane in needed)):
-                ended: list[tuple[int, GenerationOutput]] = []
-                for step in pending:
-                    self._finish(step, follow, ended)
-                pending = []
-                if self._decoding():
-                    start = perf_counter()
-                    with profiled("roll.decode_step"):
-                        pending = [self._decode_step()]
-                    self.host_s["launch"] += perf_counter() - start
+                ended = [done for step in pending for done in self._finish(step)]
+                pending = self._launch(self._decoding())
                 submit(self._follow(ended, follow))
                 continue
-            start = perf_counter()
-            with profiled("roll.decode_step"):
-                launched = [self._decode_step()] if needed else []
-            self.host_s["launch"] += perf_counter() - start
+            launched = self._launch(needed)
             for step in pending:
-                submit(self._finish(step, follow))
+                submit(self._follow(self._finish(step), follow))
             pending = launched
         return submitted
 
@@ -419,9 +409,19 @@ class ContinuousDecoder:
         done.record()
         return Step(lane_list, states, host, done)
 
+    def _launch(self, needed: list[Lane]) -> list[Step]:
+        """The next decode step, launched if any lane ``needed`` it (``_decoding``)."""
+        if not needed:
+            return []
+        start = perf_counter()
+        with profiled("roll.decode_step"):
+            step = self._decode_step()
+        self.host_s["launch"] += perf_counter() - start
+        return [step]
+
     def _follow(self, ended: list[tuple[int, GenerationOutput]],
                 follow: Follow) -> list[GenerationRequest]:
-        """``follow`` each ended request's output (kept by ``_finish``); the requests they
+        """``follow`` each ended request's output (from ``_finish``); the requests they
         return."""
         start = perf_counter()
         new: list[GenerationRequest] = []
@@ -431,21 +431,17 @@ class ContinuousDecoder:
         self.host_s["follow"] += perf_counter() - start
         return new
 
-    def _finish(self, step: Step, follow: Follow,
-                ended: list[tuple[int, GenerationOutput]] | None = None
-                ) -> list[GenerationRequest]:
-        """Read a step's tokens (waiting for it), record them, finish lanes that are done and
-        hand their outputs to ``follow``; the requests it returns. With ``ended``, the outputs
-        go there instead, for ``_follow`` once the next step is launched (returns [])."""
+    def _finish(self, step: Step) -> list[tuple[int, GenerationOutput]]:
+        """Read a step's tokens (waiting for it), record them and finish lanes that are done;
+        the ended requests' (key, output), for ``_follow``."""
         start = perf_counter()
         if step.done is not None:
             with profiled("roll.wait"):  # the host idle until the device is done
                 step.done.synchronize()
         waited = perf_counter()
         self.host_s["wait"] += waited - start
-        following = 0.0
         engine = self.engine
-        new: list[GenerationRequest] = []
+        ended: list[tuple[int, GenerationOutput]] = []
         for lane, state, token, logprob in zip(step.lanes, step.states,
                                                step.host[0].long().tolist(),
                                                step.host[1].tolist(), strict=True):
@@ -461,13 +457,6 @@ class ContinuousDecoder:
             self.running[lane] = None
             self.visible[lane] = False
             self.rows_stale = True
-            if ended is not None:
-                ended.append((state.key, state.output(reason, engine)))
-                continue
-            called = perf_counter()
-            with profiled("roll.follow"):  # the caller: env step, next prompt
-                new += follow(state.key, state.output(reason, engine))
-            following += perf_counter() - called
-        self.host_s["follow"] += following
-        self.host_s["finish"] += perf_counter() - waited - following
-        return new
+            ended.append((state.key, state.output(reason, engine)))
+        self.host_s["finish"] += perf_counter() - waited
+        return ended
