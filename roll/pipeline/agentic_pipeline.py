@@ -289,21 +289,22 @@ class AgenticPipeline:
             raise RoleFailed(f"{error} -- {self._last_good()}") from error
         except NonFiniteLossError as error:  # the step was refused; the run cannot go on
             self.close_roles()
-            latest = resolve_resume("latest", self.output_dir)
-            raise NonFiniteLossError(
-                f"{error} -- latest checkpoint: {latest} (its weights may be the ones that "
-                "diverged: resume=<an earlier checkpoint> with a lower learning rate)" if latest
-                else f"{error} -- no checkpoint yet") from error
+            raise NonFiniteLossError(f"{error} -- {self._last_good(diverged=True)}") from error
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by the CLI
             self.close_roles()  # the tracker's files were closed on the way out of _run
             raise RunInterrupted(f"interrupted during step {self.step} of {self.cfg.max_steps} "
                                  f"-- {self._last_good()}") from None
 
-    def _last_good(self) -> str:
-        """Where a stopped run continues from, said at the end of its one line."""
-        last_good = resolve_resume("latest", self.output_dir)
-        return (f"last good checkpoint: {last_good} (continue with resume=latest)" if last_good
-                else "last good checkpoint: none yet")
+    def _last_good(self, diverged: bool = False) -> str:
+        """Where a stopped run continues from, said at the end of its one line; after a
+        divergence the latest checkpoint may hold the weights that diverged."""
+        latest = resolve_resume("latest", self.output_dir)
+        if latest is None:
+            return "no checkpoint yet" if diverged else "last good checkpoint: none yet"
+        if diverged:
+            return (f"latest checkpoint: {latest} (its weights may be the ones that diverged: "
+                    "resume=<an earlier checkpoint> with a lower learning rate)")
+        return f"last good checkpoint: {latest} (continue with resume=latest)"
 
     def close_roles(self) -> None:
         """Release the roles' Ray actors (train ranks, env workers, engine actors); local

@@ -21,7 +21,6 @@ from roll.inference.hf.engine import LORA_KERNELS
 from roll.inference.hf.ring import ATTENTION_KERNELS
 from roll.inference.vllm_checks import model_lora_warmup_error
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
-from roll.utils.hub import check_hub_id
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
     ENGINES,
@@ -37,6 +36,7 @@ from roll.utils.checkpoint import (
     latest_checkpoint,
     verify_checkpoint,
 )
+from roll.utils.hub import check_hub_id
 from roll.utils.tracking import NAMESPACES
 
 if TYPE_CHECKING:

@@ -3,8 +3,9 @@ a run trains. Two runs launched into one folder (the example's default ``runs/<g
 would interleave their metrics and prune each other's checkpoints; the second is refused with
 one line naming the first. The kernel drops the lock when its process ends, however it ends, so
 a killed run leaves nothing to clean up (a stale file at most, taken over by the next run); a
-run that ends removes the file, and the folders it made if nothing was written there. Re-entrant within a process (the CLI takes it before
-the model loads, the pipeline's ``run`` again for callers of the Python API)."""
+run that ends removes the file, and the folders it made if nothing was written there.
+Re-entrant within a process (the CLI takes it before the model loads, the pipeline's ``run``
+again for callers of the Python API)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import pytest
 
 from roll.agentic.tasks.datasets import ItemSampler, load_items
 from roll.errors import ConfigError
+from roll.utils.hub import PROXY_VARIABLES
 
 ROWS = [{"problem": f"What is {i} + 1?", "solution": str(i + 1), "level": i % 3}
         for i in range(10)]
@@ -94,8 +95,7 @@ def test_a_hub_dataset_that_cannot_be_had_here_is_refused_at_once(tmp_path, monk
         port = probe.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "tables"))
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match=rf"^config error: env.data.source='someorg/no-such-"
                                           rf"set': is not a local file or folder, the Hugging "

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from roll.pipeline.cli import load_config, run_cli
+from roll.utils.hub import PROXY_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ["--config_path", str(ROOT / "examples" / "tictactoe"),
@@ -185,15 +186,23 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_the_model(capsys
     assert not any(p.name.startswith(".roll-write-check-") for p in Path("/proc").iterdir())
 
 
-def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
+def _checkpoint(root: Path, step: int, agents=("agent_0", "agent_1"), adapter_config=None):
+    """A complete checkpoint at ``step`` of these agents' adapter files, written by hand (the
+    checks read names and adapter_config.json, not weights)."""
     from roll.utils.checkpoint import save_checkpoint
 
-    def two_agents(folder):
-        for name in ("agent_0", "ghost"):
+    def adapters(folder):
+        for name in agents:
             (folder / name).mkdir()
             (folder / name / "adapter_model.safetensors").write_bytes(b"x")
+            if adapter_config is not None:
+                (folder / name / "adapter_config.json").write_text(adapter_config)
 
-    ckpt = save_checkpoint(tmp_path / "old", 3, {"step": 3}, two_agents, keep_last=1)
+    return save_checkpoint(root, step, {"step": step}, adapters, keep_last=1)
+
+
+def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path / "old", 3, agents=("agent_0", "ghost"))
     out = tmp_path / "run"
     err = _refused([f"resume={ckpt}", f"output_dir={out}"], capsys)
     assert err.startswith(f"config error: resume='{ckpt}'")
@@ -206,14 +215,7 @@ def test_resume_of_a_checkpoint_with_other_agents_is_refused(tmp_path, capsys):
 
 def test_resume_of_a_checkpoint_past_max_steps_is_refused(tmp_path, capsys):
     """The loop would not run: it was a silent exit 0 after the model had loaded."""
-    from roll.utils.checkpoint import save_checkpoint
-
-    def adapters(folder):
-        for name in ("agent_0", "agent_1"):
-            (folder / name).mkdir()
-            (folder / name / "adapter_model.safetensors").write_bytes(b"x")
-
-    ckpt = save_checkpoint(tmp_path / "old", 30, {"step": 30}, adapters, keep_last=1)
+    ckpt = _checkpoint(tmp_path / "old", 30)
     err = _refused([f"resume={ckpt}", "max_steps=20", f"output_dir={tmp_path / 'run'}"], capsys)
     assert err == (f"config error: max_steps=20: resume='{ckpt}' ({ckpt}) is at step 30, past "
                    "it: raise max_steps to train on")
@@ -233,17 +235,9 @@ def test_resume_with_another_lora_shape_is_refused_before_the_model(override, re
                                                                      tmp_path, capsys):
     """A changed rank or target failed once the weights had loaded; a changed alpha ran on,
     every saved update rescaled."""
-    from roll.utils.checkpoint import save_checkpoint
-
-    def adapters(folder):  # as PEFT writes them, by hand: the fields the check reads
-        for name in ("agent_0", "agent_1"):
-            (folder / name).mkdir()
-            (folder / name / "adapter_model.safetensors").write_bytes(b"x")
-            (folder / name / "adapter_config.json").write_text(
-                '{"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": '
-                '["v_proj", "q_proj", "k_proj", "o_proj", "up_proj", "gate_proj", "down_proj"]}')
-
-    ckpt = save_checkpoint(tmp_path / "old", 3, {"step": 3}, adapters, keep_last=1)
+    ckpt = _checkpoint(tmp_path / "old", 3, adapter_config=(  # the fields PEFT writes
+        '{"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": '
+        '["v_proj", "q_proj", "k_proj", "o_proj", "up_proj", "gate_proj", "down_proj"]}'))
     args = [f"resume={ckpt}", f"output_dir={tmp_path / 'run'}"] + ([override] if override else [])
     if refused is None:
         assert run_cli(lambda cfg: None, CONFIG + args, "test") == 0
@@ -566,8 +560,7 @@ def test_a_hub_id_that_cannot_be_downloaded_is_refused_before_the_model(tmp_path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
-                 "ALL_PROXY", "all_proxy"):
+    for name in ("HF_HUB_OFFLINE", *PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "run"
     err = _refused(["model.path=someorg/no-such-model", f"output_dir={out}"], capsys)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roll.utils.hub import check_hub_id, endpoint_unreachable
+from roll.utils.hub import PROXY_VARIABLES, check_hub_id, endpoint_unreachable
 
 CLOSED = "http://127.0.0.1:{port}"
 
@@ -26,8 +26,7 @@ def _closed_port() -> int:
 
 def test_unreachable_endpoint_is_refused_naming_host_and_port(monkeypatch):
     port = _closed_port()
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
-                 "all_proxy"):
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", CLOSED.format(port=port))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -66,8 +65,7 @@ def test_an_id_in_the_local_cache_is_not_probed(tmp_path):
     (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
     env = dict(os.environ, HF_HUB_CACHE=str(tmp_path), HF_ENDPOINT=CLOSED.format(
         port=_closed_port()))
-    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
-                 "ALL_PROXY", "all_proxy"):
+    for name in ("HF_HUB_OFFLINE", *PROXY_VARIABLES):
         env.pop(name, None)
     code = ("from roll.utils.hub import check_hub_id\n"
             "check_hub_id('someorg/cached-model')\n"
@@ -84,8 +82,7 @@ def test_a_dataset_is_probed_unless_some_of_it_is_cached_or_offline(tmp_path, mo
     back to when the Hub is away: not refused. Nothing cached: refused."""
     monkeypatch.setenv("HF_ENDPOINT", CLOSED.format(port=_closed_port()))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(FileNotFoundError, match="is not a local file or folder"):
         check_hub_id("someorg/some-set", "dataset")
