@@ -15,9 +15,11 @@ import argparse
 import signal
 import sys
 import threading
+import time
+import traceback
 from pathlib import Path
 
-from roll.errors import ConfigError, RunInterrupted
+from roll.errors import ConfigError, NonFiniteLossError, RoleFailed, RunInterrupted
 from roll.pipeline.config import PipelineConfig
 from roll.pipeline.validation import validate_config
 from roll.utils.run_lock import RunLock
@@ -143,7 +145,14 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
     previous = _sigterm_interrupts()
     try:
         with RunLock(cfg.output_dir):  # one run per output_dir, taken before the model loads
-            main(cfg)
+            try:
+                main(cfg)
+            except (RoleFailed, NonFiniteLossError) as error:  # a role died, an adapter diverged
+                # One line (it names the role or adapter and the last good checkpoint); the
+                # traceback goes to a file in the folder, written while the lock is held.
+                kept = _keep_traceback(cfg.output_dir, error)
+                print(f"{error} (traceback: {kept})", file=sys.stderr)
+                return FAILED
     except ConfigError as error:  # found once the cluster is up (e.g. too few GPUs in Ray)
         print(str(error), file=sys.stderr)
         return 2
@@ -162,6 +171,24 @@ def run_cli(main, argv: list[str] | None, description: str) -> int:
 
 INTERRUPTED = 128 + signal.SIGINT
 """The exit code of a run stopped by Ctrl-C or SIGTERM, as a shell reports Ctrl-C."""
+FAILED = 1
+"""The exit code of a run stopped by a failed role or a diverged adapter."""
+ERROR_LOG = "errors.log"
+"""The file in output_dir that keeps the traceback of each failure the terminal saw as one line."""
+
+
+def _keep_traceback(output_dir: str, error: BaseException) -> str:
+    """Append ``error``'s whole traceback (its causes included: a role's own exception) to
+    output_dir/errors.log under a timestamp; earlier runs' entries stay. Returns where it went
+    (or why it could not: the one line still names the failure)."""
+    path = Path(output_dir).expanduser() / ERROR_LOG
+    text = "".join(traceback.format_exception(error))
+    try:
+        with path.open("a", encoding="utf-8") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}")
+    except OSError as failed:
+        return f"not kept, {path}: {failed.strerror or failed}"
+    return str(path)
 
 
 def _raise_interrupt(signum, frame) -> None:

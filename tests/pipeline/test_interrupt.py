@@ -97,3 +97,35 @@ def test_a_diverged_adapter_stops_the_run_naming_it_and_the_checkpoints(tmp_path
                     message), message
     assert f"latest checkpoint: {out / 'checkpoints' / 'step_00000001'} (its weights may be" \
         in message and "with a lower learning rate" in message
+
+
+@pytest.mark.parametrize("error", [
+    "engine 1 of 2 failed during generate: ActorDiedError: the actor died unexpectedly",
+    "adapter 'agent_0' decodes non-finite logits (token 3, log-prob nan)"])
+def test_a_failed_role_or_diverged_adapter_is_one_line_and_its_traceback_is_kept(
+        error, tmp_path, capsys):
+    """Before, a RoleFailed or NonFiniteLossError ended the program with Python's traceback:
+    the line naming the role and the last checkpoint came last, under screens of frames."""
+    from roll.errors import NonFiniteLossError, RoleFailed
+    from roll.pipeline.cli import ERROR_LOG, FAILED
+
+    kind = RoleFailed if error.startswith("engine") else NonFiniteLossError
+
+    def failing(cfg):
+        try:
+            raise ValueError("the role's own exception")
+        except ValueError as cause:
+            raise kind(f"{error} -- last good checkpoint: none") from cause
+
+    out = tmp_path / "run"
+    argv = ["--config_path", str(ROOT / "examples" / "kuhn_poker"), "--config_name",
+            "quickstart_cpu", f"output_dir={out}"]
+    for attempt in (1, 2):
+        assert run_cli(failing, argv, "test") == FAILED == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == [f"{error} -- last good checkpoint: none (traceback: {out / ERROR_LOG})"]
+        log = (out / ERROR_LOG).read_text()
+        assert log.count("Traceback (most recent call last)") == 2 * attempt  # cause + error
+        assert log.count("ValueError: the role's own exception") == attempt  # appended
+        assert log.count(f"{kind.__name__}: {error}") == attempt
+    assert not (out / ".roll.lock").exists()  # the lock let go
