@@ -330,7 +330,7 @@ def main() -> None:
     parser.add_argument("--vs_mcts", type=int, default=100,
                         help="MCTS simulations of the opponent evaluated before/after (0: off)")
     parser.add_argument("--greedy_too", action="store_true",
-                        help="also evaluate each agent's greedy policy (the argmax move) in "
+                        help="also evaluate each agent's greedy policy (temperature 0) in "
                              "both seats: against random at every evaluation (eval.greedy_too) "
                              "and, after training, against MCTS with --vs_mcts; for games "
                              "where winning, not mixing, is the goal")

@@ -263,10 +263,13 @@ class EvalSchema:
     temperature: float = 0.0
     """Decoding temperature for evaluation (0 = greedy)."""
     greedy_too: bool = False
-    """Also evaluate the greedy policy (the argmax answer, temperature 0) against the same
-    opponents, same seed: ``eval_greedy/<agent>/...`` beside ``eval/...`` (games where a trained
-    agent plays its best move, e.g. TicTacToe, while ``temperature`` stays the trained policy's).
-    Needs ``temperature`` > 0."""
+    """Also evaluate the greedy policy (temperature 0: the most probable token at each step,
+    among the legal moves' tokens when answers are constrained) against the same opponents,
+    same seed: ``eval_greedy/<agent>/...`` beside ``eval/...`` (games where a trained agent plays
+    its best move, e.g. TicTacToe, while ``temperature`` stays the trained policy's). Where
+    legal moves share their first tokens (Hanabi's ``(Play 0)``/``(Play 1)``, TicTacToe's
+    ``x(1,0)``/``x(1,2)``) this follows the likeliest branch, which is not always the single
+    likeliest move. Needs ``temperature`` > 0."""
     exploitability: bool = False
     """Also report ``eval/<agent>/exploitability``: the exact exploitability (NashConv / 2) of
     the agent's constrained-answer policy playing every seat, at ``temperature``, over all
