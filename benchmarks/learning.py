@@ -173,6 +173,8 @@ def run_recipe(args, name: str) -> dict:
         run_hooks.profile_one_step(pipeline, args.profile_step, args.profile_top, out)
     if args.sync_step:
         run_hooks.sync_sites_of_step(pipeline, args.sync_step, args.profile_top, out)
+    if args.cprofile_rollout:
+        run_hooks.cprofile_rollout_of_step(pipeline, args.cprofile_rollout, args.profile_top, out)
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
@@ -348,8 +350,12 @@ def main() -> None:
                         help="run step STEP with CUDA's synchronisation debug mode: where the "
                              "host waits for the GPU, counted by the line that asked "
                              "(run_hooks.count_sync_sites) -> the run's sync_sites.json")
+    parser.add_argument("--cprofile_rollout", type=int, default=0, metavar="STEP",
+                        help="run the rollout of step STEP under cProfile: the host's time "
+                             "function by function (admissions, tries, env steps) -> the "
+                             "run's cprofile_rollout.json")
     parser.add_argument("--profile_top", type=int, default=25, metavar="TOP",
-                        help="operators listed by --profile_step")
+                        help="operators listed by --profile_step, functions by --cprofile_rollout")
     parser.add_argument("--compile_cache", default=None, metavar="FILE",
                         help="load torch.compile's artifacts from FILE when it exists (an "
                              "earlier run's compile_cache.bin), and save this run's after its "

@@ -7,6 +7,8 @@ one of its methods and leaves the run as it was otherwise.
 - ``profile_one_step``: one training step under torch.profiler (``--profile_step``);
 - ``profile_rollout_of_step``: one step's rollout under torch.profiler, with the serve loop's
   own ranges (``pipeline_step.py --profile_rollout``);
+- ``cprofile_rollout_of_step``: one step's rollout under cProfile, function by function: where
+  the host's time goes (``--cprofile_rollout``);
 - ``sync_sites_of_step``: where one training step makes the host wait for the GPU
   (``--sync_step``);
 - ``phase_timeline``: when each phase of each step ran, in wall-clock seconds (``--gpu_busy``
@@ -124,6 +126,47 @@ def profile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
 
     _measure_step(pipeline, step, out, "profile_rollout", lambda run: profile_step(run, top),
                   method="synced_rollout")
+
+
+def cprofile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
+    """The rollout of training step ``step`` under cProfile (``--cprofile_rollout``): Python's
+    own profiler, function by function, so the host's share of the serve loop (admissions,
+    trie walks, env steps, prompts) shows where it goes; the GPU's work appears only as the
+    host time that launches it or waits for it. The ``top`` functions by own time and by
+    cumulative time -> ``out/cprofile_rollout.json``, printed as ``{"cprofile_rollout": ...}``.
+    cProfile slows Python calls (~1.5-2x here): compare the shares, not the seconds, with
+    unprofiled steps."""
+    import cProfile
+    import pstats
+
+    def measure(run) -> dict:
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        try:
+            run()
+        finally:
+            profiler.disable()
+        total = time.perf_counter() - start
+        rows = [{"function": f"{_short_path(file)}:{line} ({name})", "calls": calls,
+                 "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)}
+                for (file, line, name), (_, calls, own, cumulative, _)
+                in pstats.Stats(profiler).stats.items()]
+        return {"profiled_s": round(total, 3),
+                "by_own": sorted(rows, key=lambda row: -row["own_s"])[:top],
+                "by_cumulative": sorted(rows, key=lambda row: -row["cumulative_s"])[:top]}
+
+    _measure_step(pipeline, step, out, "cprofile_rollout", measure, method="synced_rollout")
+
+
+def _short_path(path: str) -> str:
+    """A source path from its project folder on (roll/..., benchmarks/..., torch/...)."""
+    path = path.replace("\\", "/")
+    for root in ("/roll/", "/benchmarks/", "/site-packages/"):
+        if root in path:
+            return (root.strip("/") + "/" if root != "/site-packages/" else "") + \
+                path.split(root, 1)[1]
+    return path
 
 
 def site_of(frames: list) -> str:

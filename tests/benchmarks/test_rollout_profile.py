@@ -48,3 +48,28 @@ def test_a_range_is_nothing_without_a_profiler():
         with profiled("roll.test"):
             torch.ones(3).sum()
     assert any(event.key == "roll.test" for event in prof.key_averages())
+
+
+@pytest.mark.slow  # a cProfiled rollout (~4 s)
+def test_cprofile_counts_the_serve_loops_functions_once_per_admission_and_step(tmp_path):
+    """learning.py --cprofile_rollout: the rollout of one step under cProfile, each function's
+    calls and seconds; the serve loop's own methods are called once per admission and per
+    decode step that step's metrics count."""
+    out = tmp_path / "run"
+    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [
+        "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
+        "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=0", "max_steps=2",
+        f"output_dir={out}"])
+    pipeline = AgenticPipeline(cfg)
+    run_hooks.cprofile_rollout_of_step(pipeline, 2, 400, tmp_path)
+    pipeline.run()
+    report = json.loads((tmp_path / "cprofile_rollout.json").read_text())
+    step = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert report["step"] == 2 and step["step"] == 2
+    by_name = {row["function"].split(" (")[1].rstrip(")"): row for row in report["by_cumulative"]
+               if row["function"].startswith("roll/inference/hf/continuous.py:")}
+    assert by_name["_admit"]["calls"] == step["rollout/prefills"]
+    assert by_name["_decode_step"]["calls"] == step["rollout/decode_steps"]
+    assert 0 < by_name["serve"]["cumulative_s"] <= report["profiled_s"]
+    own = [row["own_s"] for row in report["by_own"]]
+    assert len(own) == 400 and own == sorted(own, reverse=True)
