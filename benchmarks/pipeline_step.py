@@ -55,7 +55,8 @@ EXAMPLES = {"hanabi": ("examples/hanabi", "multi_agent_hanabi"),
             "kuhn": ("examples/kuhn_poker", "multi_agent_kuhn_poker"),
             # the learning recipes (constrained answers, the policy over legal moves)
             "kuhn_nash": ("examples/kuhn_poker", "nash"),
-            "leduc_nash": ("examples/leduc_poker", "nash")}
+            "leduc_nash": ("examples/leduc_poker", "nash"),
+            "hanabi_team": ("examples/hanabi", "team")}
 
 
 def seating(agents: int) -> str:
@@ -141,12 +142,16 @@ def run_setting(args, model_path: Path | str, example: str, agents: int,
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     pipeline = AgenticPipeline(cfg)
-    if args.profile_rollout:
+    if args.profile_rollout or args.cprofile_rollout:
         import run_hooks
 
         profile_dir = Path(os.environ.get("OUT") or out)
-        run_hooks.profile_rollout_of_step(pipeline, args.profile_rollout, args.profile_top,
-                                          profile_dir)
+        if args.profile_rollout:
+            run_hooks.profile_rollout_of_step(pipeline, args.profile_rollout, args.profile_top,
+                                              profile_dir)
+        if args.cprofile_rollout:
+            run_hooks.cprofile_rollout_of_step(pipeline, args.cprofile_rollout,
+                                               args.profile_top, profile_dir)
     if args.gpu_busy:
         import run_hooks
         from gpu_busy import GpuSampler
@@ -293,8 +298,13 @@ def main() -> None:
                              "share, top operators and the serve loop's ranges (admit, "
                              "decode_step, wait, follow) -> $OUT/profile_rollout.json (first "
                              "setting only)")
+    parser.add_argument("--cprofile_rollout", type=int, default=0, metavar="STEP",
+                        help="run step STEP's rollout under cProfile: the host's time "
+                             "function by function -> $OUT/cprofile_rollout.json (first "
+                             "setting only; not with --profile_rollout at the same step)")
     parser.add_argument("--profile_top", type=int, default=25,
-                        help="operators listed by --profile_rollout")
+                        help="operators listed by --profile_rollout, functions by "
+                             "--cprofile_rollout")
     parser.add_argument("--gpu_busy", action="store_true",
                         help="sample every GPU's utilization (nvidia-smi, every 100 ms) and "
                              "report it per phase of the steps after the first and per step "
