@@ -225,8 +225,9 @@ class ContinuousDecoder:
             if queue and free:
                 admitted = [(lane, *queue.popleft()) for lane in free[: len(queue)]]
                 start = perf_counter()
-                with profiled("roll.admit"):
-                    pending.append(self._admit(admitted))
+                for part in self._bucketed(admitted):
+                    with profiled("roll.admit"):
+                        pending.append(self._admit(part))
                 self.host_s["admit"] += perf_counter() - start
             needed = self._decoding()
             # Constrained lanes sample from their trie node: their tokens must be read first.
@@ -268,6 +269,23 @@ class ContinuousDecoder:
         self.grows += 1
 
     # ------------------------------------------------------------------ admission
+    def _bucketed(self, admitted: list[tuple[int, int, GenerationRequest]]
+                  ) -> list[list[tuple[int, int, GenerationRequest]]]:
+        """``admitted`` cut into prefills that each fit a prefill graph's bucket, in order
+        (the lanes and requests as they were). Why: turns that end at one decode step come back
+        together, and an admission larger than a bucket ran eagerly, ~80-115 ms of host time
+        each for the Qwen3-0.6B shape, 98 of 155 admissions of a Hanabi rollout (H100,
+        benchmarks/README.md, "Admissions cut to the prefill graphs' buckets"); a replay is a
+        few ms. Without prefill graphs, or where one prompt is wider than a bucket: whole."""
+        graphs = self.prefill_graphs
+        if graphs is None:
+            return [admitted]
+        prompts = [request.prompt_ids for _, _, request in admitted]
+        rows = graphs.rows_per_bucket(prompts)
+        if rows == 0 or rows >= len(admitted):
+            return [admitted]
+        return [admitted[i:i + rows] for i in range(0, len(admitted), rows)]
+
     def _admit(self, admitted: list[tuple[int, int, GenerationRequest]]) -> Step:
         """Prefill these requests into their lanes, sample each one's first token."""
         engine = self.engine

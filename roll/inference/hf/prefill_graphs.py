@@ -9,8 +9,10 @@ spent 59% of its time admitting, every lane stopped meanwhile. A captured graph 
 at once.
 
 Buckets: rows rounded up to a power of two, width up to a multiple of ``WIDTH_STEP``, at most
-``MAX_TOKENS`` tokens (rows x width) per bucket; a larger admission (a rollout's first, all of
-its episodes at once) runs eagerly. Pad rows are base-model rows of pad tokens; each prompt is
+``MAX_TOKENS`` tokens (rows x width) per bucket; the serve loop cuts a larger admission (a
+rollout's first, all of its episodes at once; the many turns that end at one decode step) into
+bucket-sized prefills (``rows_per_bucket``), each replayed. Only a prompt wider than a bucket
+runs eagerly. Pad rows are base-model rows of pad tokens; each prompt is
 left-padded to the bucket's width, its extra columns masked keys as the eager path's own left
 padding is, so a prompt's logits and keys/values are the eager ones up to floating-point order.
 
@@ -75,6 +77,12 @@ class PrefillGraphs:
     def fits(self, prompts: list[list[int]]) -> bool:
         rows, width = bucket(len(prompts), max(len(p) for p in prompts))
         return rows * width <= MAX_TOKENS
+
+    def rows_per_bucket(self, prompts: list[list[int]]) -> int:
+        """The most of these prompts one bucket takes (a power of two, at their longest
+        prompt's width); 0 where not even one fits."""
+        rows = MAX_TOKENS // bucket(1, max(len(p) for p in prompts))[1]
+        return 1 << (rows.bit_length() - 1) if rows else 0
 
     def run(self, prompts: list[list[int]], adapters: list) -> tuple[Tensor, CaptureCache, int]:
         """Logits (len(prompts), V), the keys/values (bucket rows, H, width, D) and the

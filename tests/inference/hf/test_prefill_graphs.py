@@ -122,3 +122,40 @@ def test_a_failed_capture_is_said_and_prefills_go_on_eagerly(tiny_model_path, te
     assert (graphs.capture_failures, graphs.captures, graphs.capture) == (1, 0, False)
     for logits in (first, second):
         torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)
+
+
+def test_an_admission_larger_than_a_bucket_is_cut_into_bucket_sized_prefills(
+        tiny_model_path, team, monkeypatch):
+    """Five requests admitted at once where a bucket holds two prompts: three prefills of
+    2, 2 and 1 rows, each through a bucket, in order; every request the lock-step path's
+    tokens. Before, the whole admission ran eagerly as one prefill (on a GPU ~100 ms of host
+    launches where a replay takes a few), as did the many turns that end at one decode step."""
+    import roll.inference.hf.prefill_graphs as prefill_graphs
+
+    tokenizer = load_tokenizer(tiny_model_path)
+    engine = hf_engine_for(team, tokenizer, max_batch_size=5, prefill_graphs=True)
+    push_adapters(engine, team, version=1)
+    prompts = chat_prompts(tiny_model_path)
+    slots = [*team.agent_names, None]
+    moves = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
+             + [tokenizer.eos_token_id] for m in ("Pass", "Bet")]
+    requests = [GenerationRequest(prompts[i % len(prompts)], slots[i % len(slots)],
+                                  SamplingParams(temperature=(0.0, 1.0)[i % 2],
+                                                 max_new_tokens=3 + i, seed=50 + i),
+                                  moves if i == 3 else None)
+                for i in range(5)]
+    width = bucket(1, max(len(r.prompt_ids) for r in requests))[1]
+    monkeypatch.setattr(prefill_graphs, "MAX_TOKENS", 2 * width)  # two prompts a bucket
+    expected = engine.generate(requests)
+    outputs = {}
+
+    def follow(key, output):
+        outputs[key] = output
+        return []
+
+    assert engine.serve(requests, follow) == 5
+    stats = engine.last_serve
+    assert stats["prefills"] == stats["prefill_replays"] == 3  # 2 + 2 + 1 rows
+    for key, want in enumerate(expected):
+        assert outputs[key].token_ids == want.token_ids, key
+        assert outputs[key].logprobs == pytest.approx(want.logprobs, abs=1e-5), key
