@@ -27,6 +27,7 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     turns too) and, when the engine served anything this phase (a step whose episodes were
     all played ahead serves nothing), its lanes, decode steps, prefills, CUDA graph captures
     so far, ``rollout/shared_tokens`` (prompt tokens a prefill's shared head saved), the
+    prefills a graph's bucket served (``rollout/prefill_replays``; the others ran eagerly), the
     prefill graphs the phase captured and the seconds they took (``rollout/prefill_captures``,
     ``rollout/prefill_capture_s``: part of ``serve_admit_s``),
     ``rollout/serve_<part>_s`` (where the serve loop's host time went: hf/continuous.py
@@ -39,7 +40,7 @@ def rollout_phase_metrics(rollout: dict[str, float], served: dict[str, int],
     if not (served and decoded):
         return out
     for name in ("lanes", "decode_steps", "prefills", "graph_captures", "shared_tokens",
-                 "prefill_captures", "prefill_capture_s"):
+                 "prefill_replays", "prefill_captures", "prefill_capture_s"):
         if name in served:  # vLLM reports no prefills or graph captures
             out[f"rollout/{name}"] = float(served[name])
     for part in HOST_PARTS:  # where the serve loop's host time went (hf engine)

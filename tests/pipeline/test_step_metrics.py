@@ -17,7 +17,8 @@ def test_rollout_phase_metrics_by_hand():
     # 100 tokens in 2 s; 10 of them came from prefills, 90 from 20 decode steps: 4.5 rows each
     assert out == {"rollout/tokens_per_s": 50.0, "rollout/lanes": 8.0,
                    "rollout/decode_steps": 20.0, "rollout/prefills": 3.0,
-                   "rollout/shared_tokens": 40.0, "rollout/prefill_captures": 2.0,
+                   "rollout/shared_tokens": 40.0, "rollout/prefill_replays": 3.0,
+                   "rollout/prefill_captures": 2.0,
                    "rollout/prefill_capture_s": 0.25, "rollout/busy_lanes": 4.5}
     # a phase that decoded nothing (its episodes all played ahead) reports no stale serve
     assert rollout_phase_metrics({"rollout/decoded_tokens": 0.0}, served, 0.5) == {
