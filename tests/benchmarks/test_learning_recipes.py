@@ -66,6 +66,7 @@ def test_profile_step_profiles_that_step_and_the_run_goes_on(tmp_path, monkeypat
     args = argparse.Namespace(
         tiny=True, model="smollm2-135m", steps=2, eval_every=100, run_dir=str(tmp_path),
         tag="_profiled", vs_mcts=0, greedy_too=False, tactics=False, profile_step=2, sync_step=1,
+        cprofile_rollout=0,
         compile_cache=None,
         profile_top=5, override=["rollout.num_groups=4", "eval.eval_steps=0"])
     learning.run_recipe(args, "kuhn_nash")
@@ -167,6 +168,7 @@ def test_tactics_are_scored_at_every_evaluation_and_kept_in_the_run(tmp_path, mo
     args = argparse.Namespace(
         tiny=True, model="smollm2-135m", steps=3, eval_every=2, run_dir=str(tmp_path),
         tag="_tactics", vs_mcts=0, greedy_too=False, tactics=True, profile_step=0, sync_step=0,
+        cprofile_rollout=0,
         compile_cache=None, profile_top=5,
         override=["rollout.num_groups=8", "eval.num_episodes=4"])  # 8 seatings
     result = learning.run_recipe(args, "tictactoe_mixed")
