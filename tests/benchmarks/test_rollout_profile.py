@@ -20,18 +20,26 @@ from roll.pipeline.cli import load_config  # noqa: E402
 from roll.utils.stages import profiled  # noqa: E402
 
 
-@pytest.mark.slow  # a profiled rollout (~4 s): the quick subset stays under 3 minutes
-def test_ranges_count_the_serve_loops_admissions_decode_steps_and_finished_requests(tmp_path):
+def _step_2_measured(tmp_path: Path, hook, top: int, name: str) -> tuple[dict, dict]:
+    """Kuhn with 4 short games a step for 2 steps, step 2's rollout measured by ``hook``
+    (run_hooks): its report (``name``.json) and step 2's metrics."""
     out = tmp_path / "run"
     cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [
         "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
         "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=0", "max_steps=2",
         f"output_dir={out}"])
     pipeline = AgenticPipeline(cfg)
-    run_hooks.profile_rollout_of_step(pipeline, 2, 5, tmp_path)
+    hook(pipeline, 2, top, tmp_path)
     pipeline.run()
-    report = json.loads((tmp_path / "profile_rollout.json").read_text())
+    report = json.loads((tmp_path / f"{name}.json").read_text())
     step = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    return report, step
+
+
+@pytest.mark.slow  # a profiled rollout (~4 s): the quick subset stays under 3 minutes
+def test_ranges_count_the_serve_loops_admissions_decode_steps_and_finished_requests(tmp_path):
+    report, step = _step_2_measured(tmp_path, run_hooks.profile_rollout_of_step, 5,
+                                    "profile_rollout")
     assert report["step"] == 2 and step["step"] == 2
     ranges = report["ranges"]
     assert ranges["roll.admit"]["calls"] == step["rollout/prefills"]
@@ -55,16 +63,8 @@ def test_cprofile_counts_the_serve_loops_functions_once_per_admission_and_step(t
     """learning.py --cprofile_rollout: the rollout of one step under cProfile, each function's
     calls and seconds; the serve loop's own methods are called once per admission and per
     decode step that step's metrics count."""
-    out = tmp_path / "run"
-    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "multi_agent_kuhn_poker", [
-        "rollout.num_groups=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens=12",
-        "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=0", "max_steps=2",
-        f"output_dir={out}"])
-    pipeline = AgenticPipeline(cfg)
-    run_hooks.cprofile_rollout_of_step(pipeline, 2, 400, tmp_path)
-    pipeline.run()
-    report = json.loads((tmp_path / "cprofile_rollout.json").read_text())
-    step = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    report, step = _step_2_measured(tmp_path, run_hooks.cprofile_rollout_of_step, 400,
+                                    "cprofile_rollout")
     assert report["step"] == 2 and step["step"] == 2
     by_name = {row["function"].split(" (")[1].rstrip(")"): row for row in report["by_cumulative"]
                if row["function"].startswith("roll/inference/hf/continuous.py:")}

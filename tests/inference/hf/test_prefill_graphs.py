@@ -23,6 +23,18 @@ def team(tiny_model_path):
     return perturbed_team(tiny_model_path, 3)
 
 
+def _bucketed_engine(tiny_model_path, team, lanes: int):
+    """An engine of ``lanes`` decode lanes with prefill graphs (on the CPU: the buckets'
+    padded forwards, eager), the adapters pushed; the chat prompts, every slot and the base
+    model, and two constrained answers (Pass, Bet) ending in EOS."""
+    tokenizer = load_tokenizer(tiny_model_path)
+    engine = hf_engine_for(team, tokenizer, max_batch_size=lanes, prefill_graphs=True)
+    push_adapters(engine, team, version=1)
+    moves = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
+             + [tokenizer.eos_token_id] for m in ("Pass", "Bet")]
+    return engine, chat_prompts(tiny_model_path), [*team.agent_names, None], moves
+
+
 def test_buckets_by_hand():
     assert bucket(1, 1) == (1, 64)
     assert bucket(3, 444) == (4, 448)
@@ -67,13 +79,7 @@ def test_served_requests_equal_lockstep_with_bucketed_prefills(tiny_model_path, 
     honoured or ignored) admitted a few at a time through the buckets: the tokens and
     log-probs of the lock-step path; every admission of at most MAX_TOKENS went through a
     bucket, the first (4 prompts) included."""
-    tokenizer = load_tokenizer(tiny_model_path)
-    engine = hf_engine_for(team, tokenizer, max_batch_size=4, prefill_graphs=True)
-    push_adapters(engine, team, version=1)
-    prompts = chat_prompts(tiny_model_path)
-    slots = [*team.agent_names, None]
-    moves = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
-             + [tokenizer.eos_token_id] for m in ("Pass", "Bet")]
+    engine, prompts, slots, moves = _bucketed_engine(tiny_model_path, team, lanes=4)
     requests = [GenerationRequest(prompts[i % len(prompts)], slots[i % len(slots)],
                                   SamplingParams(temperature=(0.0, 1.0, 0.7)[i % 3],
                                                  top_k=5 if i % 4 == 1 else 0,
@@ -132,13 +138,7 @@ def test_an_admission_larger_than_a_bucket_is_cut_into_bucket_sized_prefills(
     launches where a replay takes a few), as did the many turns that end at one decode step."""
     import roll.inference.hf.prefill_graphs as prefill_graphs
 
-    tokenizer = load_tokenizer(tiny_model_path)
-    engine = hf_engine_for(team, tokenizer, max_batch_size=5, prefill_graphs=True)
-    push_adapters(engine, team, version=1)
-    prompts = chat_prompts(tiny_model_path)
-    slots = [*team.agent_names, None]
-    moves = [tokenizer.encode(f"<answer>{m}</answer>", add_special_tokens=False)
-             + [tokenizer.eos_token_id] for m in ("Pass", "Bet")]
+    engine, prompts, slots, moves = _bucketed_engine(tiny_model_path, team, lanes=5)
     requests = [GenerationRequest(prompts[i % len(prompts)], slots[i % len(slots)],
                                   SamplingParams(temperature=(0.0, 1.0)[i % 2],
                                                  max_new_tokens=3 + i, seed=50 + i),
