@@ -148,7 +148,8 @@ def cprofile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
         finally:
             profiler.disable()
         total = time.perf_counter() - start
-        rows = [{"function": f"{_short_path(file)}:{line} ({name})", "calls": calls,
+        roots = ("roll", "benchmarks", "site-packages")
+        rows = [{"function": f"{_short_path(file, roots)}:{line} ({name})", "calls": calls,
                  "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)}
                 for (file, line, name), (_, calls, own, cumulative, _)
                 in pstats.Stats(profiler).stats.items()]
@@ -159,13 +160,13 @@ def cprofile_rollout_of_step(pipeline, step: int, top: int, out: Path) -> None:
     _measure_step(pipeline, step, out, "cprofile_rollout", measure, method="synced_rollout")
 
 
-def _short_path(path: str) -> str:
-    """A source path from its project folder on (roll/..., benchmarks/..., torch/...)."""
+def _short_path(path: str, roots: tuple[str, ...] = ("roll", "benchmarks")) -> str:
+    """A source path from the first of ``roots`` it passes through on (roll/...,
+    benchmarks/...); the whole path where it passes through none."""
     path = path.replace("\\", "/")
-    for root in ("/roll/", "/benchmarks/", "/site-packages/"):
-        if root in path:
-            return (root.strip("/") + "/" if root != "/site-packages/" else "") + \
-                path.split(root, 1)[1]
+    for root in roots:
+        if f"/{root}/" in path:
+            return f"{root}/" + path.split(f"/{root}/", 1)[1]
     return path
 
 
@@ -174,12 +175,7 @@ def site_of(frames: list) -> str:
     innermost frame of this project (roll/, benchmarks/), else the innermost outside torch
     and the standard library's warnings."""
     def short(frame) -> str:
-        path = frame.filename.replace("\\", "/")
-        for root in ("/roll/", "/benchmarks/"):
-            if root in path:
-                path = root.strip("/") + "/" + path.split(root, 1)[1]
-                break
-        return f"{path}:{frame.lineno} ({frame.name})"
+        return f"{_short_path(frame.filename)}:{frame.lineno} ({frame.name})"
 
     ours = [f for f in frames if "/roll/" in f.filename or "/benchmarks/" in f.filename]
     if ours:

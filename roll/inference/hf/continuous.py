@@ -274,16 +274,15 @@ class ContinuousDecoder:
         """``admitted`` cut into prefills that each fit a prefill graph's bucket, in order
         (the lanes and requests as they were). Why: turns that end at one decode step come back
         together, and an admission larger than a bucket ran eagerly, ~80-115 ms of host time
-        each for the Qwen3-0.6B shape, 98 of 155 admissions of a Hanabi rollout (H100,
-        benchmarks/README.md, "Admissions cut to the prefill graphs' buckets"); a replay is a
-        few ms. Without prefill graphs, or where one prompt is wider than a bucket: whole."""
+        each for the Qwen3-0.6B shape, 98 of a Hanabi rollout's 155 prefills (H100,
+        benchmarks/README.md, "The learning recipe's Hanabi rollout under cProfile"); a replay
+        is a few ms. Without prefill graphs, or where one prompt is wider than a bucket:
+        whole."""
         graphs = self.prefill_graphs
         if graphs is None:
             return [admitted]
-        prompts = [request.prompt_ids for _, _, request in admitted]
-        rows = graphs.rows_per_bucket(prompts)
-        if rows == 0 or rows >= len(admitted):
-            return [admitted]
+        rows = (graphs.rows_per_bucket([request.prompt_ids for _, _, request in admitted])
+                or len(admitted))
         return [admitted[i:i + rows] for i in range(0, len(admitted), rows)]
 
     def _admit(self, admitted: list[tuple[int, int, GenerationRequest]]) -> Step:

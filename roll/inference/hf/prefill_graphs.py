@@ -75,8 +75,7 @@ class PrefillGraphs:
         """Seconds those captures took (each ~3 forwards: two warm-ups and the capture)."""
 
     def fits(self, prompts: list[list[int]]) -> bool:
-        rows, width = bucket(len(prompts), max(len(p) for p in prompts))
-        return rows * width <= MAX_TOKENS
+        return len(prompts) <= self.rows_per_bucket(prompts)
 
     def rows_per_bucket(self, prompts: list[list[int]]) -> int:
         """The most of these prompts one bucket takes (a power of two, at their longest
