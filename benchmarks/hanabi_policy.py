@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,40 @@ def lora_overrides(folder: Path) -> list[str]:
     return [f"team.lora.rank={saved['r']}", f"team.lora.alpha={saved['lora_alpha']}"]
 
 
+def deal(env, games: int, rng) -> list:
+    """``games`` fresh deals of ``env``'s Hanabi, each at its first decision."""
+    states = [env.game.new_initial_state() for _ in range(games)]
+    for state in states:
+        resolve_chance(state, rng)
+    return states
+
+
+def play(pipeline, env, states: list, rng, temperature: float,
+         agent_of: Callable[[int], str]) -> tuple[list[int], Counter]:
+    """Play ``states`` to their ends, every live game's move scored together each round: the
+    answer greedy decoding gives, token by token, at ``temperature`` 0 (eval.greedy_too's), a
+    move drawn from constrained decoding's probabilities otherwise; seat s played by agent
+    ``agent_of(s)``, chance drawn from ``rng``. Returns the moves per game and the moves made
+    by kind."""
+    from roll.pipeline.exploitability import move_probabilities
+
+    moves, kinds = [0] * len(states), Counter()
+    while live := [g for g, state in enumerate(states) if not state.is_terminal()]:
+        scored = move_probabilities(
+            env, [states[g] for g in live], pipeline.trainer, pipeline.tokenizer, agent_of,
+            pipeline.render, temperature, enable_thinking=pipeline.cfg.model.enable_thinking)
+        for g, (action_ids, probs) in zip(live, scored, strict=True):
+            state, seat = states[g], states[g].current_player()
+            pick = (int(np.argmax(probs)) if temperature == 0
+                    else int(rng.choice(len(probs), p=probs / probs.sum())))
+            action = action_ids[pick]
+            kinds[move_kind(state.action_to_string(seat, action))] += 1
+            state.apply_action(action)
+            moves[g] += 1
+            resolve_chance(state, rng)
+    return moves, kinds
+
+
 def report(pipeline, games: int, seed: int) -> dict:
     """Play ``games`` greedy games of the pipeline's Hanabi with its two agents (see the
     module's docstring)."""
@@ -87,29 +122,16 @@ def report(pipeline, games: int, seed: int) -> dict:
     cfg = pipeline.cfg
     env = OpenSpielEnv("hanabi", dict(cfg.env.params))
     rng = np.random.default_rng(seed)
-    states = [env.game.new_initial_state() for _ in range(games)]
-    for state in states:
-        resolve_chance(state, rng)
-    moves, kinds, first = [0] * games, Counter(), Counter()
-    def scored(live: list[int], temperature: float) -> list[tuple[list[int], np.ndarray]]:
-        return move_probabilities(
-            env, [states[g] for g in live], pipeline.trainer, pipeline.tokenizer,
-            lambda seat: pipeline.agent_names[seat], pipeline.render, temperature,
-            enable_thinking=cfg.model.enable_thinking)
-
-    openings = scored(list(range(games)), cfg.rollout.sampling.temperature)
+    states = deal(env, games, rng)
+    agent_of = lambda seat: pipeline.agent_names[seat]  # noqa: E731
+    first = Counter()
+    openings = move_probabilities(
+        env, states, pipeline.trainer, pipeline.tokenizer, agent_of, pipeline.render,
+        cfg.rollout.sampling.temperature, enable_thinking=cfg.model.enable_thinking)
     for state, (action_ids, probs) in zip(states, openings, strict=True):
         for action, prob in zip(action_ids, probs, strict=True):  # the policy it trains
             first[move_kind(state.action_to_string(state.current_player(), action))] += prob
-    while live := [g for g, state in enumerate(states) if not state.is_terminal()]:
-        # temperature 0: the answer greedy decoding gives, token by token (eval.greedy_too's)
-        for g, (action_ids, probs) in zip(live, scored(live, 0.0), strict=True):
-            state, seat = states[g], states[g].current_player()
-            action = action_ids[int(np.argmax(probs))]
-            kinds[move_kind(state.action_to_string(seat, action))] += 1
-            state.apply_action(action)
-            moves[g] += 1
-            resolve_chance(state, rng)
+    moves, kinds = play(pipeline, env, states, rng, 0.0, agent_of)
     scores = [state.returns()[0] for state in states]
     lost = sum(lives_left(state) == 0 for state in states)
     return {"games": games, "score": round(float(np.mean(scores)), 4),

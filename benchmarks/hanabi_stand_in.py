@@ -170,6 +170,41 @@ def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, 
     return {"moves": moves, "scores": scores}
 
 
+def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torch_rng) -> None:
+    """One agent's update from its rows of a step: one Adam step on the whole batch (the
+    recipes' one mini-batch, where the ratio is 1: -A log pi), or with ``--minibatches`` M > 1
+    M Adam steps, each on a shuffled M-th of the rows, of PPO's clipped objective
+    min(r A, clip(r, 1 - eps, 1 + eps) A), r = pi / pi_old, pi_old the policy that played
+    (``trainer.ppo_mini_batch_size``, ``trainer.clip_ratio``); the legal-move bonus on each."""
+    def log_probs_of(rows):
+        return policy(obs[rows]).masked_fill(~mask[rows], -math.inf).log_softmax(-1)
+
+    def entropy_of(log_probs, rows):
+        return -(log_probs.exp() * log_probs.masked_fill(~mask[rows], 0.0)).sum(-1)
+
+    everything = torch.arange(len(action))
+    if args.minibatches == 1:
+        log_probs = log_probs_of(everything)
+        chosen = log_probs.gather(1, action[:, None])[:, 0]
+        loss = -(advantage * chosen).mean() - bonus * entropy_of(log_probs, everything).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        return
+    with torch.no_grad():
+        old = log_probs_of(everything).gather(1, action[:, None])[:, 0]
+    order = torch.randperm(len(action), generator=torch_rng)
+    for rows in order.chunk(args.minibatches):
+        log_probs = log_probs_of(rows)
+        ratio = (log_probs.gather(1, action[rows, None])[:, 0] - old[rows]).exp()
+        clipped = ratio.clamp(1 - args.clip, 1 + args.clip)
+        surrogate = torch.minimum(ratio * advantage[rows], clipped * advantage[rows])
+        loss = -surrogate.mean() - bonus * entropy_of(log_probs, rows).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+
+
 def rate_factor(done: int, args) -> float:
     """The rate's multiplier after ``done`` updates: 1 - done / steps (linear, to 0 at the last
     step) or 1 (constant)."""
@@ -241,14 +276,7 @@ def run(setting: str, seed: int, args) -> dict:
             if estimator == "rtg":
                 advantage = whiten(advantage)
             advantage = torch.tensor(advantage, dtype=torch.float32)
-            log_probs = policy(obs).masked_fill(~mask, -math.inf).log_softmax(-1)
-            chosen = log_probs.gather(1, action[:, None])[:, 0]
-            probs = log_probs.exp()
-            entropy = -(probs * log_probs.masked_fill(~mask, 0.0)).sum(-1)
-            loss = -(advantage * chosen).mean() - bonus * entropy.mean()
-            optims[agent].zero_grad()
-            loss.backward()
-            optims[agent].step()
+            update(policy, optims[agent], obs, mask, action, advantage, bonus, args, torch_rng)
         if critic is not None and critic_rows:
             inputs = torch.stack([r[0] for r in critic_rows])
             targets = torch.tensor([r[1] for r in critic_rows], dtype=torch.float32)
@@ -259,7 +287,7 @@ def run(setting: str, seed: int, args) -> dict:
         for schedule in schedules:
             schedule.step()
     return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
-            "params": args.params,
+            "params": args.params, "minibatches": args.minibatches,
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 
@@ -279,6 +307,10 @@ def main() -> None:
     parser.add_argument("--schedule", choices=("linear", "constant"), default="linear",
                         help="the rate decayed linearly to 0 at the last step, or held")
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--minibatches", type=int, default=1,
+                        help="Adam steps per rollout, each on a shuffled share of an agent's "
+                             "rows, PPO-clipped (1: the recipes' one step, ratio 1)")
+    parser.add_argument("--clip", type=float, default=0.2, help="PPO's clip (minibatches > 1)")
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--eval_games", type=int, default=400)
     parser.add_argument("--playable", action="store_true", help="add the flags the "
@@ -290,6 +322,8 @@ def main() -> None:
         parser.error("--playable reads the example's hand size: leave hand_size out of --params")
     if not 0.0 <= args.gamma <= 1.0:
         parser.error(f"--gamma {args.gamma}: must be in [0, 1]")
+    if args.minibatches < 1:
+        parser.error(f"--minibatches {args.minibatches}: must be >= 1")
     if args.games % 4:
         parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")
     for setting in args.settings:

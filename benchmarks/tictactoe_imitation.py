@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tictactoe_policy  # noqa: E402
+from imitation import answer_row, fit_epoch, supervised_step  # noqa: E402,F401
 from tictactoe_vs_random import best  # noqa: E402
 
 AGENT = "agent_0"
@@ -57,55 +58,16 @@ def best_moves(boards: list[str], me: str, loss_weight: float) -> dict[str, int]
 
 
 def target_rows(pipeline, targets: dict[str, int]) -> list[tuple[list[int], int, list]]:
-    """Per board, as the rollout shows it: (prompt + target answer token ids, prompt length,
-    the target's choices under constrained decoding: ``CompletionTrie.branch_points``)."""
-    from roll.agentic.env.actions import answer_token_ids
+    """Per board, as the rollout shows it: ``imitation.answer_row`` of its target cell."""
     from roll.agentic.env.openspiel_env import OpenSpielEnv
-    from roll.inference.constrained import CompletionTrie
-    from roll.models.loading import prompt_ids
 
-    cfg = pipeline.cfg
-    env = OpenSpielEnv("tic_tac_toe", dict(cfg.env.params))
+    env = OpenSpielEnv("tic_tac_toe", dict(pipeline.cfg.env.params))
     rows = []
     for board, cell in targets.items():
         state = tictactoe_policy.board_state(env.game, board)
-        seat = state.current_player()
         env.set_state(state)
-        prompt = pipeline.render(env, seat)
-        ids = prompt_ids(pipeline.tokenizer, prompt.text, None, cfg.model.enable_thinking)
-        answers = answer_token_ids(pipeline.tokenizer, env.legal_actions(seat))
-        target = answers[env.legal_action_ids(seat).index(cell)]
-        rows.append((ids + target, len(ids), CompletionTrie.of(answers).branch_points(target)))
+        rows.append(answer_row(pipeline, env, state.current_player(), cell))
     return rows
-
-
-def supervised_step(model, rows, agent_index: int, pad: int, device) -> torch.Tensor:
-    """The mean over ``rows`` of minus the log-probability constrained decoding gives each
-    target answer (at temperature 1): the sum, over the answer's branching points, of the
-    target token's log-softmax among the tokens allowed there, through agent
-    ``agent_index``'s adapter; gradients on its tensors."""
-    width = max(len(ids) for ids, _, _ in rows)
-    most = max((len(tokens) for _, _, points in rows for _, tokens, _ in points), default=1)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
-    attention = torch.zeros(len(rows), width, dtype=torch.long)
-    scored = torch.zeros(len(rows), width, dtype=torch.bool)  # the answer's tokens
-    choices = torch.full((len(rows), width, most), -1, dtype=torch.long)  # (B, T, C)
-    picked = torch.zeros(len(rows), width, dtype=torch.long)  # the target's index in C
-    for r, (ids, prompt_len, points) in enumerate(rows):
-        input_ids[r, :len(ids)] = torch.tensor(ids)
-        attention[r, :len(ids)] = 1
-        scored[r, prompt_len:len(ids)] = True
-        for offset, tokens, _ in points:
-            choices[r, prompt_len + offset, :len(tokens)] = torch.tensor(tokens)
-            picked[r, prompt_len + offset] = tokens.index(ids[prompt_len + offset])
-    agent_id = torch.full((len(rows),), agent_index, dtype=torch.long)
-    *_, logits = model(input_ids.to(device), attention.to(device), agent_id.to(device),
-                       positions=scored.to(device), choices=choices.to(device))  # (B, T, C)
-    allowed = choices.to(device) >= 0
-    log_choice = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    target = log_choice.gather(-1, picked.to(device).unsqueeze(-1)).squeeze(-1)  # (B, T)
-    branching = allowed.any(-1)
-    return -torch.where(branching, target, torch.zeros_like(target)).sum(dim=1).mean()
 
 
 def evaluate(pipeline, targets: dict[str, int], trained: set[str], seat: int) -> dict:
@@ -143,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from roll.multi_agent.config import OptimConfig
-    from roll.multi_agent.optim import build_optimizer, clip_gradients
+    from roll.multi_agent.optim import build_optimizer
     from roll.pipeline.agentic_pipeline import AgenticPipeline
     from roll.pipeline.cli import load_config
 
@@ -163,9 +125,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     train = rng.permutation(len(rows))[:args.max_boards or len(rows)]
     trained = {boards[i] for i in train}
-    params = model.agent_parameters(AGENT)
-    optimizer = build_optimizer(params, OptimConfig(lr=args.lr))
-    agent_index = model.agent_index(AGENT)
+    optimizer = build_optimizer(model.agent_parameters(AGENT), OptimConfig(lr=args.lr))
     pad = pipeline.tokenizer.pad_token_id or 0
     curve, updates, start = [], 0, time.perf_counter()
 
@@ -179,20 +139,10 @@ def main() -> None:
     if not args.skip_untrained:
         record(0, None)
     for epoch in range(1, args.epochs + 1):
-        losses = []
-        order = rng.permutation(train)
-        for first in range(0, len(order), args.batch):
-            batch = [rows[i] for i in order[first:first + args.batch]]
-            with model.training_forward({AGENT: updates}):
-                loss = supervised_step(model, batch, agent_index, pad, model.tensor_device)
-                loss.backward()
-            clip_gradients(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            updates += 1
-            losses.append(float(loss.detach()))
+        updates, nll = fit_epoch(model, rows, rng.permutation(train), args.batch, AGENT, pad,
+                                 optimizer, updates)
         if epoch % args.eval_every == 0 or epoch == args.epochs:
-            record(epoch, round(float(np.mean(losses)), 4))
+            record(epoch, round(nll, 4))
     summary = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                "model": "tiny" if args.tiny else args.model, "mark": args.mark,
                "loss_weight": args.loss_weight, "boards": len(boards), "trained_on": len(train),
