@@ -37,7 +37,8 @@ def build_optimizer(params: Sequence[Tensor], optim: OptimConfig) -> torch.optim
 def schedule(optimizer: torch.optim.Optimizer,
              optim: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """``optim``'s learning-rate schedule (warm-up, then constant/linear/cosine) on
-    ``optimizer``, stepped once per optimizer step."""
+    ``optimizer``, stepped once per train step of its agent, whatever that step's
+    mini-batches and epochs (``OptimConfig.total_steps``)."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim))
 
 
@@ -54,7 +55,7 @@ def clip_gradients(params: Sequence[torch.nn.Parameter], limit: float) -> Tensor
 
 
 def lr_lambda(optim: OptimConfig):
-    """Multiplier of the peak LR after ``step`` optimizer steps of one agent."""
+    """Multiplier of the peak LR after ``step`` train steps of one agent."""
 
     def factor(step: int) -> float:
         if optim.warmup_steps and step < optim.warmup_steps:
