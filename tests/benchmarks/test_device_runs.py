@@ -259,6 +259,26 @@ def test_engine_wheels_are_cut_into_pieces_that_fit_beside_the_working_tree(tmp_
     assert b"".join(piece.read_bytes() for piece in pieces) == whole
 
 
+def test_smollm2_is_cut_again_into_the_three_call_pieces(tmp_path):
+    """`recut` (run by `pack`) cuts SmolLM2's three equal pieces again into a small first one
+    (it travels beside .whl), a middle and the rest: joined they are the wheel again, and an
+    older cut is replaced, not appended to."""
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    whole = os.urandom(3 * MiB + 777)
+    for index, start in enumerate(range(0, len(whole), MiB + 300)):  # `split`'s pieces
+        (keep / f"smol_a{'abcd'[index]}").write_bytes(whole[start:start + MiB + 300])
+    (keep / "p").mkdir()
+    (keep / "p" / "smol_ad").write_bytes(b"a piece of an older cut")
+    env = {"DEVICE_PIECES": str(keep), "DEVICE_SMOL_CUTS": f"{MiB // 2} {MiB}"}
+    done = _run("recut", env=env)
+    assert done.returncode == 0, done.stderr
+    pieces = sorted((keep / "p").iterdir())
+    assert [piece.name for piece in pieces] == ["smol_aa", "smol_ab", "smol_ac"]
+    assert [piece.stat().st_size for piece in pieces] == [MiB // 2, MiB, len(whole) - MiB * 3 // 2]
+    assert b"".join(piece.read_bytes() for piece in pieces) == whole
+
+
 def test_ray_alone_is_packed_under_its_own_prefix(tmp_path):
     """`pack_engines ray` cuts Ray's tar into ray_* pieces and leaves the vLLM pack (eng_*) be."""
     source, keep = tmp_path / "packer", tmp_path / "keep"
