@@ -1,7 +1,7 @@
 """Can an adapter hold a good Hanabi convention at all? Supervised learning of the rule team.
 
-    python benchmarks/hanabi_imitation.py --tiny --epochs 4 model.path=tiny-wide   # CPU
-    python benchmarks/hanabi_imitation.py --epochs 4 model.device=cuda             # SmolLM2
+    python benchmarks/hanabi_imitation.py --epochs 6 --lr 5e-4 model.device=cuda   # SmolLM2, GPU
+    python benchmarks/hanabi_imitation.py --tiny --epochs 3 --lr 1e-3             # tiny-wide, CPU
     python benchmarks/hanabi_imitation.py --tiny --games 8 --epochs 1 --eval_games 4   # smoke
 
 Every Hanabi recipe so far stalls near random play's level (benchmarks/README.md, "Hanabi");
@@ -111,7 +111,8 @@ def team_score(pipeline, env, games: int, seed: int, temperature: float) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a tiny model on CPU")
+    parser.add_argument("--tiny", action="store_true", help="tiny-wide on CPU (the model the "
+                        "tiny learning runs use; model.path=tiny overrides it)")
     parser.add_argument("--games", type=int, default=600, help="games whose decisions train")
     parser.add_argument("--heldout_games", type=int, default=40)
     parser.add_argument("--explore", type=float, default=0.25)
