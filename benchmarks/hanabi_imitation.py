@@ -1,6 +1,6 @@
 """Can an adapter hold a good Hanabi convention at all? Supervised learning of the rule team.
 
-    python benchmarks/hanabi_imitation.py --epochs 6 --lr 5e-4 model.device=cuda   # SmolLM2, GPU
+    python benchmarks/hanabi_imitation.py --epochs 6 --lr 5e-4                     # SmolLM2, GPU
     python benchmarks/hanabi_imitation.py --tiny --epochs 3 --lr 1e-3             # tiny-wide, CPU
     python benchmarks/hanabi_imitation.py --tiny --games 8 --epochs 1 --eval_games 4   # smoke
 
@@ -134,8 +134,9 @@ def main() -> None:
     from roll.pipeline.cli import load_config
 
     out = Path(os.environ.get("OUT", "/tmp"))
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     cfg = load_config(str(ROOT / "examples/hanabi"), "team", [
-        *(["model.path=tiny-wide", "model.device=cpu"] if args.tiny else []),
+        *(["model.path=tiny-wide"] if args.tiny else []), f"model.device={device}",
         "env.params.max_life_tokens=3", "trainer.compile=false", f"seed={args.seed}",
         "tracking.backends=[jsonl]", f"output_dir={out / 'hanabi_imitation_run'}",
         *args.overrides])
