@@ -53,6 +53,7 @@ from report import t_interval
 from torch import nn
 
 from roll.agentic.env.renderers import hanabi_playable
+from roll.algorithms.losses import ppo_policy_loss
 from roll.algorithms.normalize import normalize_advantages
 from roll.algorithms.trajectories import reverse_discounted_cumsum
 
@@ -196,10 +197,11 @@ def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torc
     order = torch.randperm(len(action), generator=torch_rng)
     for rows in order.chunk(args.minibatches):
         log_probs = log_probs_of(rows)
-        ratio = (log_probs.gather(1, action[rows, None])[:, 0] - old[rows]).exp()
-        clipped = ratio.clamp(1 - args.clip, 1 + args.clip)
-        surrogate = torch.minimum(ratio * advantage[rows], clipped * advantage[rows])
-        loss = -surrogate.mean() - bonus * entropy_of(log_probs, rows).mean()
+        chosen = log_probs.gather(1, action[rows, None])  # (rows, 1): one "token" a move
+        surrogate, _ = ppo_policy_loss(chosen, old[rows, None], advantage[rows, None],
+                                       torch.ones_like(chosen), clip_low=args.clip,
+                                       clip_high=args.clip)  # the trainer's own loss
+        loss = surrogate - bonus * entropy_of(log_probs, rows).mean()
         optim.zero_grad()
         loss.backward()
         optim.step()
