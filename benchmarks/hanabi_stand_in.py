@@ -53,9 +53,11 @@ from report import t_interval
 from torch import nn
 
 from roll.agentic.env.renderers import hanabi_playable
-from roll.algorithms.losses import ppo_policy_loss
+from roll.algorithms.losses import approx_kl_terms, ppo_policy_loss
 from roll.algorithms.normalize import normalize_advantages
 from roll.algorithms.trajectories import reverse_discounted_cumsum
+from roll.multi_agent.config import OptimConfig
+from roll.multi_agent.optim import schedule
 
 
 def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
@@ -171,12 +173,15 @@ def play(game, policies: list[nn.Module], seatings: list[tuple[int, int]], rng, 
     return {"moves": moves, "scores": scores}
 
 
-def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torch_rng) -> None:
+def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torch_rng
+           ) -> float | None:
     """One agent's update from its rows of a step: one Adam step on the whole batch (the
     recipes' one mini-batch, where the ratio is 1: -A log pi), or with ``--minibatches`` M > 1
     M Adam steps, each on a shuffled M-th of the rows, of PPO's clipped objective
     min(r A, clip(r, 1 - eps, 1 + eps) A), r = pi / pi_old, pi_old the policy that played
-    (``trainer.ppo_mini_batch_size``, ``trainer.clip_ratio``); the legal-move bonus on each."""
+    (``trainer.ppo_mini_batch_size``, ``trainer.clip_ratio``); the legal-move bonus on each.
+    Returns (M > 1) the trainer's ``approx_kl``: the k3 estimate of KL(played || current) on
+    each mini-batch's moves before its Adam step, averaged over the mini-batches; None (M = 1)."""
     def log_probs_of(rows):
         return policy(obs[rows]).masked_fill(~mask[rows], -math.inf).log_softmax(-1)
 
@@ -191,13 +196,15 @@ def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torc
         optim.zero_grad()
         loss.backward()
         optim.step()
-        return
+        return None
     with torch.no_grad():
         old = log_probs_of(everything).gather(1, action[:, None])[:, 0]
     order = torch.randperm(len(action), generator=torch_rng)
+    kls = []
     for rows in order.chunk(args.minibatches):
         log_probs = log_probs_of(rows)
         chosen = log_probs.gather(1, action[rows, None])  # (rows, 1): one "token" a move
+        kls.append(float(approx_kl_terms(chosen.detach() - old[rows, None]).mean()))
         surrogate, _ = ppo_policy_loss(chosen, old[rows, None], advantage[rows, None],
                                        torch.ones_like(chosen), clip_low=args.clip,
                                        clip_high=args.clip)  # the trainer's own loss
@@ -205,12 +212,15 @@ def update(policy, optim, obs, mask, action, advantage, bonus: float, args, torc
         optim.zero_grad()
         loss.backward()
         optim.step()
+    return float(np.mean(kls))
 
 
-def rate_factor(done: int, args) -> float:
-    """The rate's multiplier after ``done`` updates: 1 - done / steps (linear, to 0 at the last
-    step) or 1 (constant)."""
-    return 1.0 - done / args.steps if args.schedule == "linear" else 1.0
+def rate_config(args, target_kl: float = 0.0) -> OptimConfig:
+    """The recipes' rate, as roll's trainer reads it (``team.optim``): ``--lr`` decayed
+    linearly to 0 at the last step (``--schedule linear``) or held; with ``target_kl`` (a
+    policy's, ``--target_kl``) steered by each step's approx_kl (optim.RateFactor)."""
+    return OptimConfig(lr=args.lr, total_steps=args.steps, target_kl=target_kl,
+                       lr_scheduler="linear" if args.schedule == "linear" else "constant")
 
 
 def run(setting: str, seed: int, args) -> dict:
@@ -229,12 +239,17 @@ def run(setting: str, seed: int, args) -> dict:
     optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
     critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
     critic_optim = torch.optim.Adam(critic.parameters(), lr=args.critic_lr) if critic else None
-    schedules = [torch.optim.lr_scheduler.LambdaLR(optim, lambda done: rate_factor(done, args))
-                 for optim in optims + ([critic_optim] if critic else [])]
-    curve, start = [], time.perf_counter()
+    target_kl = getattr(args, "target_kl", 0.0)
+    schedules = [schedule(optim, rate_config(args, target_kl)) for optim in optims]
+    schedules += [schedule(critic_optim, rate_config(args))] if critic else []
+    curve, start, kls = [], time.perf_counter(), []
     for step in range(args.steps + 1):
         if step % args.eval_every == 0:
             point = {"step": step}
+            if kls:  # the agents' mean approx_kl over the steps since the last point
+                point["approx_kl"] = float(f"{np.mean(kls):.3g}")
+                point["lr"] = [float(f"{s.get_last_lr()[0]:.3g}") for s in schedules[:2]]
+                kls = []
             for mode in ("sampled", "greedy"):
                 seatings = [(0, 1) if i % 2 == 0 else (1, 0) for i in range(args.eval_games)]
                 scores = play(game, policies, seatings, np.random.default_rng(10**6 + step),
@@ -278,7 +293,11 @@ def run(setting: str, seed: int, args) -> dict:
             if estimator == "rtg":
                 advantage = whiten(advantage)
             advantage = torch.tensor(advantage, dtype=torch.float32)
-            update(policy, optims[agent], obs, mask, action, advantage, bonus, args, torch_rng)
+            kl = update(policy, optims[agent], obs, mask, action, advantage, bonus, args,
+                        torch_rng)
+            if kl is not None:
+                kls.append(kl)
+                schedules[agent].lr_lambdas[0].observe(kl, schedules[agent].last_epoch)
         if critic is not None and critic_rows:
             inputs = torch.stack([r[0] for r in critic_rows])
             targets = torch.tensor([r[1] for r in critic_rows], dtype=torch.float32)
@@ -286,10 +305,10 @@ def run(setting: str, seed: int, args) -> dict:
             critic_optim.zero_grad()
             value_loss.backward()
             critic_optim.step()
-        for schedule in schedules:
-            schedule.step()
+        for scheduler in schedules:
+            scheduler.step()
     return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
-            "params": args.params, "minibatches": args.minibatches,
+            "params": args.params, "minibatches": args.minibatches, "target_kl": target_kl,
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 
@@ -313,6 +332,9 @@ def main() -> None:
                         help="Adam steps per rollout, each on a shuffled share of an agent's "
                              "rows, PPO-clipped (1: the recipes' one step, ratio 1)")
     parser.add_argument("--clip", type=float, default=0.2, help="PPO's clip (minibatches > 1)")
+    parser.add_argument("--target_kl", type=float, default=0.0,
+                        help="steer each policy's rate by its approx_kl (team.optim.target_kl; "
+                             "minibatches > 1); 0: the schedule alone")
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--eval_games", type=int, default=400)
     parser.add_argument("--playable", action="store_true", help="add the flags the "
@@ -326,6 +348,9 @@ def main() -> None:
         parser.error(f"--gamma {args.gamma}: must be in [0, 1]")
     if args.minibatches < 1:
         parser.error(f"--minibatches {args.minibatches}: must be >= 1")
+    if args.target_kl and args.minibatches < 2:
+        parser.error(f"--target_kl {args.target_kl}: needs --minibatches >= 2 (one step's "
+                     "approx_kl is 0)")
     if args.games % 4:
         parser.error(f"--games {args.games}: must be a multiple of 4 (groups of 4)")
     for setting in args.settings:

@@ -86,6 +86,17 @@ class OptimConfig:
     total_steps: int = 0
     """Length of the decay for 'linear'/'cosine', in the agent's own train steps (so
     ``${max_steps}`` decays to 0 at the run's last step)."""
+    target_kl: float = 0.0
+    """0: off. > 0: the rate follows the policy's movement instead of a fixed schedule: after
+    each train step the agent's ``approx_kl`` (the logged one: the k3 estimate of KL(played ||
+    current) on each mini-batch before its optimizer step, averaged over the step's mini-batches)
+    is held near ``target_kl`` x the schedule's factor (warm-up, decay), the rate ``lr`` x a
+    multiplier that is divided by 1.5 after a step above twice the target and multiplied by 1.5
+    after one below half of it, within [1/100, 100] (optim.RateFactor; rl_games' adaptive rate,
+    the schedule shaping the target). A step's movement in policy space then no longer depends
+    on the model and the rank (SmolLM2's Hanabi adapter moved 1e-4 a step at 2e-4 where the
+    stand-in network moved 1e-3). It needs two or more optimizer steps a train step
+    (trainer.ppo_mini_batch_size or ppo_epochs >= 2): a single step's approx_kl is 0."""
 
     def validate(self, where: str) -> None:
         if self.name not in OPTIMIZERS:
@@ -111,6 +122,9 @@ class OptimConfig:
             )
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ConfigError(f"{where}.warmup_steps", self.warmup_steps, "must be an int >= 0")
+        if not isinstance(self.target_kl, int | float) or not 0 <= self.target_kl < 1:
+            raise ConfigError(f"{where}.target_kl", self.target_kl,
+                              "must be in [0, 1) (0: off; a KL per train step, e.g. 1e-3)")
         if self.lr_scheduler != "constant" and self.total_steps <= self.warmup_steps:
             raise ConfigError(
                 f"{where}.total_steps",
@@ -467,4 +481,7 @@ class CriticConfig:
             return self
         self.lora.validate("critic.lora", model_modules)
         self.optim.validate("critic.optim")
+        if self.optim.target_kl:
+            raise ConfigError("critic.optim.target_kl", self.optim.target_kl,
+                              "steers a policy's rate by its KL; a critic has no policy (0)")
         return self

@@ -37,7 +37,6 @@ taking one, its training forward's own, detached (plan.py ``old_pass_agents``).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -66,6 +65,7 @@ from roll.multi_agent.captured import CapturedSteps, capture_refusal
 from roll.multi_agent.config import AgentConfig, TrainerConfig
 from roll.multi_agent.logprobs import behaviour_logprobs, with_old_of_rows
 from roll.multi_agent.model import MultiAgentLoRAModel
+from roll.multi_agent.optim import step_schedules
 from roll.multi_agent.plan import agent_dropout, micro_groups, mini_batches, old_pass_agents
 from roll.multi_agent.seeds import agent_stream_seed
 from roll.multi_agent.strategy import GradSync, TorchStrategy, TrainStrategy
@@ -184,14 +184,12 @@ class MultiAgentTrainer:
             raise
         finally:
             self.strategy.zero_grad(list(own))
+        metrics = self._metrics(batch, own, sums, {name: len(plan[name]) for name in own})
         # One schedule step per train step, whatever its mini-batches (total_steps = max_steps);
-        # LambdaLR warns that DeepSpeed's per-agent AdamW never step themselves.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            for name in own:
-                self.schedulers[name].step()
+        # a rate with target_kl reads the step's approx_kl first.
+        step_schedules(self.schedulers, metrics)
         self.global_step += 1
-        return self._metrics(batch, own, sums, {name: len(plan[name]) for name in own})
+        return metrics
 
     def hold(self) -> None:
         """Remember every agent's adapters, optimizer and scheduler states and the step
@@ -486,7 +484,6 @@ class MultiAgentTrainer:
             metrics = dict(zip(keys + stats, row, strict=True))
             metrics["num_rows"] = float(len(rows))
             metrics["optimizer_steps"] = float(optimizer_steps[name])
-            metrics["lr"] = self.schedulers[name].get_last_lr()[0]
             if self.config.bonus_decay_steps:
                 metrics["bonus_scale"] = self.bonus_scale[name]
             result[name] = metrics

@@ -21,6 +21,7 @@ from roll.inference.hf.engine import LORA_KERNELS
 from roll.inference.hf.ring import ATTENTION_KERNELS
 from roll.inference.vllm_checks import model_lora_warmup_error
 from roll.models.aliases import alias_linear_modules, check_alias_available, is_alias
+from roll.multi_agent.optim import check_target_kl
 from roll.pipeline.cluster_checks import check_cluster, compile_blocker
 from roll.pipeline.config import (
     ENGINES,
@@ -93,6 +94,7 @@ def validate_config(cfg: PipelineConfig, check_paths: bool = True) -> PipelineCo
             raise ConfigError(f"team.agents[{i}].name", name,
                               f"is a metric namespace ({', '.join(NAMESPACES)}); rename the agent")
     cfg.trainer.validate()
+    check_target_kl(cfg.team, cfg.trainer)
     _check_compile(cfg)
     _check_advantage(cfg)
     _check_critic(cfg, _module_names(cfg) if check_paths else None)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from roll.multi_agent.optim import RateFactor
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import hanabi_stand_in as stand_in  # noqa: E402
 
@@ -44,10 +46,12 @@ def test_group_relative_by_hand():
 
 
 def test_the_rate_schedules_by_hand():
-    linear, constant = (argparse.Namespace(steps=4, schedule=kind) for kind in ("linear",
-                                                                                 "constant"))
-    assert [stand_in.rate_factor(done, linear) for done in range(4)] == [1.0, 0.75, 0.5, 0.25]
-    assert [stand_in.rate_factor(done, constant) for done in range(4)] == [1.0] * 4
+    linear, constant = (argparse.Namespace(steps=4, schedule=kind, lr=1e-3)
+                        for kind in ("linear", "constant"))
+    factor = RateFactor(stand_in.rate_config(linear))
+    assert [factor(done) for done in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    factor = RateFactor(stand_in.rate_config(constant))
+    assert [factor(done) for done in range(4)] == [1.0] * 4
 
 
 @pytest.mark.parametrize("lr, expected", [

@@ -129,6 +129,8 @@ BAD = [
      ("actor_train.zero3_persist_elements=-1", ">= 0")),
     (["actor_train.zero3_gather=block"],
      ("actor_train.zero3_gather='block'", "['layer', 'projection']")),
+    (["team.optim.target_kl=0.001"], ("team.optim.target_kl=0.001", "ppo_mini_batch_size")),
+    (["team.optim.target_kl=-0.001", "trainer.ppo_epochs=2"], "team.optim.target_kl=-0.001"),
     # Refused before any model loads (they used to fail after it):
     (["trainer.compile_backend=foo"], ("trainer.compile_backend='foo'", "aot_eager")),
     (["team.agents=[{name:critic_bob},{name:bob}]", "env.seat_to_agent=[critic_bob,bob]",
