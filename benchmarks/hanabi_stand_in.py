@@ -308,7 +308,8 @@ def run(setting: str, seed: int, args) -> dict:
         for scheduler in schedules:
             scheduler.step()
     return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
-            "params": args.params, "minibatches": args.minibatches, "target_kl": target_kl,
+            "params": args.params, "lr": args.lr, "minibatches": args.minibatches,
+            "target_kl": target_kl,
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 

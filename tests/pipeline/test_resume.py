@@ -152,6 +152,41 @@ def test_rae_baselines_survive_a_checkpoint_bit_exactly(tmp_path):
         assert all(torch.equal(ours[key], theirs[key]) for key in ours)
 
 
+def test_the_kl_steered_rate_survives_a_checkpoint_bit_exactly(tmp_path):
+    """team.optim.target_kl: the rate's multiplier is part of the run's state. A run resumed
+    from step 2 holds the multiplier it saved and continues exactly as the run that never
+    stopped (multiplier, rate and adapters at step 3, bit for bit)."""
+    config_path = str(ROOT / "examples" / "kuhn_poker")
+    overrides = ["team.optim.target_kl=1e-6", "trainer.ppo_mini_batch_size=4",
+                 "rollout.num_groups=4", "eval.eval_steps=0", "tracking.backends=[jsonl]",
+                 "save_steps=2", "keep_last=5"]
+
+    def run(out: Path, steps: int, *extra: str) -> AgenticPipeline:
+        cfg = load_config(config_path, "quickstart_cpu",
+                          overrides + [f"output_dir={out}", f"max_steps={steps}", *extra])
+        pipeline = AgenticPipeline(cfg)
+        pipeline.run()
+        return pipeline
+
+    def scales(pipeline: AgenticPipeline) -> dict[str, float]:
+        return {name: pipeline.trainer.schedulers[name].lr_lambdas[0].kl_scale
+                for name in pipeline.agent_names}
+
+    straight = run(tmp_path / "straight", 3)
+    first = run(tmp_path / "stopped", 2)
+    saved = load_trainer_state(latest_checkpoint(tmp_path / "stopped"))["trainer"]["schedulers"]
+    assert {name: state["lr_lambdas"][0]["kl_scale"] for name, state in saved.items()} == \
+        scales(first)
+    assert all(scale != 1.0 for scale in scales(first).values())  # it moved (2 steps, 1e-6)
+    resumed = run(tmp_path / "stopped", 3, "resume=latest")
+    assert scales(resumed) == scales(straight)
+    for name in straight.agent_names:
+        assert (resumed.trainer.schedulers[name].get_last_lr()
+                == straight.trainer.schedulers[name].get_last_lr())
+        ours, theirs = resumed.model.export_adapter(name), straight.model.export_adapter(name)
+        assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
 def test_resume_on_another_base_is_one_config_error_naming_resume(tmp_path, capsys):
     """Adapters saved on the tiny model, resumed on a deeper one (3 blocks, not 2): the
     tensors cannot load. It was a traceback from inside the model; it is the one line the CLI
