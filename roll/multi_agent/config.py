@@ -96,7 +96,10 @@ class OptimConfig:
     the schedule shaping the target). A step's movement in policy space then no longer depends
     on the model and the rank (SmolLM2's Hanabi adapter moved 1e-4 a step at 2e-4 where the
     stand-in network moved 1e-3). It needs two or more optimizer steps a train step
-    (trainer.ppo_mini_batch_size or ppo_epochs >= 2): a single step's approx_kl is 0."""
+    (trainer.ppo_mini_batch_size or ppo_epochs >= 2): a single step's approx_kl is 0. Not for
+    a policy that can turn deterministic: its approx_kl is ~0 whatever the rate, so the rate
+    is raised to the bound (tiny Kuhn from 1e-4: one agent collapsed to 'always bet' at 3-10x
+    the tuned rate; benchmarks/README.md, "a rate steered by the KL")."""
 
     def validate(self, where: str) -> None:
         if self.name not in OPTIMIZERS:
