@@ -57,7 +57,7 @@ from roll.algorithms.losses import approx_kl_terms, ppo_policy_loss
 from roll.algorithms.normalize import normalize_advantages
 from roll.algorithms.trajectories import reverse_discounted_cumsum
 from roll.multi_agent.config import OptimConfig
-from roll.multi_agent.optim import schedule
+from roll.multi_agent.optim import schedule, step_schedules
 
 
 def mlp(inputs: int, outputs: int, width: int) -> nn.Module:
@@ -239,16 +239,15 @@ def run(setting: str, seed: int, args) -> dict:
     optims = [torch.optim.Adam(p.parameters(), lr=args.lr) for p in policies]
     critic = mlp(2 * n_obs, 1, width) if estimator == "mappo" else None
     critic_optim = torch.optim.Adam(critic.parameters(), lr=args.critic_lr) if critic else None
-    target_kl = getattr(args, "target_kl", 0.0)
-    schedules = [schedule(optim, rate_config(args, target_kl)) for optim in optims]
-    schedules += [schedule(critic_optim, rate_config(args))] if critic else []
+    schedules = [schedule(optim, rate_config(args, args.target_kl)) for optim in optims]
+    critic_schedule = schedule(critic_optim, rate_config(args)) if critic else None
     curve, start, kls = [], time.perf_counter(), []
     for step in range(args.steps + 1):
         if step % args.eval_every == 0:
             point = {"step": step}
             if kls:  # the agents' mean approx_kl over the steps since the last point
                 point["approx_kl"] = float(f"{np.mean(kls):.3g}")
-                point["lr"] = [float(f"{s.get_last_lr()[0]:.3g}") for s in schedules[:2]]
+                point["lr"] = [float(f"{s.get_last_lr()[0]:.3g}") for s in schedules]
                 kls = []
             for mode in ("sampled", "greedy"):
                 seatings = [(0, 1) if i % 2 == 0 else (1, 0) for i in range(args.eval_games)]
@@ -263,6 +262,7 @@ def run(setting: str, seed: int, args) -> dict:
         batch = play(game, policies, seatings, rng, torch_rng, critic=critic,
                      playable=args.playable)
         rows = {0: [], 1: []}  # agent -> (obs, mask, action, advantage)
+        figures = {}  # agent -> what the trainer's metrics would hold for its schedule
         critic_rows = []
         for group in range(args.games // 4):
             for seat in (0, 1):
@@ -295,9 +295,8 @@ def run(setting: str, seed: int, args) -> dict:
             advantage = torch.tensor(advantage, dtype=torch.float32)
             kl = update(policy, optims[agent], obs, mask, action, advantage, bonus, args,
                         torch_rng)
-            if kl is not None:
-                kls.append(kl)
-                schedules[agent].lr_lambdas[0].observe(kl, schedules[agent].last_epoch)
+            kls += [] if kl is None else [kl]
+            figures[agent] = {"optimizer_steps": args.minibatches, "approx_kl": kl or 0.0}
         if critic is not None and critic_rows:
             inputs = torch.stack([r[0] for r in critic_rows])
             targets = torch.tensor([r[1] for r in critic_rows], dtype=torch.float32)
@@ -305,11 +304,12 @@ def run(setting: str, seed: int, args) -> dict:
             critic_optim.zero_grad()
             value_loss.backward()
             critic_optim.step()
-        for scheduler in schedules:
-            scheduler.step()
+        step_schedules(dict(enumerate(schedules)), figures)  # as the trainer: the KL, then the step
+        if critic_schedule is not None:
+            critic_schedule.step()
     return {"setting": setting, "seed": seed, "games": args.games, "steps": args.steps,
             "params": args.params, "lr": args.lr, "minibatches": args.minibatches,
-            "target_kl": target_kl,
+            "target_kl": args.target_kl,
             "seconds": round(time.perf_counter() - start, 1), "curve": curve}
 
 

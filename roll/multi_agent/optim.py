@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from roll.errors import ConfigError
-from roll.multi_agent.config import OptimConfig
+from roll.multi_agent.config import MultiAgentConfig, OptimConfig, TrainerConfig
 
 
 def build_optimizer(params: Sequence[Tensor], optim: OptimConfig) -> torch.optim.Optimizer:
@@ -55,14 +55,13 @@ def step_schedules(schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR],
         warnings.simplefilter("ignore", UserWarning)  # step themselves
         for name, figures in metrics.items():
             scheduler = schedulers[name]
-            factor = scheduler.lr_lambdas[0]
-            if figures.get("optimizer_steps", 1) >= 2 and "approx_kl" in figures:
-                factor.observe(figures["approx_kl"], scheduler.last_epoch)
+            if figures["optimizer_steps"] >= 2:
+                scheduler.lr_lambdas[0].observe(figures["approx_kl"], scheduler.last_epoch)
             scheduler.step()
             figures["lr"] = scheduler.get_last_lr()[0]
 
 
-def check_target_kl(team, trainer) -> None:
+def check_target_kl(team: MultiAgentConfig, trainer: TrainerConfig) -> None:
     """``target_kl`` reads the KL that a train step's later optimizer steps see: refused (one
     line naming the key) where every train step is one optimizer step."""
     optims = [("team.optim", team.optim)] + [
@@ -136,7 +135,3 @@ class RateFactor:
         elif approx_kl < 0.5 * target:
             self.kl_scale = min(high, self.kl_scale * self.STEP)
 
-
-def lr_lambda(optim: OptimConfig) -> RateFactor:
-    """Multiplier of the peak LR after ``step`` train steps (``RateFactor``)."""
-    return RateFactor(optim)

@@ -91,7 +91,8 @@ def test_the_clipped_minibatch_update_by_hand(lr, expected):
 def test_a_short_run_evaluates_before_and_after(setting, playable, params, minibatches):
     args = argparse.Namespace(games=8, steps=2, lr=1e-3, critic_lr=1e-3, lam=0.95, gamma=0.9,
                               width=16, schedule="linear", minibatches=minibatches, clip=0.2,
-                              eval_every=2, eval_games=8, playable=playable, params=params)
+                              eval_every=2, eval_games=8, playable=playable, params=params,
+                              target_kl=0.0)
     result = stand_in.run(setting, 0, args)
     assert result["params"] == params
     assert [point["step"] for point in result["curve"]] == [0, 2]

@@ -7,7 +7,7 @@ import torch
 
 from roll.errors import NonFiniteLossError
 from roll.multi_agent.config import AgentConfig, LoRAConfig, OptimConfig, TrainerConfig
-from roll.multi_agent.optim import lr_lambda
+from roll.multi_agent.optim import RateFactor
 from roll.multi_agent.plan import old_pass_agents, optimizer_steps
 from roll.multi_agent.trainer import MultiAgentTrainer
 
@@ -131,11 +131,11 @@ def test_metrics_per_agent(tiny_model_path):
 
 def test_lr_schedules_count_each_agents_own_steps():
     warm_cosine = OptimConfig(lr=1.0, lr_scheduler="cosine", warmup_steps=2, total_steps=6)
-    factor = lr_lambda(warm_cosine)
+    factor = RateFactor(warm_cosine)
     # warm-up 1/2, 2/2; then cosine over 4 steps: 0.5*(1+cos(pi*k/4)), k = 0..4
     expected = [0.5, 1.0, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0, 0.0]
     assert [factor(s) for s in range(8)] == pytest.approx(expected)
-    linear = lr_lambda(OptimConfig(lr=1.0, lr_scheduler="linear", total_steps=4))
+    linear = RateFactor(OptimConfig(lr=1.0, lr_scheduler="linear", total_steps=4))
     assert [linear(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
 
 

@@ -124,21 +124,24 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monke
     assert leftovers == ["step_00000002"]
 
 
+def _run_kuhn(overrides: list[str], out: Path, steps: int, *extra: str) -> AgenticPipeline:
+    """The Kuhn CPU quickstart with ``overrides``, saving every 2 steps, run to ``steps``."""
+    cfg = load_config(str(ROOT / "examples" / "kuhn_poker"), "quickstart_cpu",
+                      overrides + ["rollout.num_groups=4", "eval.eval_steps=0",
+                                   "tracking.backends=[jsonl]", "save_steps=2", "keep_last=5",
+                                   f"output_dir={out}", f"max_steps={steps}", *extra])
+    pipeline = AgenticPipeline(cfg)
+    pipeline.run()
+    return pipeline
+
+
 def test_rae_baselines_survive_a_checkpoint_bit_exactly(tmp_path):
     """advantage.estimator=rae: the running baselines are part of the run's state. A run
     resumed from step 2 holds exactly the baselines it saved and continues exactly as the run
     that never stopped (baselines and adapters at step 3, bit for bit)."""
-    config_path = str(ROOT / "examples" / "kuhn_poker")
-    overrides = ["advantage.estimator=rae", "advantage.rae_decay=0.5", "rollout.num_groups=4",
-                 "eval.eval_steps=0", "tracking.backends=[jsonl]", "save_steps=2",
-                 "keep_last=5"]
-
     def run(out: Path, steps: int, *extra: str) -> AgenticPipeline:
-        cfg = load_config(config_path, "quickstart_cpu",
-                          overrides + [f"output_dir={out}", f"max_steps={steps}", *extra])
-        pipeline = AgenticPipeline(cfg)
-        pipeline.run()
-        return pipeline
+        return _run_kuhn(["advantage.estimator=rae", "advantage.rae_decay=0.5"], out, steps,
+                         *extra)
 
     straight = run(tmp_path / "straight", 3)
     first = run(tmp_path / "stopped", 2)
@@ -156,17 +159,9 @@ def test_the_kl_steered_rate_survives_a_checkpoint_bit_exactly(tmp_path):
     """team.optim.target_kl: the rate's multiplier is part of the run's state. A run resumed
     from step 2 holds the multiplier it saved and continues exactly as the run that never
     stopped (multiplier, rate and adapters at step 3, bit for bit)."""
-    config_path = str(ROOT / "examples" / "kuhn_poker")
-    overrides = ["team.optim.target_kl=1e-6", "trainer.ppo_mini_batch_size=4",
-                 "rollout.num_groups=4", "eval.eval_steps=0", "tracking.backends=[jsonl]",
-                 "save_steps=2", "keep_last=5"]
-
     def run(out: Path, steps: int, *extra: str) -> AgenticPipeline:
-        cfg = load_config(config_path, "quickstart_cpu",
-                          overrides + [f"output_dir={out}", f"max_steps={steps}", *extra])
-        pipeline = AgenticPipeline(cfg)
-        pipeline.run()
-        return pipeline
+        return _run_kuhn(["team.optim.target_kl=1e-6", "trainer.ppo_mini_batch_size=4"], out,
+                         steps, *extra)
 
     def scales(pipeline: AgenticPipeline) -> dict[str, float]:
         return {name: pipeline.trainer.schedulers[name].lr_lambdas[0].kl_scale
