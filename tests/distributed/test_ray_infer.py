@@ -72,6 +72,8 @@ def test_engines_as_actors_generate_what_the_local_engine_does(
         group.remove_adapter("b")
 
 
+@pytest.mark.serial  # which actor finishes first is timing: under the parallel run's load the
+# 60-token row once ended before the chain of short turns (session 87's last CI)
 def test_engine_actors_serve_continuously_and_balance_follow_ups(
         tiny_model_path, team_and_group):
     """serve over 2 engine actors: each runs its own continuous loop, so a chain of short
