@@ -20,6 +20,7 @@ recipe when matplotlib is available.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -92,6 +93,10 @@ RECIPES = {
     # (--override advantage.estimator=mappo critic.mode=shared critic.input=global) learnt no
     # faster there, at the cost of a second model pass on the LLM.
     "hanabi_team": ("examples/hanabi", "team", []),
+    # examples/connect_four/mixed.yaml: TicTacToe's mixed recipe on Connect Four (both seats
+    # against the other agent and random, a critic per agent, the legal-move bonus); evaluated
+    # against random (both seats, sampled and greedy) and, before and after, MCTS.
+    "connect_four_mixed": ("examples/connect_four", "mixed", ["trainer.micro_batch_size=128"]),
 }
 COOPERATIVE = {"hanabi", "hanabi_team"}
 """Recipes whose curves get the small Hanabi's reference scores (benchmarks/hanabi_baselines.py:
@@ -99,9 +104,15 @@ random play and the rule team over the same 2,000 deals)."""
 OWN_YAML = {"nash", "mixed", "quickstart_smollm2", "team"}
 """Config names of recipes that train and evaluate as their YAML says: only the tracking
 backend is set here (the shared settings below would overwrite their seatings)."""
-VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_grpo": "mcts"}
+VERSUS = {"tictactoe": "mcts", "tictactoe_mixed": "mcts", "tictactoe_grpo": "mcts",
+          "connect_four_mixed": "mcts"}
 """Recipes also evaluated against ``mcts:<--vs_mcts>`` (each agent, both seats) before and after
 training."""
+TACTICS = {"tictactoe": "tictactoe_policy", "tictactoe_mixed": "tictactoe_policy",
+           "tictactoe_grpo": "tictactoe_policy", "connect_four_mixed": "connect_four_policy"}
+"""Recipes ``--tactics`` scores, with the module that scores them: TicTacToe's exact tactics
+(benchmarks/tictactoe_policy.py), Connect Four's wins taken and blocks made
+(benchmarks/connect_four_policy.py)."""
 METRICS = ("exploitability", "win_rate", "win_rate_low", "win_rate_high", "non_loss_rate",
            "non_loss_rate_low", "non_loss_rate_high", "loss_rate", "seat0/win_rate",
            "seat1/win_rate", "mean_return")
@@ -163,12 +174,11 @@ def run_recipe(args, name: str) -> dict:
     if name in VERSUS and args.vs_mcts:
         versus["before"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
     tactics, scored = {}, []
-    if args.tactics and name in VERSUS:  # TicTacToe: what the policy reads, exactly
-        import tictactoe_policy
-
-        scored = run_hooks.tactics_at_evaluations(pipeline, out)
+    if args.tactics and name in TACTICS:  # what the policy reads
+        policy = importlib.import_module(TACTICS[name])
+        scored = run_hooks.tactics_at_evaluations(pipeline, out, policy.report)
         if not cfg.eval.eval_steps:  # no evaluation at step 0 to score it
-            tactics["before"] = tictactoe_policy.report(pipeline)
+            tactics["before"] = policy.report(pipeline)
     if args.profile_step:
         run_hooks.profile_one_step(pipeline, args.profile_step, args.profile_top, out)
     if args.sync_step:
@@ -178,12 +188,12 @@ def run_recipe(args, name: str) -> dict:
     pipeline.run()
     if versus:
         versus["after"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out)
-    if args.tactics and name in VERSUS:
+    if args.tactics and name in TACTICS:
         if scored and scored[0]["step"] == 0:
             tactics["before"] = scored[0]["agents"]
         last_scored = scored and scored[-1]["step"] == pipeline.step
         tactics["after"] = (scored[-1]["agents"] if last_scored
-                            else tictactoe_policy.report(pipeline))
+                            else policy.report(pipeline))
         tactics["at_evaluations"] = scored
     if args.greedy_too and args.vs_mcts:  # (against random: the run's own eval.greedy_too)
         versus["greedy_vs_mcts"] = _versus(pipeline, f"mcts:{args.vs_mcts}", out,
@@ -337,11 +347,12 @@ def main() -> None:
                              "and, after training, against MCTS with --vs_mcts; for games "
                              "where winning, not mixing, is the goal")
     parser.add_argument("--tactics", action="store_true",
-                        help="TicTacToe recipes: at every evaluation (and before and after "
-                             "training), each agent's exact win / loss against random per "
-                             "seat, sampled and greedy, and how often it takes a win or blocks "
-                             "a threat (benchmarks/tictactoe_policy.py; the run's "
-                             "tactics.jsonl)")
+                        help="TicTacToe and Connect Four recipes: at every evaluation (and "
+                             "before and after training), how often each agent takes a win or "
+                             "blocks a threat, sampled and greedy (TicTacToe: exact, with its "
+                             "win / loss against random per seat, benchmarks/tictactoe_policy.py;"
+                             " Connect Four: on sampled positions, "
+                             "benchmarks/connect_four_policy.py; the run's tactics.jsonl)")
     parser.add_argument("--profile_step", type=int, default=0, metavar="STEP",
                         help="run training step STEP under torch.profiler (after step 1's "
                              "compiles): kernels, GPU busy share, top operators -> the run's "

@@ -113,6 +113,9 @@ def plot_tactics(records: list[dict], title: str, path: Path) -> str:
     (chance 0.34) and, where the records have it, one of the greedy policy's gap to the best
     player (``greedy_gap``: its total per seat, and as O its first move's share), written to
     ``path``; what was written, or why nothing was."""
+    first = next(iter(records[0]["agents"].values()))
+    if "win" not in next(iter(first.values())):  # connect_four_policy's figures
+        return plot_takes_and_blocks(records, title, path)
     result: dict = {}
     plt = _pyplot(result, path.parent)
     if plt is None:
@@ -151,6 +154,39 @@ def plot_tactics(records: list[dict], title: str, path: Path) -> str:
         axes[3].set(title="greedy: return short of the best player's", xlabel="step",
                     ylabel="win - loss, best minus greedy")
     for axis in axes:
+        axis.legend(fontsize=6)
+        axis.grid(alpha=0.3)
+    figure.suptitle(title, fontsize=10)
+    _save(plt, figure, path, result)
+    return result["plot"]
+
+
+def plot_takes_and_blocks(records: list[dict], title: str, path: Path) -> str:
+    """Connect Four's tactics at every scored evaluation (``connect_four_policy.report`` records:
+    ``{"step", "agents": {agent: {"x"|"o": figures}}}``): one panel of wins taken and one of
+    blocks made, each agent in each seat, sampled (solid) and greedy (dotted), with uniform
+    play's level, written to ``path``; what was written, or why nothing was."""
+    result: dict = {}
+    plt = _pyplot(result, path.parent)
+    if plt is None:
+        return result["plot"]
+    steps = [record["step"] for record in records]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for agent, color in zip(sorted(records[0]["agents"]), ("C0", "C1", "C2", "C3"),
+                            strict=False):
+        for mark, marker in (("x", "o"), ("o", "s")):
+            figures = [record["agents"][agent][mark] for record in records]
+            for axis, key in zip(axes, ("wins_taken", "blocks_made"), strict=True):
+                axis.plot(steps, [f[key] for f in figures], color=color, marker=marker,
+                          label=f"{agent} as {mark}")
+                axis.plot(steps, [f[f"greedy_{key}"] for f in figures], color=color, ls=":",
+                          marker=marker, label=f"{agent} as {mark}, greedy")
+    for axis, what in zip(axes, ("wins taken (a column wins now)",
+                                 "blocks made (the opponent wins next in a column)"),
+                          strict=True):
+        # uniform play on connect_four_policy's positions: 0.19 (its ``reference``)
+        axis.axhline(0.19, color="gray", lw=0.8, label="uniform play (0.19)")
+        axis.set(title=what, xlabel="step", ylim=(0, 1))
         axis.legend(fontsize=6)
         axis.grid(alpha=0.3)
     figure.suptitle(title, fontsize=10)

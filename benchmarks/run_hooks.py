@@ -1,7 +1,7 @@
 """Hooks a benchmark run puts on an ``AgenticPipeline`` (benchmarks/learning.py): each wraps
 one of its methods and leaves the run as it was otherwise.
 
-- ``tactics_at_evaluations``: TicTacToe's exact table after every evaluation (tactics.jsonl);
+- ``tactics_at_evaluations``: a game's tactics after every evaluation (tactics.jsonl);
 - ``load_compile_cache`` / ``save_compile_cache_after_step_1``: torch.compile's artifacts
   carried from one GPU machine to the next (``--compile_cache``);
 - ``profile_one_step``: one training step under torch.profiler (``--profile_step``);
@@ -24,20 +24,19 @@ from pathlib import Path
 import torch
 
 
-def tactics_at_evaluations(pipeline, out: Path) -> list[dict]:
-    """After each of the pipeline's evaluations, its agents' exact TicTacToe table
-    (``tictactoe_policy.report``: win / loss against random per seat, sampled and greedy; takes
-    and blocks), appended to the returned list and to ``out/tactics.jsonl`` as
+def tactics_at_evaluations(pipeline, out: Path, report) -> list[dict]:
+    """After each of the pipeline's evaluations, ``report(pipeline)``: its agents' tactics
+    (``tictactoe_policy.report``: TicTacToe's exact win / loss against random per seat, sampled
+    and greedy, takes and blocks; ``connect_four_policy.report``: wins taken and blocks made on
+    sampled positions), appended to the returned list and to ``out/tactics.jsonl`` as
     ``{"step", "agents"}``: a run the machine's time limit cuts short keeps its figures up to
     its last evaluation."""
-    import tictactoe_policy
-
     scored: list[dict] = []
     evaluate = pipeline.evaluate
 
     def evaluate_and_score(*args, **kwargs):
         metrics = evaluate(*args, **kwargs)
-        record = {"step": pipeline.step, "agents": tictactoe_policy.report(pipeline)}
+        record = {"step": pipeline.step, "agents": report(pipeline)}
         scored.append(record)
         with open(out / "tactics.jsonl", "a") as file:
             file.write(json.dumps(record) + "\n")

@@ -208,3 +208,41 @@ def test_a_tactics_file_is_drawn_beside_itself(tmp_path, monkeypatch, capsys):
     learning.main()
     png = (tmp_path / "run_x_tactics.png").read_bytes()
     assert int.from_bytes(png[16:20], "big") == 1800  # four panels (18 in)
+
+
+def test_the_connect_four_recipe_is_the_tictactoe_recipe_on_connect_four(tmp_path):
+    """connect_four_mixed trains as examples/connect_four/mixed.yaml says: TicTacToe's mixed
+    recipe (critics, both seats against each other and random, each agent's second seat against
+    random twice) on Connect Four with the game's own renderer, 128 games a step; it is
+    evaluated against MCTS too, and --tactics scores it with Connect Four's own probe."""
+    cfg = learning.recipe_config(_args(tiny=False), "connect_four_mixed", tmp_path)
+    ttt = learning.recipe_config(_args(tiny=False), "tictactoe_mixed", tmp_path)
+    assert cfg.env.game == "connect_four" and cfg.env.renderer == ""
+    assert cfg.rollout.num_groups * cfg.rollout.group_size == 128 and cfg.rollout.max_turns == 42
+    assert cfg.env.seat_to_agent == ttt.env.seat_to_agent
+    assert (cfg.advantage, cfg.critic.mode, cfg.trainer.action_entropy_coef) == (
+        ttt.advantage, ttt.critic.mode, ttt.trainer.action_entropy_coef)
+    assert cfg.trainer.policy_over == "moves" and cfg.trainer.micro_batch_size == 128
+    assert cfg.eval.greedy_too and cfg.eval.opponent == "random"
+    assert learning.VERSUS["connect_four_mixed"] == "mcts"
+    assert learning.TACTICS["connect_four_mixed"] == "connect_four_policy"
+    assert learning.TACTICS["tictactoe_mixed"] == "tictactoe_policy"
+
+
+def test_a_connect_four_tactics_file_is_drawn_as_takes_and_blocks(tmp_path, monkeypatch, capsys):
+    """connect_four_policy's records (wins taken, blocks made; no win / loss against random)
+    draw as their own two panels, not TicTacToe's."""
+    import json
+
+    figures = {"wins_taken": 0.3, "greedy_wins_taken": 0.5, "blocks_made": 0.2,
+               "greedy_blocks_made": 0.1, "quiet_entropy": 1.5, "win_positions": 200,
+               "block_positions": 200, "quiet_positions": 200}
+    file = tmp_path / "run_c4_tactics.jsonl"
+    file.write_text("".join(json.dumps({"step": step, "agents": {
+        agent: {mark: figures for mark in "xo"} for agent in ("a", "b")}}) + "\n"
+        for step in (0, 25)))
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--from_tactics", str(file)])
+    learning.main()
+    png = (tmp_path / "run_c4_tactics.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and capsys.readouterr().out.strip() == "run_c4_tactics.png"
+    assert int.from_bytes(png[16:20], "big") == 1100  # two panels (11 in at 100 dpi)
