@@ -22,13 +22,12 @@ prompt the rollout shows, at ``eval.temperature`` (``roll/pipeline/exploitabilit
 - uniform play's and the rule's (win, else block, else centre) figures on the same positions,
   for scale (the rule: 1.0 on both by construction; uniform play has no argmax, so no greedy
   figures).
-Prints JSON.
+Prints JSON (and writes ``$OUT/connect_four_policy.json`` when OUT is set).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -181,9 +180,10 @@ def main() -> None:
     pipeline = AgenticPipeline(cfg)
     if args.checkpoint:
         pipeline.load(Path(args.checkpoint))
-    print(json.dumps({"checkpoint": args.checkpoint,
-                      **reference(positions(args.positions, 0)),
-                      "agents": report(pipeline, args.positions)}, indent=1))
+    import report as reports  # benchmarks/report.py, beside this file
+
+    reports.emit({"checkpoint": args.checkpoint, **reference(positions(args.positions, 0)),
+                  "agents": report(pipeline, args.positions)}, "connect_four_policy.json")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ CASES: list[tuple[str, dict, Key, Callable]] = [
     ("tic_tac_toe", {}, _board, render_prompt),
     ("tic_tac_toe", {}, _board, renderer_named("tic_tac_toe_lines", "tic_tac_toe")),
     ("connect_four", {}, _board, render_prompt),
+    ("connect_four", {}, _board, renderer_named("connect_four_lines", "connect_four")),
     ("hanabi", SMALL_HANABI, _board, render_prompt),
     ("hanabi", SMALL_HANABI, _board, renderer_named("hanabi_words", "hanabi")),
     ("hanabi", {**SMALL_HANABI, "players": 3, "colors": 3, "ranks": 3}, _board,

@@ -278,6 +278,39 @@ def test_tic_tac_toe_lines_renderer_shows_each_moves_lines() -> None:
         renderer_named("tic_tac_toe_lines", "kuhn_poker")
 
 
+def test_connect_four_lines_renderer_shows_each_moves_longest_lines() -> None:
+    """x: 1 2 3 on the bottom row, o: column 6 three high, x to move. After each legal move the
+    longest line through the cell it fills for an x and for an o there, worked out by hand:
+    0 and 4 complete x's row (4); 6 tops o's column (4); 5 is two cells from x's (0,3), so an
+    x there stands alone (1), and beside o's (0,6) an o makes 2."""
+    env = OpenSpielEnv("connect_four")
+    env.reset(0)
+    for column in (1, 6, 2, 6, 3, 6):
+        env.apply_action_id(column)
+    prompt = renderer_named("connect_four_lines", "connect_four")(env, 0)
+    assert "You are x." in prompt.text
+    assert "Board (bottom row last):\n.......\n.......\n.......\n......o\n......o\n.xxx..o\n" \
+        in prompt.text
+    listed = prompt.text.split("for an o there):\n")[1].split("\nThink")[0].splitlines()
+    assert listed == ["x0: x 4, o 1", "x1: x 2, o 1", "x2: x 2, o 1", "x3: x 2, o 1",
+                      "x4: x 4, o 1", "x5: x 1, o 2", "x6: x 1, o 4"]
+    assert not prompt.numbered_moves
+    assert parse_action("<answer>x6</answer>", env.legal_actions(0), ActionConfig(),
+                        False).action == "x6"
+    # bottom row x o o o . . x, row 1 . x x o, row 2 . . x o (the moves of
+    # test_connect_four_baselines' diagonal test): an x at (3,3) ends x's diagonal from (0,0),
+    # an o there o's column 3 (4 each); at (0,4) an o ends o's bottom row; at (1,0) an x makes
+    # row 1's x x x (3) and an o the anti-diagonal with (0,1) (2)
+    env.reset(0)
+    for column in (0, 1, 1, 2, 2, 3, 2, 3, 6, 3):
+        env.apply_action_id(column)
+    prompt = renderer_named("connect_four_lines", "connect_four")(env, 0)
+    for line in ("x3: x 4, o 4", "x4: x 1, o 4", "x0: x 3, o 2"):
+        assert line in prompt.text
+    with pytest.raises(KeyError, match="for tic_tac_toe"):  # a variant of another game
+        renderer_named("connect_four_lines", "tic_tac_toe")
+
+
 def test_hanabi_words_renderer_spells_out_hints_and_playable_cards() -> None:
     """The examples' small Hanabi (2 colors, ranks 1-3), deal 3: player 0 sees its partner's
     yellow 2 and yellow 1 and hints rank 1; player 1's prompt then says, by hand: its card 1

@@ -167,14 +167,54 @@ def _tic_tac_toe_rules(seat: int) -> str:
 
 @register_renderer("connect_four")
 def render_connect_four(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
-    params = env.game.get_parameters()
-    mark = "xo"[seat]
-    rules = (f"Connect Four, {params['columns']} columns x {params['rows']} rows. You are "
-             f"{mark}. {mark}N drops your piece into column N (0 = left). "
-             f"{params['x_in_row']} in a row in any direction wins.")
+    rules = _connect_four_rules(env, seat)
     board = env.observation(seat).rstrip("\n")
     # Numbers would be confused with column indices, so the moves are not numbered.
     return _prompt(rules, f"Board (bottom row last):\n{board}", env.legal_actions(seat), False)
+
+
+@register_renderer("connect_four_lines", game="connect_four")
+def render_connect_four_lines(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
+    """Connect Four's prompt with, after each legal move, the longest line of x and of o
+    through the cell that move fills (horizontal, vertical or diagonal; the cell counted), as
+    if each mark were put there: e.g. ``x3: x 2, o 4`` (a 4 for the other mark: it wins
+    there next unless blocked). Nothing the board does not show; it puts next to each move
+    what decides whether it wins or blocks, where a small model can see it, as
+    ``tic_tac_toe_lines`` does for TicTacToe."""
+    rules = _connect_four_rules(env, seat)
+    board = env.observation(seat).rstrip("\n")
+    rows = [list(line) for line in reversed(board.split("\n"))]  # bottom row first
+    listed = []
+    for move in env.legal_actions(seat):
+        column = int(move[1:])
+        row = next(r for r in range(len(rows)) if rows[r][column] == ".")
+        lengths = ", ".join(f"{m} {_longest_through(rows, row, column, m)}" for m in "xo")
+        listed.append(f"{move}: {lengths}")
+    moves = ("Legal moves (after each, the longest line through the cell it fills, for an x and "
+             "for an o there):\n" + "\n".join(listed))
+    return RenderedPrompt(f"{rules}\nBoard (bottom row last):\n{board}\n{moves}\n"
+                          f"{ANSWER_VERBATIM}", False)
+
+
+def _connect_four_rules(env: OpenSpielEnv, seat: int) -> str:
+    params, mark = env.game.get_parameters(), "xo"[seat]
+    return (f"Connect Four, {params['columns']} columns x {params['rows']} rows. You are "
+            f"{mark}. {mark}N drops your piece into column N (0 = left). "
+            f"{params['x_in_row']} in a row in any direction wins.")
+
+
+def _longest_through(rows: list[list[str]], row: int, column: int, mark: str) -> int:
+    """The longest run of ``mark`` through (row, column) in any of the four directions, the
+    cell itself counted as ``mark`` (``rows``: bottom row first)."""
+    best = 1
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        run = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, column + sign * dc
+            while 0 <= r < len(rows) and 0 <= c < len(rows[0]) and rows[r][c] == mark:
+                run, r, c = run + 1, r + sign * dr, c + sign * dc
+        best = max(best, run)
+    return best
 
 
 @register_renderer("kuhn_poker")
