@@ -133,31 +133,38 @@ def reference(found: dict[int, dict[str, list]]) -> dict[str, dict[str, dict[str
     return out
 
 
-def report(pipeline, per_kind: int = 200, seed: int = 0) -> dict[str, dict[str, dict]]:
-    """``{agent: {"x"|"o": figures}}`` for the pipeline's current adapters."""
+def scores(pipeline, found: dict[int, dict[str, list]],
+           agents: list[str] | None = None) -> dict[str, dict[str, dict]]:
+    """``{agent: {"x"|"o": figures}}`` of ``agents`` (None: every agent) on ``found``'s
+    positions (``positions``), with the pipeline's current adapters."""
     from roll.agentic.env.openspiel_env import OpenSpielEnv
     from roll.pipeline.exploitability import move_probabilities
-    from roll.utils.stages import stage
 
     cfg = pipeline.cfg
-    found = positions(per_kind, seed)
     env = OpenSpielEnv("connect_four", dict(cfg.env.params))
-    result: dict[str, dict[str, dict]] = {agent: {} for agent in pipeline.agent_names}
-    with stage("connect_four_policy: each agent's columns on win / block / quiet positions"):
-        for seat in (0, 1):
-            states = states_of(found[seat])
-            for agent in pipeline.agent_names:
-                scored = move_probabilities(
-                    env, states, pipeline.trainer, pipeline.tokenizer, lambda s, a=agent: a,
-                    pipeline.render, cfg.eval.temperature,
-                    enable_thinking=cfg.model.enable_thinking)
-                probs = []
-                for action_ids, p in scored:
-                    row = np.zeros(7)
-                    row[action_ids] = p
-                    probs.append(row)
-                result[agent]["xo"[seat]] = figures(probs, found[seat])
+    agents = pipeline.agent_names if agents is None else agents
+    result: dict[str, dict[str, dict]] = {agent: {} for agent in agents}
+    for seat in (0, 1):
+        states = states_of(found[seat])
+        for agent in agents:
+            scored = move_probabilities(
+                env, states, pipeline.trainer, pipeline.tokenizer, lambda s, a=agent: a,
+                pipeline.render, cfg.eval.temperature, enable_thinking=cfg.model.enable_thinking)
+            probs = []
+            for action_ids, p in scored:
+                row = np.zeros(7)
+                row[action_ids] = p
+                probs.append(row)
+            result[agent]["xo"[seat]] = figures(probs, found[seat])
     return result
+
+
+def report(pipeline, per_kind: int = 200, seed: int = 0) -> dict[str, dict[str, dict]]:
+    """``scores`` of every agent on ``per_kind`` positions of each kind and seat (``seed``)."""
+    from roll.utils.stages import stage
+
+    with stage("connect_four_policy: each agent's columns on win / block / quiet positions"):
+        return scores(pipeline, positions(per_kind, seed))
 
 
 def main() -> None:
