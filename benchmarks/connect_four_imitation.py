@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import connect_four_policy as policy  # noqa: E402
 from connect_four_baselines import _board, rule_move  # noqa: E402
-from imitation import answer_row, fit_epoch  # noqa: E402
+from imitation import answer_row, fit_epoch, imitation_pipeline  # noqa: E402
 
 AGENT = "agent_0"
 
@@ -74,16 +74,12 @@ def main() -> None:
 
     from roll.multi_agent.config import OptimConfig
     from roll.multi_agent.optim import build_optimizer
-    from roll.pipeline.agentic_pipeline import AgenticPipeline
-    from roll.pipeline.cli import load_config
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     out = Path(os.environ.get("OUT", "/tmp"))
-    cfg = load_config(str(ROOT / "examples/connect_four"), "mixed", [
-        f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
-        "trainer.compile=false", f"seed={args.seed}", "tracking.backends=[jsonl]",
-        f"output_dir={out / 'connect_four_imitation_run'}", *args.overrides])
-    pipeline = AgenticPipeline(cfg)
+    pipeline = imitation_pipeline("connect_four", "mixed", "tiny" if args.tiny else args.model,
+                                  args.seed, out, "connect_four_imitation_run", args.overrides)
+    cfg = pipeline.cfg
     model = pipeline.model
     trained, held_out = policy.positions(args.positions, 0), policy.positions(args.positions, 1)
     rows = target_rows(pipeline, trained)

@@ -12,6 +12,25 @@ from __future__ import annotations
 import torch
 
 
+def imitation_pipeline(example: str, config_name: str, model: str, seed: int, out, run: str,
+                       overrides):
+    """The pipeline of ``examples/<example>/<config_name>.yaml`` an imitation run trains through:
+    ``model`` (a path or alias; "tiny" on CPU) on CUDA when there is one and it is not the tiny
+    model, eager forwards, writing only a jsonl log under ``out/<run>``, then ``overrides``."""
+    from pathlib import Path
+
+    from roll.pipeline.agentic_pipeline import AgenticPipeline
+    from roll.pipeline.cli import load_config
+
+    device = "cuda" if torch.cuda.is_available() and model != "tiny" else "cpu"
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(str(root / "examples" / example), config_name, [
+        f"model.path={model}", f"model.device={device}", "trainer.compile=false",
+        f"seed={seed}", "tracking.backends=[jsonl]", f"output_dir={Path(out) / run}",
+        *overrides])
+    return AgenticPipeline(cfg)
+
+
 def answer_row(pipeline, env, seat: int, action: int) -> tuple[list[int], int, list]:
     """The decision of ``seat`` in ``env``'s present state, as the rollout shows it, with the
     answer of OpenSpiel action ``action`` as its target: (prompt + target answer token ids,

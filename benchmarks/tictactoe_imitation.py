@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tictactoe_policy  # noqa: E402
-from imitation import answer_row, fit_epoch, supervised_step  # noqa: E402,F401
+from imitation import answer_row, fit_epoch, imitation_pipeline, supervised_step  # noqa: E402,F401
 from tictactoe_vs_random import best  # noqa: E402
 
 AGENT = "agent_0"
@@ -106,16 +106,12 @@ def main() -> None:
 
     from roll.multi_agent.config import OptimConfig
     from roll.multi_agent.optim import build_optimizer
-    from roll.pipeline.agentic_pipeline import AgenticPipeline
-    from roll.pipeline.cli import load_config
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     out = Path(os.environ.get("OUT", "/tmp"))
-    cfg = load_config(str(ROOT / "examples/tictactoe"), "mixed", [
-        f"model.path={'tiny' if args.tiny else args.model}", f"model.device={device}",
-        "trainer.compile=false", f"seed={args.seed}", "tracking.backends=[jsonl]",
-        f"output_dir={out / 'tictactoe_imitation_run'}", *args.overrides])
-    pipeline = AgenticPipeline(cfg)
+    pipeline = imitation_pipeline("tictactoe", "mixed", "tiny" if args.tiny else args.model,
+                                  args.seed, out, "tictactoe_imitation_run", args.overrides)
+    cfg = pipeline.cfg
     model = pipeline.model
     seat = "XO".index(args.mark)
     boards = [b for b in tictactoe_policy.decision_boards()

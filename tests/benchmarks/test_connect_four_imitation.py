@@ -52,7 +52,7 @@ def test_a_tiny_run_fits_its_targets_and_prints_its_curve(tmp_path, monkeypatch)
         "--positions", "4", "--batch", "8", "--lr", "5e-3", "--tag", "_t", "team.lora.rank=4"])
     connect_four_imitation.main()
     summary = json.loads((tmp_path / "connect_four_imitation_t.json").read_text())
-    assert summary["positions"] == 24 and summary["renderer"] == ""
+    assert summary["positions"] == 24 and summary["renderer"] == "connect_four_lines"
     assert [point["epoch"] for point in summary["curve"]] == [0, 1, 2, 3]
     assert [point["updates"] for point in summary["curve"]] == [0, 3, 6, 9]
     first, *_, last = summary["curve"][1:]

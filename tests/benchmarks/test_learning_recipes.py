@@ -213,11 +213,12 @@ def test_a_tactics_file_is_drawn_beside_itself(tmp_path, monkeypatch, capsys):
 def test_the_connect_four_recipe_is_the_tictactoe_recipe_on_connect_four(tmp_path):
     """connect_four_mixed trains as examples/connect_four/mixed.yaml says: TicTacToe's mixed
     recipe (critics, both seats against each other and random, each agent's second seat against
-    random twice) on Connect Four with the game's own renderer, 128 games a step; it is
+    random twice) on Connect Four with the lines prompt, 128 games a step; it is
     evaluated against MCTS too, and --tactics scores it with Connect Four's own probe."""
     cfg = learning.recipe_config(_args(tiny=False), "connect_four_mixed", tmp_path)
     ttt = learning.recipe_config(_args(tiny=False), "tictactoe_mixed", tmp_path)
-    assert cfg.env.game == "connect_four" and cfg.env.renderer == ""
+    assert cfg.env.game == "connect_four" and cfg.env.renderer == "connect_four_lines"
+    assert cfg.trainer.ppo_mini_batch_size == 200
     assert cfg.rollout.num_groups * cfg.rollout.group_size == 128 and cfg.rollout.max_turns == 42
     assert cfg.env.seat_to_agent == ttt.env.seat_to_agent
     assert (cfg.advantage, cfg.critic.mode, cfg.trainer.action_entropy_coef) == (
