@@ -33,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # roll, from a checkout
 import report  # noqa: E402  (benchmarks/report.py, beside this file)
 
+from roll.agentic.env.renderers import longest_line_through  # noqa: E402  (one copy of the rule)
+
 CENTRE_FIRST = (3, 2, 4, 1, 5, 0, 6)
 """Columns in the order the ``column`` and ``rule`` players prefer them."""
 
@@ -58,7 +60,7 @@ def _wins_there(board: list[list[str]], mark: str, column: int) -> bool:
         return False
     board[row][column] = mark
     try:
-        return _four_through(board, row, column, mark)
+        return longest_line_through(board, row, column, mark) >= 4
     finally:
         board[row][column] = "."
 
@@ -66,20 +68,6 @@ def _wins_there(board: list[list[str]], mark: str, column: int) -> bool:
 def _board(state) -> list[list[str]]:
     """The board as rows from the bottom: OpenSpiel's string lists the top row first."""
     return [list(line) for line in reversed(str(state).strip().splitlines())]
-
-
-def _four_through(board, row: int, col: int, mark: str) -> bool:
-    """Whether ``mark`` has four in a row through (row, col)."""
-    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-        count = 1
-        for sign in (1, -1):
-            r, c = row + sign * dr, col + sign * dc
-            while 0 <= r < len(board) and 0 <= c < len(board[0]) and board[r][c] == mark:
-                count += 1
-                r, c = r + sign * dr, c + sign * dc
-        if count >= 4:
-            return True
-    return False
 
 
 def play(player: str, seat: int, games: int, seed: int, against: str = "random") -> dict:

@@ -188,7 +188,7 @@ def render_connect_four_lines(env: OpenSpielEnv, seat: int) -> RenderedPrompt:
     for move in env.legal_actions(seat):
         column = int(move[1:])
         row = next(r for r in range(len(rows)) if rows[r][column] == ".")
-        lengths = ", ".join(f"{m} {_longest_through(rows, row, column, m)}" for m in "xo")
+        lengths = ", ".join(f"{m} {longest_line_through(rows, row, column, m)}" for m in "xo")
         listed.append(f"{move}: {lengths}")
     moves = ("Legal moves (after each, the longest line through the cell it fills, for an x and "
              "for an o there):\n" + "\n".join(listed))
@@ -203,7 +203,7 @@ def _connect_four_rules(env: OpenSpielEnv, seat: int) -> str:
             f"{params['x_in_row']} in a row in any direction wins.")
 
 
-def _longest_through(rows: list[list[str]], row: int, column: int, mark: str) -> int:
+def longest_line_through(rows: list[list[str]], row: int, column: int, mark: str) -> int:
     """The longest run of ``mark`` through (row, column) in any of the four directions, the
     cell itself counted as ``mark`` (``rows``: bottom row first)."""
     best = 1
