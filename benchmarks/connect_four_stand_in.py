@@ -17,7 +17,8 @@ the other and against an opponent seat (the recipe's eight seatings, in turn, ``
 a step), the mover's return (+1 / 0 / -1), times ``--gamma`` per own move left to the end (the
 recipe's ``advantage.gamma``: 1), less a running mean of those per (agent, seat) read before it
 is updated (``advantage.estimator=rae``; the recipe has a critic), to each of the seat's moves; the policy gradient over moves plus ``--entropy`` times the gradient of the legal-move
-entropy (``trainer.action_entropy_coef``), one Adam step a step at ``--lr``. The opponent seat:
+entropy (``trainer.action_entropy_coef``), one Adam step a step at ``--lr`` (or a plain
+gradient step: ``--optimizer sgd``). The opponent seat:
 ``random`` (the recipe's) or ``winner`` (takes a winning column when it has one, else random;
 what MCTS with a few simulations and ``solve`` does first). Every ``--eval_every`` steps each
 agent is probed on ``connect_four_policy``'s positions (seed 1, ``--positions`` of each kind and
@@ -98,6 +99,20 @@ class Adam:
         weights += self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
 
 
+class SGD:
+    """Plain gradient steps: each weight moves ``lr`` times its gradient (Adam moves each by
+    about ``lr`` whatever its gradient's size, once its sign holds)."""
+
+    def __init__(self, size: int, lr: float) -> None:
+        self.lr = lr
+
+    def ascend(self, weights: np.ndarray, grad: np.ndarray) -> None:
+        weights += self.lr * grad
+
+
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
 def play(game, rng, weights: dict[str, np.ndarray], seating: tuple[str, str], opponent: str):
     """One game: ``{(agent, seat): [(features, chosen index, probabilities), ...]}`` and the
     returns per seat."""
@@ -133,14 +148,15 @@ def probe(weights: np.ndarray, found, states) -> dict[str, dict[str, float]]:
 
 
 def train(steps: int, games: int, lr: float, entropy: float, opponent: str, seed: int,
-          eval_every: int, found, states, gamma: float = 1.0) -> list[dict]:
+          eval_every: int, found, states, gamma: float = 1.0,
+          optimizer: str = "adam") -> list[dict]:
     """One run; its evaluations (step 0 first)."""
     import pyspiel
 
     game = pyspiel.load_game("connect_four")
     rng = np.random.default_rng(seed)
     weights = {a: np.zeros(FEATURES) for a in ("agent_0", "agent_1")}
-    optim = {a: Adam(FEATURES, lr) for a in weights}
+    optim = {a: OPTIMIZERS[optimizer](FEATURES, lr) for a in weights}
     baseline = {(a, s): 0.0 for a in weights for s in (0, 1)}
     seen = {key: 0 for key in baseline}
     curve, wins, played = [], {a: 0 for a in weights}, {a: 0 for a in weights}
@@ -205,8 +221,9 @@ def plot(result: dict, path: Path) -> None:
             axis.fill_between(games, table.min(axis=1), table.max(axis=1), color=color, alpha=0.12)
     settings = result["settings"]
     axis.set_title(f"stand-in: opponent {settings['opponent']}, gamma {settings['gamma']}, "
-                   f"{settings['seeds']} seeds", fontsize=9)
-    axis.set_xlabel("games played (each agent's share: half)")
+                   f"{settings['optimizer']} {settings['lr']}, {settings['seeds']} seeds",
+                   fontsize=9)
+    axis.set_xlabel("games played (each agent sits in 5 of every 8)")
     axis.set_ylabel("probability / share of positions")
     axis.set_ylim(0, 1.02)
     axis.legend(fontsize=8, loc="lower right")
@@ -222,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--opponent", default="random", choices=("random", "winner"))
     parser.add_argument("--gamma", type=float, default=1.0,
                         help="discount per own move to the end (advantage.gamma)")
+    parser.add_argument("--optimizer", default="adam", choices=tuple(OPTIMIZERS),
+                        help="adam (the recipes') or sgd (plain steps; try --lr 1)")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--positions", type=int, default=100)
@@ -230,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
     found = positions(args.positions, seed=1)
     states = {seat: states_of(found[seat]) for seat in (0, 1)}
     runs = [train(args.steps, args.games, args.lr, args.entropy, args.opponent, seed,
-                  args.eval_every, found, states, args.gamma) for seed in range(args.seeds)]
+                  args.eval_every, found, states, args.gamma, args.optimizer)
+            for seed in range(args.seeds)]
     result = {"settings": {k: v for k, v in vars(args).items()}, "kinds": list(KINDS),
               "runs": runs, "seconds": round(time.perf_counter() - start, 1)}
     if os.environ.get("OUT"):

@@ -75,6 +75,13 @@ def test_adam_first_steps_by_hand():
     assert w == pytest.approx([0.2, -0.1 + 0.005263, 0.0], abs=1e-6)
 
 
+def test_sgd_steps_by_hand():
+    sgd = si.OPTIMIZERS["sgd"](3, lr=0.5)
+    w = np.array([1.0, 0.0, -1.0])
+    sgd.ascend(w, np.array([2.0, -0.5, 0.0]))
+    assert w == pytest.approx([2.0, -0.25, -1.0])
+
+
 def test_a_short_run_learns_to_block(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     result = si.main(["--steps", "12", "--games", "64", "--eval_every", "12", "--positions", "30",
