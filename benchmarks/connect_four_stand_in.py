@@ -15,10 +15,12 @@ all the prompt's lines say. The rule (win, else block, else centre) is one such 
 What it replays of ``examples/connect_four/mixed.yaml``: two agents, each in both seats against
 the other and against an opponent seat (the recipe's eight seatings, in turn, ``--games`` games
 a step), the mover's return (+1 / 0 / -1), times ``--gamma`` per own move left to the end (the
-recipe's ``advantage.gamma``: 1), less a running mean of those per (agent, seat) read before it
-is updated (``advantage.estimator=rae``; the recipe has a critic), to each of the seat's moves; the policy gradient over moves plus ``--entropy`` times the gradient of the legal-move
-entropy (``trainer.action_entropy_coef``), one Adam step a step at ``--lr`` (or a plain
-gradient step: ``--optimizer sgd``). The opponent seat:
+recipe's ``advantage.gamma``: 1), less a baseline read before it is updated, to each of the
+seat's moves: a running mean per (agent, seat) (``advantage.estimator=rae``) or, as the
+recipe's critic, a linear value of the position (``--estimator critic``: ``Baseline``); the
+policy gradient over moves plus ``--entropy`` times the gradient of the legal-move entropy
+(``trainer.action_entropy_coef``), one Adam step a step at ``--lr`` (or a plain gradient step:
+``--optimizer sgd``). The opponent seat:
 ``random`` (the recipe's) or ``winner`` (takes a winning column when it has one, else random;
 what MCTS with a few simulations and ``solve`` does first). Every ``--eval_every`` steps each
 agent is probed on ``connect_four_policy``'s positions (seed 1, ``--positions`` of each kind and
@@ -113,6 +115,42 @@ class SGD:
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
 
 
+def state_features(feats: np.ndarray) -> np.ndarray:
+    """What the critic reads of a position, from its columns' features: a bias, whether the
+    mover can win now, whether the opponent could win next, and both."""
+    can_win, threatened = float(feats[:, 3].any()), float(feats[:, 7].any())
+    return np.array([1.0, can_win, threatened, can_win * threatened])
+
+
+class Baseline:
+    """What a move's discounted return is measured against, per (agent, seat): ``rae``, a
+    running mean of the targets (the last 1,000); ``critic``, a linear value of
+    ``state_features`` fitted to them by least-mean-squares at ``value_lr`` (a per-position
+    baseline, as the recipe's critic is; Monte-Carlo targets, GAE's lambda = 1). Read before it
+    is updated."""
+
+    def __init__(self, estimator: str, value_lr: float = 0.05) -> None:
+        if estimator not in ("rae", "critic"):
+            raise ValueError(f"estimator: expected 'rae' or 'critic', got {estimator!r}")
+        self.estimator, self.value_lr = estimator, value_lr
+        self.mean, self.seen, self.value = {}, {}, {}
+
+    def __call__(self, key, feats: np.ndarray) -> float:
+        if self.estimator == "rae":
+            return self.mean.get(key, 0.0)
+        return float(self.value.get(key, np.zeros(4)) @ state_features(feats))
+
+    def update(self, key, feats: np.ndarray, target: float) -> None:
+        if self.estimator == "rae":
+            self.seen[key] = self.seen.get(key, 0) + 1
+            mean = self.mean.get(key, 0.0)
+            self.mean[key] = mean + (target - mean) / min(self.seen[key], 1000)
+            return
+        x = state_features(feats)
+        w = self.value.setdefault(key, np.zeros(4))
+        w += self.value_lr * (target - float(w @ x)) * x
+
+
 def play(game, rng, weights: dict[str, np.ndarray], seating: tuple[str, str], opponent: str):
     """One game: ``{(agent, seat): [(features, chosen index, probabilities), ...]}`` and the
     returns per seat."""
@@ -149,7 +187,7 @@ def probe(weights: np.ndarray, found, states) -> dict[str, dict[str, float]]:
 
 def train(steps: int, games: int, lr: float, entropy: float, opponent: str, seed: int,
           eval_every: int, found, states, gamma: float = 1.0,
-          optimizer: str = "adam") -> list[dict]:
+          optimizer: str = "adam", estimator: str = "rae") -> list[dict]:
     """One run; its evaluations (step 0 first)."""
     import pyspiel
 
@@ -157,8 +195,7 @@ def train(steps: int, games: int, lr: float, entropy: float, opponent: str, seed
     rng = np.random.default_rng(seed)
     weights = {a: np.zeros(FEATURES) for a in ("agent_0", "agent_1")}
     optim = {a: OPTIMIZERS[optimizer](FEATURES, lr) for a in weights}
-    baseline = {(a, s): 0.0 for a in weights for s in (0, 1)}
-    seen = {key: 0 for key in baseline}
+    baseline = Baseline(estimator)
     curve, wins, played = [], {a: 0 for a in weights}, {a: 0 for a in weights}
 
     def evaluate(step: int) -> None:
@@ -186,12 +223,11 @@ def train(steps: int, games: int, lr: float, entropy: float, opponent: str, seed
                     played[agent] += 1
                 for left, (feats, index, p) in enumerate(reversed(taken)):
                     target = gamma ** left * returns[seat]  # the seat's own moves to the end
-                    advantage = target - baseline[key]  # read before it moves
+                    advantage = target - baseline(key, feats)  # read before it moves
                     grads[agent] += advantage * (feats[index] - p @ feats)
                     grads[agent] += entropy * entropy_gradient(p, feats)
                     counts[agent] += 1
-                    seen[key] += 1
-                    baseline[key] += (target - baseline[key]) / min(seen[key], 1000)
+                    baseline.update(key, feats, target)
         for agent in weights:
             if counts[agent]:
                 optim[agent].ascend(weights[agent], grads[agent] / counts[agent])
@@ -221,7 +257,8 @@ def plot(result: dict, path: Path) -> None:
             axis.fill_between(games, table.min(axis=1), table.max(axis=1), color=color, alpha=0.12)
     settings = result["settings"]
     axis.set_title(f"stand-in: opponent {settings['opponent']}, gamma {settings['gamma']}, "
-                   f"{settings['optimizer']} {settings['lr']}, {settings['seeds']} seeds",
+                   f"{settings['optimizer']} {settings['lr']}, {settings['estimator']}, "
+                   f"{settings['seeds']} seeds",
                    fontsize=9)
     axis.set_xlabel("games played (each agent sits in 5 of every 8)")
     axis.set_ylabel("probability / share of positions")
@@ -241,6 +278,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="discount per own move to the end (advantage.gamma)")
     parser.add_argument("--optimizer", default="adam", choices=tuple(OPTIMIZERS),
                         help="adam (the recipes') or sgd (plain steps; try --lr 1)")
+    parser.add_argument("--estimator", default="rae", choices=("rae", "critic"),
+                        help="the baseline: a running mean per (agent, seat), or a linear "
+                             "critic of the position (Baseline)")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--eval_every", type=int, default=10)
     parser.add_argument("--positions", type=int, default=100)
@@ -249,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     found = positions(args.positions, seed=1)
     states = {seat: states_of(found[seat]) for seat in (0, 1)}
     runs = [train(args.steps, args.games, args.lr, args.entropy, args.opponent, seed,
-                  args.eval_every, found, states, args.gamma, args.optimizer)
+                  args.eval_every, found, states, args.gamma, args.optimizer, args.estimator)
             for seed in range(args.seeds)]
     result = {"settings": {k: v for k, v in vars(args).items()}, "kinds": list(KINDS),
               "runs": runs, "seconds": round(time.perf_counter() - start, 1)}

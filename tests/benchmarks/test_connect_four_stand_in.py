@@ -82,6 +82,32 @@ def test_sgd_steps_by_hand():
     assert w == pytest.approx([2.0, -0.25, -1.0])
 
 
+def test_baselines_by_hand():
+    # a position where the mover can win (own 4 in column 0) and is threatened (opp 4 in 6)
+    both = np.zeros((3, 15))
+    both[0, 3] = both[1, 7] = 1.0
+    quiet = np.zeros((2, 15))
+    quiet[:, 0] = 1.0
+    assert si.state_features(both).tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert si.state_features(quiet).tolist() == [1.0, 0.0, 0.0, 0.0]
+    # rae: the running mean of the targets, per key, read before each update
+    rae = si.Baseline("rae")
+    assert rae("k", quiet) == 0.0
+    rae.update("k", quiet, 1.0)
+    rae.update("k", both, 0.0)
+    assert rae("k", both) == pytest.approx(0.5) and rae("other", both) == 0.0
+    # critic: LMS at 0.05 on x = (1, 1, 1, 1), target 1 from w = 0: w = 0.05 x, V = 0.2;
+    # then target 0 on the quiet x = (1, 0, 0, 0): V there 0.05, w0 -= 0.05 * 0.05 -> 0.0475
+    critic = si.Baseline("critic", value_lr=0.05)
+    critic.update("k", both, 1.0)
+    assert critic("k", both) == pytest.approx(0.2)
+    critic.update("k", quiet, 0.0)
+    assert critic("k", quiet) == pytest.approx(0.0475)
+    assert critic("k", both) == pytest.approx(0.0475 + 0.15)
+    with pytest.raises(ValueError, match="estimator"):
+        si.Baseline("grpo")
+
+
 def test_a_short_run_learns_to_block(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     result = si.main(["--steps", "12", "--games", "64", "--eval_every", "12", "--positions", "30",
