@@ -118,7 +118,8 @@ def signal(found: dict[int, dict[str, list]], opponent: str, playouts: int,
             advantage = float(np.mean([r["q_right"] - r["v"] for r in rows]))
             sd = float(np.mean([r["sd"] for r in rows]))
             out[kind]["xo"[seat]] = {
-                "positions": len(rows), "q_right": round(float(np.mean([r["q_right"] for r in rows])), 4),
+                "positions": len(rows),
+                "q_right": round(float(np.mean([r["q_right"] for r in rows])), 4),
                 "v": round(float(np.mean([r["v"] for r in rows])), 4),
                 "advantage": round(advantage, 4), "sd": round(sd, 4),
                 "games_to_see": games_to_see(advantage, sd)}

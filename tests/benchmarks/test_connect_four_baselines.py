@@ -4,19 +4,12 @@ boards set up by hand, and the players' games against random."""
 import sys
 from pathlib import Path
 
-import pyspiel
 import pytest
+
+from tests.benchmarks.helpers import connect_four_after as after
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import connect_four_baselines as cb  # noqa: E402
-
-
-def after(*columns: int):
-    """connect_four after x and o drop into ``columns`` in turn (x first)."""
-    state = pyspiel.load_game("connect_four").new_initial_state()
-    for column in columns:
-        state.apply_action(column)
-    return state
 
 
 def test_the_board_reads_bottom_row_first():

@@ -6,18 +6,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyspiel
 import pytest
+
+from tests.benchmarks.helpers import connect_four_after as after
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import connect_four_policy as cp  # noqa: E402
-
-
-def after(*columns: int):
-    state = pyspiel.load_game("connect_four").new_initial_state()
-    for column in columns:
-        state.apply_action(column)
-    return state
 
 
 def test_positions_are_classified_for_the_seat_to_move():

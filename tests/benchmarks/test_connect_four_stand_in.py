@@ -5,19 +5,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyspiel
 import pytest
+
+from tests.benchmarks.helpers import connect_four_after as after
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import connect_four_stand_in as si  # noqa: E402
 from connect_four_baselines import _board  # noqa: E402
-
-
-def after(*columns: int):
-    state = pyspiel.load_game("connect_four").new_initial_state()
-    for column in columns:
-        state.apply_action(column)
-    return state
 
 
 def test_features_read_the_lines_by_hand():
@@ -116,10 +110,11 @@ def test_a_short_run_learns_to_block(tmp_path, monkeypatch):
     assert first["step"] == 0 and last["step"] == 12 and last["games"] == 768
     for agent in ("agent_0", "agent_1"):
         for seat in "xo":
+            before, now = first["agents"][agent][seat], last["agents"][agent][seat]
             # uniform at the start (all weights 0): a fifth or so
-            assert first["agents"][agent][seat]["blocks_made"] < 0.3
-            assert last["agents"][agent][seat]["blocks_made"] > first["agents"][agent][seat]["blocks_made"] + 0.05
-            assert last["agents"][agent][seat]["wins_taken"] > first["agents"][agent][seat]["wins_taken"] + 0.05
+            assert before["blocks_made"] < 0.3
+            assert now["blocks_made"] > before["blocks_made"] + 0.05
+            assert now["wins_taken"] > before["wins_taken"] + 0.05
         assert len(last["weights"][agent]) == 15
     assert (tmp_path / "connect_four_stand_in.json").exists()
     assert result["plot"] == "connect_four_stand_in.png"
