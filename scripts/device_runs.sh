@@ -26,13 +26,14 @@
 #   call 4: carry .gpu/smol_ac .gpu/cc_CARD_ac (if any)   stash both && setup && launch ... && watch 480
 # (a compile cache comes in pieces of 14 MB, 2-3 of them, so each fits beside a 31 MB piece of
 # SmolLM2 and the working tree, 16.7 MiB after session 59)
-# The working tree is 20.1 MiB after session 79 (`git ls-files -z | xargs -0 stat -c %s`): a
-# 31 MB piece + a 14 MB cache piece + the tree leave ~1 MiB. Without a compile cache, three
-# calls do (sessions 78-79; SmolLM2 re-cut into .gpu/p/smol_aa 19 MB, _ab 35 MB, _ac 38.9 MB
-# by `pack` since session 86, or `recut` alone; the whole file's md5
-# 256234ff71d0c933d0cec42b316cd6fc):
-#   call 1: carry .whl .gpu/p/smol_aa    stash .gpu/p/smol_aa                    (58.6 MiB)
-#   call 2: carry .gpu/p/smol_ab         stash .gpu/p/smol_ab                    (53.5 MiB)
+# The working tree is 22.6 MiB after session 89 (`git ls-files -z | xargs -0 stat -c %s`): a
+# 31 MB piece + a 14 MB cache piece + the tree no longer fit. Without a compile cache, three
+# calls do (sessions 78-79; SmolLM2 re-cut into .gpu/p/smol_aa 16.5 MB, _ab 38.2 MB, _ac the
+# rest, 38.2 MB, by `pack` since session 89 (19 / 35 / 38.9 MB before: call 1 had 2.6 MiB to
+# spare), or `recut` alone; the whole file's md5 256234ff71d0c933d0cec42b316cd6fc; each call
+# then holds ~59 MiB with .whl's 20.7 MiB and the tree, ~5 MiB to spare):
+#   call 1: carry .whl .gpu/p/smol_aa    stash .gpu/p/smol_aa                    (59.1 MiB)
+#   call 2: carry .gpu/p/smol_ab         stash .gpu/p/smol_ab                    (59.1 MiB)
 #   call 3: carry .gpu/p/smol_ac         stash .gpu/p/smol_ac && setup && launch ... && watch 480
 #   bash scripts/device_runs.sh launch NAME ARGS...       # benchmarks/learning.py ARGS, detached
 #   bash scripts/device_runs.sh bench NAME 'COMMAND'      # a benchmark chain, detached
@@ -158,10 +159,10 @@ pack)
   bash "$0" recut
   ls -la .whl .gpu .gpu/p ;;
 recut)
-  # .gpu/smol_a* (three 31 MB pieces) cut again into .gpu/p/smol_aa 19 MB, _ab 35 MB, _ac the
-  # rest (38.9 MB): the three-call SmolLM2 machine of the header, whose first call carries .whl
+  # .gpu/smol_a* (three 31 MB pieces) cut again into .gpu/p/smol_aa 16.5 MB, _ab 38.2 MB, _ac
+  # the rest (38.2 MB): the three-call SmolLM2 machine of the header, whose first call carries .whl
   # beside the smallest piece (DEVICE_SMOL_CUTS: a test's sizes)
-  keep=${DEVICE_PIECES:-.gpu}; read -r first second <<< "${DEVICE_SMOL_CUTS:-19000000 35000000}"
+  keep=${DEVICE_PIECES:-.gpu}; read -r first second <<< "${DEVICE_SMOL_CUTS:-16500000 38200000}"
   mkdir -p "$keep/p" && rm -f "$keep/p/smol_"*
   cat "$keep"/smol_a? > "$keep/p/whole"  # files, not pipes: head closing a pipe early is a
   head -c "$first" "$keep/p/whole" > "$keep/p/smol_aa"  # SIGPIPE under pipefail
