@@ -24,8 +24,11 @@ s != t whose right columns differ:
 
 and ``transfer_same_column``: over pairs with the same right column, t's change of log
 P(right) relative to s's own (no centring); ``common_share``: ``|mean g|^2 / mean |g|^2`` of
-the right columns' gradients. Prints one JSON object (``$OUT/connect_four_gradients<--tag>.json``
-when OUT is set).
+the right columns' gradients; ``reads_batch``: as ``reads``, for one step taken for half of
+the positions together (alternate ones), measured on the other half (``batch_reads``), beside
+``decoy_batch``, the same for columns right in other positions of that half but not in t (a
+step that only prefers the usual right columns, centre ones, raises both alike). Prints one
+JSON object (``$OUT/connect_four_gradients<--tag>.json`` when OUT is set).
 """
 
 from __future__ import annotations
@@ -89,15 +92,47 @@ def measure(pipeline, cases) -> dict:
         right.append(grad)
         logps.append(logp)
     grads = torch.stack(right)
-    steps = torch.sign(grads)  # (s, params): Adam's first step for each position
-    own = (grads * steps).sum(1)  # s's own change per unit step
+    halves = [list(range(0, len(cases), 2)), list(range(1, len(cases), 2))]
+    # Adam's first step for each position, then for each half of them together
+    steps = torch.sign(torch.cat([grads, torch.stack([grads[h].sum(0) for h in halves])]))
+    own = (grads * steps[:len(cases)]).sum(1)  # s's own change per unit step
     moved = {}  # t -> {column: (s,) change of t's log P(column) per unit step for s}
     for t, (seat, _, state, _) in enumerate(cases):  # pass 2: every legal column
         env.set_state(state)
         moved[t] = {c: column_gradient(pipeline, env, seat, c)[0] @ steps.T
                     for c in state.legal_actions(seat)}
-    return summary([c for *_, c in cases], grads, own, moved) | {
+    columns = [c for *_, c in cases]
+    per_position = {t: {c: v[:len(cases)] for c, v in m.items()} for t, m in moved.items()}
+    return summary(columns, grads, own, per_position) | batch_reads(
+        columns, grads, steps[len(cases):], halves, moved, len(cases)) | {
         "mean_logp_right": round(sum(logps) / len(logps), 4)}
+
+
+def batch_reads(columns: list[int], grads: torch.Tensor, half_steps: torch.Tensor,
+                halves: list[list[int]], moved: dict[int, dict[int, torch.Tensor]],
+                n: int) -> dict:
+    """``reads_batch``: one Adam step for half of the positions together (their right columns'
+    summed gradient; the column parts of different positions cancel there, what they share
+    adds up): the mean change of the other half's log P(right), less each one's mean over its
+    columns, relative to the stepped half's own mean change of log P(right); and
+    ``own_batch``, that own change per unit step. ``moved[t][c]`` holds t's change of
+    log P(c) per unit step for each position, then for each half (``half_steps``)."""
+    reads, decoys, owns = [], [], []
+    for h, half in enumerate(halves):
+        own = float((grads[half] * half_steps[h]).sum(1).mean())
+        owns.append(own)
+        others = halves[1 - h]
+        for t in others:
+            change = {c: float(v[n + h]) / own for c, v in moved[t].items()}
+            centre = sum(change.values()) / len(change)
+            reads.append(change[columns[t]] - centre)
+            # the same step on columns that are right elsewhere in that half, not in t: as
+            # often right as t's own, so what a preference for the usual columns gives
+            decoys += [change[columns[u]] - centre for u in others
+                       if columns[u] != columns[t] and columns[u] in change]
+    return {"reads_batch": round(sum(reads) / len(reads), 4),
+            "decoy_batch": round(sum(decoys) / len(decoys), 4) if decoys else None,
+            "own_batch": round(sum(owns) / len(owns), 4)}
 
 
 def summary(columns: list[int], grads: torch.Tensor, own: torch.Tensor,

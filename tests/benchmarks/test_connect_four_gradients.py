@@ -41,6 +41,30 @@ def test_summary_by_hand():
     assert out["common_share"] == pytest.approx(5 / 9, abs=1e-4)
 
 
+def test_batch_reads_by_hand():
+    # four positions, right columns 2 5 3 5; halves {0, 2} and {1, 3}
+    columns, halves, n = [2, 5, 3, 5], [[0, 2], [1, 3]], 4
+    grads = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 2.0]])
+    # each half's step: sign of its summed gradient, (2, 1) -> (1, 1) and (0, 3) -> (0, 1);
+    # own change: mean of (1, 2) and of (1, 2): 1.5 each
+    half_steps = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+
+    def entry(first_half: float, second_half: float) -> torch.Tensor:
+        return torch.tensor([0.0] * n + [first_half, second_half])
+
+    moved = {0: {2: entry(0, 0.75), 5: entry(0, 0.0), 3: entry(0, 0.75)},
+             1: {5: entry(0.9, 0), 2: entry(0.6, 0), 0: entry(0.0, 0)},
+             2: {3: entry(0, 0.3), 2: entry(0, 0.0), 6: entry(0, 0.0)},
+             3: {5: entry(0.3, 0), 2: entry(0.3, 0), 4: entry(0.0, 0)}}
+    out = cg.batch_reads(columns, grads, half_steps, halves, moved, n)
+    # first half's step on t=1: (.6, .4, 0) less 1/3 -> .2667; t=3: (.2, .2, 0) -> .0667;
+    # second half's on t=0: (.5, 0, .5) -> 1/6; t=2: (.2, 0, 0) -> .1333: mean .1583
+    assert out["reads_batch"] == pytest.approx(0.1583, abs=1e-4)
+    # decoys: t=0's column 3 (right in 2): .5 - 1/3; t=2's column 2 (right in 0): 0 - .0667
+    assert out["decoy_batch"] == pytest.approx(0.05, abs=1e-4)
+    assert out["own_batch"] == pytest.approx(1.5)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     import tempfile
@@ -81,3 +105,4 @@ def test_a_tiny_measure_end_to_end(tiny):
     assert -1.0 < out["reads"] < 1.0 and out["column"] is not None
     assert 0.0 < out["common_share"] <= 1.0
     assert out["mean_logp_right"] < 0.0
+    assert out["own_batch"] > 0.0 and out["reads_batch"] is not None
