@@ -56,13 +56,8 @@ def rule_move(board: list[list[str]], seat: int, legal: list[int]) -> int:
 def _wins_there(board: list[list[str]], mark: str, column: int) -> bool:
     """Whether a piece of ``mark`` dropped into ``column`` now makes four in a row."""
     row = next((r for r in range(len(board)) if board[r][column] == "."), None)
-    if row is None:
-        return False
-    board[row][column] = mark
-    try:
-        return longest_line_through(board, row, column, mark) >= 4
-    finally:
-        board[row][column] = "."
+    # the landing cell counts as ``mark`` there: the board is only read
+    return row is not None and longest_line_through(board, row, column, mark) >= 4
 
 
 def _board(state) -> list[list[str]]:

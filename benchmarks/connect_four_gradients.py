@@ -102,10 +102,10 @@ def measure(pipeline, cases) -> dict:
     steps = torch.sign(torch.cat([grads, torch.stack([grads[h].sum(0) for h in halves])]))
     own = (grads * steps[:len(cases)]).sum(1)  # s's own change per unit step
     moved = {}  # t -> {column: (s,) change of t's log P(column) per unit step for s}
-    for t, (seat, _, state, _) in enumerate(cases):  # pass 2: every legal column
+    for t, (seat, _, state, column) in enumerate(cases):  # pass 2: the other legal columns
         env.set_state(state)
-        moved[t] = {c: column_gradient(pipeline, env, seat, c)[0] @ steps.T
-                    for c in state.legal_actions(seat)}
+        moved[t] = {c: (grads[t] if c == column else column_gradient(pipeline, env, seat, c)[0])
+                    @ steps.T for c in state.legal_actions(seat)}
     columns = [c for *_, c in cases]
     per_position = {t: {c: v[:len(cases)] for c, v in m.items()} for t, m in moved.items()}
     return summary(columns, grads, own, per_position) | batch_reads(

@@ -64,9 +64,7 @@ def column_features(board: list[list[str]], seat: int, legal: list[int]) -> np.n
     for i, column in enumerate(legal):
         row = next(r for r in range(len(board)) if board[r][column] == ".")
         for block, mark in enumerate(("xo"[seat], "xo"[1 - seat])):
-            board[row][column] = mark
-            length = min(4, longest_line_through(board, row, column, mark))
-            board[row][column] = "."
+            length = min(4, longest_line_through(board, row, column, mark))  # cell counted
             out[i, 4 * block + length - 1] = 1.0
         out[i, 8 + column] = 1.0
     return out
